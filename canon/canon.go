@@ -1,0 +1,35 @@
+// Package canon turns every way a completion can be named — a webhook event,
+// a Pub/Sub push envelope, a listed operation, a name typed on the command
+// line — into one idempotency key, "gemini:" + the canonical operation name
+// (spec §2). It is pure: no I/O, no clock.
+package canon
+
+import "encoding/json"
+
+// Prefix starts every key.
+const Prefix = "gemini:"
+
+// Event is what canon reads out of an event document.
+type Event struct {
+	Key  string // "gemini:batches/x"
+	Name string // "batches/x"
+	// Type is the event's "type" (e.g. "batch.succeeded"), "" when absent.
+	Type string
+	// State is the operation state normalised by NormalizeState ("SUCCEEDED",
+	// "RUNNING", …), "" when the event says nothing of its state.
+	State string
+	// Terminal is false only when the event says it is not a completion: a
+	// non-terminal state or metadata.state, "done": false, or a batch.* type
+	// that is not a completion (spec §6). An event that says nothing is terminal.
+	Terminal bool
+	// Operation is the document that describes the operation, as given: the
+	// unwrapped payload (Pub/Sub data decoded; a Gemini webhook's whole event).
+	Operation json.RawMessage
+}
+
+// NoNameError is returned when a document has no name candidate.
+type NoNameError struct {
+	Fields []string // the top-level (and data.*) field names that were present, sorted
+}
+
+func (e *NoNameError) Error() string { panic("implemented in canon_impl.go") }

@@ -1,0 +1,267 @@
+// Package sink owns the durable state machine that turns many sightings of
+// one completion into one run of its effect: states, transitions, fencing
+// tokens, leases and backoff (spec §3). Backends live in sub-packages
+// (sink/sqlite, sink/postgres) and all pass the suite in sink/sinktest.
+package sink
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// State is where a key stands in its lifecycle.
+type State string
+
+// The four states of spec §3.
+const (
+	// StatePending: known, waiting for its next attempt at NextAttemptAt.
+	StatePending State = "pending"
+	// StateClaimed: an attempt holds a lease until LeaseUntil.
+	StateClaimed State = "claimed"
+	// StateDone: the effect succeeded; nothing starts it again.
+	StateDone State = "done"
+	// StateDead: attempts exhausted or a permanent failure; waits for an operator.
+	StateDead State = "dead"
+)
+
+// Valid reports whether s is one of the four states.
+func (s State) Valid() bool {
+	switch s {
+	case StatePending, StateClaimed, StateDone, StateDead:
+		return true
+	}
+	return false
+}
+
+// Sources of a sighting. Other strings are allowed (they are stored as given).
+const (
+	SourcePoll    = "poll"
+	SourceWebhook = "webhook"
+)
+
+// Errors at the package boundary. Backends wrap them with %w; callers match
+// with errors.Is.
+var (
+	// ErrNotFound: no row for the key.
+	ErrNotFound = errors.New("key not found")
+	// ErrFenced: the token is no longer current (another attempt took the
+	// key over, or it was completed or failed already). The caller's outcome
+	// is discarded; backends count every fenced Complete/Fail/Renew.
+	ErrFenced = errors.New("fenced: the claim's token is no longer current")
+	// ErrNotClaimable: the key exists but cannot be claimed now (done, dead,
+	// pending but not yet due, or claimed under a live lease).
+	ErrNotClaimable = errors.New("key is not claimable now")
+	// ErrSchemaTooNew: the database was migrated by a newer gemrecon.
+	ErrSchemaTooNew = errors.New("database schema is newer than this gemrecon understands")
+	// ErrNotDead: Retry was asked for a key that is not dead.
+	ErrNotDead = errors.New("key is not dead")
+	// ErrNoDatabase: a read-only open found no database at the path.
+	ErrNoDatabase = errors.New("no database")
+)
+
+// Sighting is one report of a completion, from the poller or the webhook.
+type Sighting struct {
+	Key     string // canonical key, "gemini:…"
+	Source  string // SourcePoll, SourceWebhook, …
+	Payload []byte // the operation (JSON) as the API or webhook gave it; the first one is kept
+}
+
+// RecordResult says what Record found.
+type RecordResult struct {
+	New   bool  // the key was unknown and is now pending, due now
+	State State // the key's state after the Record
+}
+
+// Claim is a granted attempt: the holder may run the effect until LeaseUntil
+// and must present Token to Renew, Complete or Fail.
+type Claim struct {
+	Key         string
+	Token       int64 // fencing token; strictly increases with every claim of the key
+	Attempt     int   // 1 for the first attempt
+	Owner       string
+	LeaseUntil  time.Time
+	Payload     []byte // the stored (first) payload
+	FirstSource string
+	Takeover    bool // the previous attempt's lease had expired
+}
+
+// Failure describes why an attempt failed.
+type Failure struct {
+	Cause     string    // error text; backends keep at most MaxErrorLen bytes
+	Permanent bool      // go dead now instead of retrying
+	NotBefore time.Time // earliest next attempt (e.g. Retry-After); zero = backoff alone
+}
+
+// MaxErrorLen bounds the stored error text (its tail is kept).
+const MaxErrorLen = 4096
+
+// Entry is everything known about one key (spec §7 status).
+type Entry struct {
+	Key           string    `json:"key"`
+	State         State     `json:"state"`
+	Attempts      int       `json:"attempts"`
+	Token         int64     `json:"token"`
+	FirstSource   string    `json:"first_source"`
+	Sources       []string  `json:"sources"`
+	SeenCount     int64     `json:"seen_count"`
+	FirstSeenAt   time.Time `json:"first_seen_at"`
+	LastSeenAt    time.Time `json:"last_seen_at"`
+	LeaseOwner    string    `json:"lease_owner,omitempty"`
+	LeaseUntil    time.Time `json:"lease_until,omitzero"`
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	DoneAt        time.Time `json:"done_at,omitzero"`
+	LastError     string    `json:"last_error,omitempty"`
+	Conflicts     int64     `json:"conflicts"`
+	Payload       []byte    `json:"-"`
+}
+
+// ListOptions filters List.
+type ListOptions struct {
+	State State // "" = all
+	Limit int   // <= 0 = no limit
+}
+
+// Stats summarises the sink (spec §7 stats).
+type Stats struct {
+	ByState              map[State]int64  `json:"by_state"`
+	OldestPendingAge     time.Duration    `json:"oldest_pending_age_ns"`
+	DuplicatesSuppressed int64            `json:"duplicates_suppressed"`
+	FirstSource          map[string]int64 `json:"first_source"`
+	Conflicts            int64            `json:"conflicts"`
+	Fenced               int64            `json:"fenced"`
+	// Completion-to-done latency (first sighting → done) over done keys.
+	LatencyP50 time.Duration `json:"latency_p50_ns"`
+	LatencyP99 time.Duration `json:"latency_p99_ns"`
+	LatencyMax time.Duration `json:"latency_max_ns"`
+}
+
+// Sink is the durable claim/lease store of spec §3. Every method is safe for
+// concurrent use by many goroutines, and (through the database) by many
+// processes.
+type Sink interface {
+	// Record notes a sighting. A new key becomes pending and due now, durably,
+	// before Record returns. A known key only updates sighting statistics,
+	// which may be buffered in memory and written lazily (a duplicate must not
+	// cost a disk sync).
+	Record(ctx context.Context, s Sighting) (RecordResult, error)
+	// Claim takes the key for one attempt: allowed when pending and due, or
+	// claimed with an expired lease (takeover). Increments token and attempt
+	// in one durable commit. ErrNotClaimable / ErrNotFound otherwise.
+	Claim(ctx context.Context, key, owner string, lease time.Duration) (Claim, error)
+	// ClaimDue claims up to limit due keys, oldest first (like Due then Claim,
+	// but without racing other claimers for the same rows).
+	ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int) ([]Claim, error)
+	// Renew extends a live lease. ErrFenced when the token is not current.
+	Renew(ctx context.Context, key string, token int64, lease time.Duration) error
+	// Complete marks a claimed key done if token is still current; else ErrFenced.
+	Complete(ctx context.Context, key string, token int64) error
+	// Fail returns the key to pending with backoff, or to dead when permanent
+	// or attempts reached the maximum. Fenced like Complete. Returns the new state.
+	Fail(ctx context.Context, key string, token int64, f Failure) (State, error)
+	// Retry moves a dead key to pending, due now (operator action).
+	Retry(ctx context.Context, key string) error
+	// Due lists keys that can be claimed now, oldest first.
+	Due(ctx context.Context, limit int) ([]string, error)
+	// Get returns one key's entry, or ErrNotFound.
+	Get(ctx context.Context, key string) (Entry, error)
+	// List returns entries, oldest first.
+	List(ctx context.Context, opt ListOptions) ([]Entry, error)
+	// Stats summarises the sink.
+	Stats(ctx context.Context) (Stats, error)
+	// Purge deletes done rows whose done time is before the given time and
+	// returns how many. The lookback guard is the caller's (spec §7).
+	Purge(ctx context.Context, doneBefore time.Time) (int64, error)
+	// NoteLookback records that a poll used this lookback (0 = forever), so
+	// that MaxLookback can guard purge.
+	NoteLookback(ctx context.Context, lookback time.Duration) error
+	// MaxLookback returns the longest lookback ever noted; forever is true if
+	// any poll used 0; ok is false if no poll was ever recorded.
+	MaxLookback(ctx context.Context) (d time.Duration, forever bool, ok bool, err error)
+	// Ping checks that the database is reachable and writable (readiness).
+	Ping(ctx context.Context) error
+	// Flush writes buffered sighting statistics now.
+	Flush(ctx context.Context) error
+	// Close flushes and releases the database.
+	Close() error
+}
+
+// Options are shared by all backends.
+type Options struct {
+	// Now is the clock; nil means time.Now. (PostgreSQL uses the database
+	// clock for time decisions unless Now is set, which tests do.)
+	Now func() time.Time
+	// RetryBase is the first backoff ceiling (default 10s); it doubles per
+	// attempt up to RetryMax (default 1h). Full jitter: uniform in [0, ceiling].
+	RetryBase time.Duration
+	RetryMax  time.Duration
+	// MaxAttempts: a failure of attempt MaxAttempts goes dead (default 10).
+	MaxAttempts int
+	// Rand returns a uniform float64 in [0,1); nil means math/rand/v2.
+	Rand func() float64
+	// BusyTimeout bounds how long SQLite waits for another process's lock
+	// (default 5s); on PostgreSQL it is the lock_timeout.
+	BusyTimeout time.Duration
+	// ReadOnly opens without creating or migrating (status, list, stats).
+	ReadOnly bool
+}
+
+// Defaults of spec §4.
+const (
+	DefaultRetryBase   = 10 * time.Second
+	DefaultRetryMax    = time.Hour
+	DefaultMaxAttempts = 10
+	DefaultBusyTimeout = 5 * time.Second
+)
+
+// WithDefaults fills zero fields.
+func (o Options) WithDefaults() Options {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = DefaultRetryBase
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = DefaultRetryMax
+	}
+	if o.RetryMax < o.RetryBase {
+		o.RetryMax = o.RetryBase
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = DefaultBusyTimeout
+	}
+	return o
+}
+
+// Backoff is the delay before the next attempt after attempt number attempt
+// (1-based) failed: full jitter, uniform in [0, min(max, base·2^(attempt-1))].
+func Backoff(attempt int, base, max time.Duration, rnd func() float64) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	ceiling := base
+	for i := 1; i < attempt && ceiling < max; i++ {
+		ceiling *= 2
+	}
+	if ceiling > max || ceiling <= 0 {
+		ceiling = max
+	}
+	return time.Duration(rnd() * float64(ceiling))
+}
+
+// TruncateError keeps the tail of s within MaxErrorLen bytes (the end of an
+// error or of stderr says the most).
+func TruncateError(s string) string {
+	if len(s) <= MaxErrorLen {
+		return s
+	}
+	return "…" + s[len(s)-MaxErrorLen+len("…"):]
+}
