@@ -4,7 +4,10 @@
 // (spec §2). It is pure: no I/O, no clock.
 package canon
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // Prefix starts every key.
 const Prefix = "gemini:"
@@ -32,4 +35,16 @@ type NoNameError struct {
 	Fields []string // the top-level (and data.*) field names that were present, sorted
 }
 
-func (e *NoNameError) Error() string { panic("implemented in canon_impl.go") }
+// Error names the fields that were looked for and the ones that were present,
+// so that whoever sent the event can see what shape it had.
+func (e *NoNameError) Error() string {
+	var b strings.Builder
+	b.WriteString("canon: no operation name in event (want one of name, operation, operationName, resourceName, or data.id); ")
+	if len(e.Fields) == 0 {
+		b.WriteString("the event has no fields")
+		return b.String()
+	}
+	b.WriteString("fields present: ")
+	b.WriteString(strings.Join(e.Fields, ", "))
+	return b.String()
+}

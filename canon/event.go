@@ -1,0 +1,291 @@
+package canon
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// ErrNotObject is wrapped by FromEvent when the document is valid JSON but not
+// an object (an array, a string, a number, …).
+var ErrNotObject = errors.New("event is not a JSON object")
+
+// maxPubSubDepth bounds how many Pub/Sub envelopes FromEvent unwraps, so that
+// a hostile body cannot make it recurse without end.
+const maxPubSubDepth = 2
+
+// candidates are the fields that may hold the operation name, in order of
+// preference (spec §2).
+func candidates() [4]string {
+	return [4]string{"name", "operation", "operationName", "resourceName"}
+}
+
+// object is a decoded JSON object whose values are still raw.
+type object = map[string]json.RawMessage
+
+// FromEvent reads the operation an event document names (spec §2): it unwraps
+// a Pub/Sub push envelope (message.data, base64 JSON) and a webhook's data
+// envelope, takes the first non-empty name candidate, and says whether the
+// event announces a completion (spec §6). A document without a candidate gives
+// a *NoNameError; one that is not a JSON object wraps ErrNotObject.
+func FromEvent(body []byte) (Event, error) {
+	ev, err := fromDoc(body, 0)
+	if err != nil {
+		if nn, ok := err.(*NoNameError); ok {
+			return Event{}, nn // its message is already complete
+		}
+		return Event{}, fmt.Errorf("canon: %w", err)
+	}
+	return ev, nil
+}
+
+// fromDoc does FromEvent's work at one envelope depth. Its errors do not
+// carry the "canon: " prefix; FromEvent adds it once.
+
+func fromDoc(body []byte, depth int) (Event, error) {
+	raw := bytes.TrimSpace(body)
+	if len(raw) == 0 {
+		return Event{}, errors.New("empty event body")
+	}
+	if raw[0] != '{' {
+		if !json.Valid(raw) {
+			return Event{}, fmt.Errorf("parsing event: %w", syntaxError(raw))
+		}
+		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
+	}
+	var top object
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return Event{}, fmt.Errorf("parsing event: %w", err)
+	}
+
+	if data, ok, err := pubSubData(top); err != nil {
+		return Event{}, err
+	} else if ok {
+		if depth >= maxPubSubDepth {
+			return Event{}, fmt.Errorf("Pub/Sub envelopes nested more than %d deep", maxPubSubDepth)
+		}
+		ev, err := fromDoc(data, depth+1)
+		if err != nil {
+			return Event{}, fmt.Errorf("Pub/Sub message.data: %w", err)
+		}
+		return ev, nil
+	}
+
+	ev := Event{Type: str(top["type"])}
+	data := asObject(top["data"])
+	batch := IsBatchType(ev.Type)
+
+	name, from, err := findName(top, data)
+	if err != nil {
+		return Event{}, err
+	}
+	if name == "" {
+		return Event{}, &NoNameError{Fields: fieldNames(top, data)}
+	}
+	if batch && !strings.Contains(name, "/") {
+		// The Gemini webhook names a batch by its bare id.
+		name = "batches/" + name
+	}
+	ev.Name = name
+	ev.Key = Prefix + name
+
+	var st stateScan
+	st.scan(top)
+	st.scan(data)
+	st.scan(from)
+	ev.State = st.state
+	if ev.State == "" {
+		ev.State = StateFromType(ev.Type)
+	}
+	ev.Terminal = !st.nonTerminal && !(batch && !IsCompletionType(ev.Type))
+
+	if depth == 0 {
+		ev.Operation = json.RawMessage(bytes.Clone(raw)) // body may be a reused buffer
+	} else {
+		ev.Operation = json.RawMessage(raw) // decoded from Pub/Sub: ours already
+	}
+	return ev, nil
+}
+
+// findName returns the canonical name of the first non-empty candidate, top
+// level first, then inside data (where the webhook's id also counts), and the
+// object that held it when the candidate was an object.
+func findName(top, data object) (string, object, error) {
+	for _, f := range candidates() {
+		if n, obj, err := candidate(f, top[f]); err != nil || n != "" {
+			return n, obj, err
+		}
+	}
+	if data == nil {
+		return "", nil, nil
+	}
+	for _, f := range candidates() {
+		if n, obj, err := candidate("data."+f, data[f]); err != nil || n != "" {
+			return n, obj, err
+		}
+	}
+	return candidate("data.id", data["id"])
+}
+
+// candidate reads one name candidate: a string, or an object whose own
+// "name" is a string. Absent, null, blank and name-less values are empty.
+func candidate(field string, raw json.RawMessage) (string, object, error) {
+	if len(raw) == 0 {
+		return "", nil, nil
+	}
+	switch raw[0] {
+	case 'n':
+		return "", nil, nil
+	case '"':
+		return canonName(str(raw)), nil, nil
+	case '{':
+		obj := asObject(raw)
+		if n := obj["name"]; len(n) > 0 && n[0] != '"' && n[0] != 'n' {
+			return "", nil, fmt.Errorf("field %q is %s, want a string", field+".name", kind(n))
+		}
+		return canonName(str(obj["name"])), obj, nil
+	}
+	return "", nil, fmt.Errorf("field %q is %s, want a string or an object with a name", field, kind(raw))
+}
+
+// stateScan gathers what the event says about its state.
+type stateScan struct {
+	state       string // the first state found, normalised
+	nonTerminal bool   // a non-terminal state, or "done": false, was found
+}
+
+// scan reads obj's "state", "metadata.state" and "done". Any non-terminal
+// signal wins: accepting a running batch as done would run the effect on
+// partial results, while ignoring an event loses nothing (the poller sees
+// the completion again).
+func (s *stateScan) scan(obj object) {
+	if obj == nil {
+		return
+	}
+	s.add(str(obj["state"]))
+	if md := asObject(obj["metadata"]); md != nil {
+		s.add(str(md["state"]))
+	}
+	if done := bytes.TrimSpace(obj["done"]); string(done) == "false" {
+		s.nonTerminal = true
+	}
+}
+
+func (s *stateScan) add(state string) {
+	state = NormalizeState(state)
+	if state == "" {
+		return
+	}
+	if s.state == "" {
+		s.state = state
+	}
+	if !IsTerminal(state) {
+		s.nonTerminal = true
+	}
+}
+
+// pubSubData returns the decoded message.data of a Pub/Sub push envelope
+// ({"message":{"data":"<base64>",…},"subscription":…}); ok is false when top
+// is not one.
+func pubSubData(top object) (data []byte, ok bool, err error) {
+	msg := asObject(top["message"])
+	if msg == nil {
+		return nil, false, nil
+	}
+	raw, present := msg["data"]
+	if !present {
+		return nil, false, nil
+	}
+	if len(raw) == 0 || raw[0] != '"' {
+		return nil, false, fmt.Errorf("Pub/Sub message.data is %s, want a base64 string", kind(raw))
+	}
+	enc := strings.TrimRight(str(raw), "=")
+	if enc == "" {
+		return nil, false, errors.New("Pub/Sub message.data is empty")
+	}
+	codec := base64.RawStdEncoding
+	if strings.ContainsAny(enc, "-_") {
+		codec = base64.RawURLEncoding
+	}
+	data, err = codec.DecodeString(enc)
+	if err != nil {
+		return nil, false, fmt.Errorf("Pub/Sub message.data is not base64: %w", err)
+	}
+	return data, true, nil
+}
+
+// fieldNames lists top's field names and data's as "data.x", sorted.
+func fieldNames(top, data object) []string {
+	names := make([]string, 0, len(top)+len(data))
+	for k := range top {
+		names = append(names, k)
+	}
+	for k := range data {
+		names = append(names, "data."+k)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// str returns raw's value when it is a JSON string, and "" otherwise.
+func str(raw json.RawMessage) string {
+	if len(raw) < 2 || raw[0] != '"' {
+		return ""
+	}
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw[1 : len(raw)-1])
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// asObject decodes raw when it is a JSON object, and returns nil otherwise.
+func asObject(raw json.RawMessage) object {
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil
+	}
+	var obj object
+	if json.Unmarshal(raw, &obj) != nil {
+		return nil
+	}
+	if obj == nil {
+		obj = object{}
+	}
+	return obj
+}
+
+// kind names the JSON type of raw for error messages.
+func kind(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return "missing"
+	}
+	switch raw[0] {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// syntaxError returns the error json.Unmarshal gives for invalid raw.
+func syntaxError(raw []byte) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return err
+	}
+	return errors.New("invalid JSON")
+}
