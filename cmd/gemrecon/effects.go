@@ -1,0 +1,166 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// effectFlags are the effect and retry flags of spec §4, shared by poll,
+// serve and drain.
+type effectFlags struct {
+	exec          string
+	forward       string
+	concurrency   int
+	lease         time.Duration
+	effectTimeout time.Duration
+	grace         time.Duration
+	maxAttempts   int
+	retryBase     time.Duration
+	retryMax      time.Duration
+}
+
+func (f *effectFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.exec, "exec", "", "effect: run this /bin/sh -c command per completion (event document on stdin, GEMRECON_* env)")
+	fs.StringVar(&f.forward, "forward", "", "effect: POST the event document to this URL (signed when GEMRECON_FORWARD_SECRET is set)")
+	fs.IntVar(&f.concurrency, "concurrency", 4, "effects run at once")
+	fs.DurationVar(&f.lease, "lease", 10*time.Minute, "claim lease; renewed every third of it while the effect runs")
+	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long; must be shorter than --lease")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later")
+	fs.IntVar(&f.maxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
+	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
+	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
+}
+
+// validate checks the flags before anything is opened (exit 2 on error).
+func (f *effectFlags) validate() error {
+	if f.exec != "" && f.forward != "" {
+		return usageError("--exec and --forward are exclusive: choose one effect")
+	}
+	if f.concurrency < 1 {
+		return usageError("--concurrency %d: must be at least 1", f.concurrency)
+	}
+	if f.lease <= 0 || f.effectTimeout <= 0 {
+		return usageError("--lease and --effect-timeout must be positive")
+	}
+	if f.effectTimeout >= f.lease {
+		return usageError("--effect-timeout %v must be shorter than --lease %v: an effect outliving its lease could run twice", f.effectTimeout, f.lease)
+	}
+	if f.maxAttempts < 1 {
+		return usageError("--max-attempts %d: must be at least 1", f.maxAttempts)
+	}
+	if f.retryBase <= 0 || f.retryMax < f.retryBase {
+		return usageError("--retry-base must be positive and not above --retry-max")
+	}
+	if f.grace < 0 {
+		return usageError("--grace must not be negative")
+	}
+	if f.forward != "" && !strings.HasPrefix(f.forward, "http://") && !strings.HasPrefix(f.forward, "https://") {
+		return usageError("--forward %q: want an http:// or https:// URL", f.forward)
+	}
+	return nil
+}
+
+// sinkOptions carries the retry policy into the sink, which computes backoff.
+func (f *effectFlags) sinkOptions() sink.Options {
+	return sink.Options{RetryBase: f.retryBase, RetryMax: f.retryMax, MaxAttempts: f.maxAttempts}
+}
+
+// effect builds the configured effect; the default prints NDJSON on stdout.
+func (a *app) effect(f *effectFlags) (effect.Effect, error) {
+	switch {
+	case f.exec != "":
+		return effect.NewExec(f.exec), nil
+	case f.forward != "":
+		secret := os.Getenv("GEMRECON_FORWARD_SECRET")
+		client := &http.Client{Timeout: f.effectTimeout}
+		fw, err := effect.NewForward(f.forward, secret, client)
+		if err != nil {
+			// The error never contains the secret (effect's contract).
+			return nil, withCode(exitUsage, fmt.Errorf("--forward: %w", err))
+		}
+		return fw, nil
+	default:
+		return effect.NewPrint(a.stdout), nil
+	}
+}
+
+// dispatcher wires a sink and the configured effect.
+func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*dispatch.Dispatcher, error) {
+	eff, err := a.effect(f)
+	if err != nil {
+		return nil, err
+	}
+	d, err := dispatch.New(dispatch.Config{
+		Sink:          s,
+		Effect:        eff,
+		Lease:         f.lease,
+		EffectTimeout: f.effectTimeout,
+		Concurrency:   f.concurrency,
+		Grace:         f.grace,
+		Logger:        a.logger,
+		Observer:      obs,
+	})
+	if err != nil {
+		return nil, withCode(exitUsage, err)
+	}
+	return d, nil
+}
+
+// summaryExit maps a dispatch summary to the exit status of spec §5.
+func summaryExit(sum dispatch.Summary) error {
+	if sum.Failed > 0 || sum.Dead > 0 {
+		return withCode(exitNotDone, nil)
+	}
+	return nil
+}
+
+func (a *app) drainCommand() *cobra.Command {
+	var ef effectFlags
+	cmd := &cobra.Command{
+		Use:   "drain [effect flags]",
+		Short: "Run the effect for every key that is due now (retries, takeovers), without listing",
+		Long: `Claim and run every key that is due now — new keys, retries whose backoff has
+passed, claims whose lease expired — with the configured effect, then exit.
+poll does the same after its listing; drain needs no API credentials.
+
+Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
+scheduled or the key went dead), 1 a fatal error.`,
+		Example: `  gemrecon drain --exec ./publish.sh
+  gemrecon drain --forward https://billing.internal/hooks/gemini --concurrency 8`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := ef.validate(); err != nil {
+				return err
+			}
+			s, err := a.openSink(cmd.Context(), ef.sinkOptions())
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			d, err := a.dispatcher(s, &ef, nil)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			sum, err := d.Drain(cmd.Context())
+			fmt.Fprintf(a.stderr, "drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d duration=%s\n",
+				sum.Claimed, sum.OK, sum.Failed, sum.Dead, sum.Fenced, time.Since(start).Round(time.Millisecond))
+			if err != nil {
+				return err
+			}
+			return summaryExit(sum)
+		},
+	}
+	ef.register(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// statusJSON is the stable --json shape of `gemrecon status`: sink.Entry's
+// fields plus the stored operation. "state" is "unknown" for a key never seen.
+type statusJSON struct {
+	sink.Entry
+	State     string          `json:"state"`
+	Operation json.RawMessage `json:"operation,omitempty"`
+}
+
+func (a *app) statusCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status KEY-OR-NAME",
+		Short: "Show what happened to one completion, and why",
+		Long: `Show one completion: its canonical key, state, attempts, fencing token, first
+and last sighting with their sources, lease, next attempt, done time, last
+error and payload conflicts. The argument may be a key (gemini:batches/x) or
+any operation name canon understands (batches/x, a full resource path or URL).
+
+Exit status: 0 done, 3 unknown key (the canonical key is still printed),
+4 pending or claimed, 5 dead, 1 when the database cannot be read.`,
+		Example: `  gemrecon status batches/abc123
+  gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
+  gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := canon.Key(args[0])
+			if err != nil {
+				return usageError("%q is not an operation name: %v", args[0], err)
+			}
+			s, err := a.openReadOnly(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			e, err := s.Get(cmd.Context(), key)
+			if errors.Is(err, sink.ErrNotFound) {
+				if asJSON {
+					writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
+				} else {
+					fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", key, a.db)
+				}
+				return withCode(exitUnknownKey, nil)
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				writeJSON(a.stdout, statusJSON{Entry: e, State: string(e.State), Operation: rawOrNil(e.Payload)})
+			} else {
+				printStatus(a.stdout, e)
+			}
+			switch e.State {
+			case sink.StateDone:
+				return nil
+			case sink.StateDead:
+				return withCode(exitDead, nil)
+			default:
+				return withCode(exitNotDone, nil)
+			}
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (stable field names, see README)")
+	return cmd
+}
+
+func rawOrNil(b []byte) json.RawMessage {
+	if len(b) == 0 || !json.Valid(b) {
+		return nil
+	}
+	return json.RawMessage(b)
+}
+
+func printStatus(w io.Writer, e sink.Entry) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row("key", e.Key)
+	row("state", string(e.State))
+	row("attempts", fmt.Sprint(e.Attempts))
+	row("fencing token", fmt.Sprint(e.Token))
+	row("first seen", fmt.Sprintf("%s via %s", fmtTime(e.FirstSeenAt), e.FirstSource))
+	row("last seen", fmtTime(e.LastSeenAt))
+	row("seen", fmt.Sprintf("%d× from %s", e.SeenCount, strings.Join(e.Sources, ", ")))
+	if e.State == sink.StateClaimed {
+		row("lease", fmt.Sprintf("held by %s until %s", e.LeaseOwner, fmtTime(e.LeaseUntil)))
+	}
+	if e.State == sink.StatePending {
+		row("next attempt", fmtTime(e.NextAttemptAt))
+	}
+	if !e.DoneAt.IsZero() {
+		row("done at", fmtTime(e.DoneAt))
+	}
+	if e.LastError != "" {
+		row("last error", oneLine(e.LastError))
+	}
+	row("conflicts", fmt.Sprint(e.Conflicts))
+	tw.Flush()
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func (a *app) listCommand() *cobra.Command {
+	var (
+		state  string
+		limit  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List recorded completions, oldest first",
+		Example: `  gemrecon list --state dead
+  gemrecon list --limit 20 --json | jq -r '.[].key'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st := sink.State(state)
+			if state != "" && !st.Valid() {
+				return usageError("--state %q: want pending, claimed, done or dead", state)
+			}
+			if limit < 0 {
+				return usageError("--limit %d: must not be negative", limit)
+			}
+			s, err := a.openReadOnly(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			entries, err := s.List(cmd.Context(), sink.ListOptions{State: st, Limit: limit})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				out := make([]statusJSON, 0, len(entries))
+				for _, e := range entries {
+					out = append(out, statusJSON{Entry: e, State: string(e.State)})
+				}
+				writeJSON(a.stdout, out)
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tSTATE\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
+			for _, e := range entries {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", e.Key, e.State, e.Attempts, e.SeenCount,
+					e.FirstSource, fmtTime(e.LastSeenAt), truncate(oneLine(e.LastError), 60))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only keys in this state: pending, claimed, done, dead")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows (0 = all)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of entries")
+	return cmd
+}
+
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func (a *app) statsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency",
+		Long: `Summarise the sink. "first source" splits keys by the path that saw them
+first: keys first seen by poll are completions whose webhook was missed (or
+is not configured). "fenced" counts outcomes discarded because a newer claim
+had taken the key over.`,
+		Example: `  gemrecon stats
+  gemrecon stats --json | jq .by_state`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openReadOnly(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			st, err := s.Stats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				writeJSON(a.stdout, st)
+				return nil
+			}
+			printStats(a.stdout, st)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	return cmd
+}
+
+func printStats(w io.Writer, st sink.Stats) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var total int64
+	for _, n := range st.ByState {
+		total += n
+	}
+	fmt.Fprintf(tw, "keys:\t%d\n", total)
+	for _, s := range []sink.State{sink.StatePending, sink.StateClaimed, sink.StateDone, sink.StateDead} {
+		fmt.Fprintf(tw, "  %s:\t%d\n", s, st.ByState[s])
+	}
+	fmt.Fprintf(tw, "oldest pending:\t%s\n", fmtAge(st.OldestPendingAge))
+	fmt.Fprintf(tw, "duplicates suppressed:\t%d\n", st.DuplicatesSuppressed)
+	srcs := make([]string, 0, len(st.FirstSource))
+	for s := range st.FirstSource {
+		srcs = append(srcs, s)
+	}
+	sort.Strings(srcs)
+	parts := make([]string, 0, len(srcs))
+	for _, s := range srcs {
+		parts = append(parts, fmt.Sprintf("%s %d", s, st.FirstSource[s]))
+	}
+	fmt.Fprintf(tw, "first source:\t%s\n", orDash(strings.Join(parts, ", ")))
+	fmt.Fprintf(tw, "payload conflicts:\t%d\n", st.Conflicts)
+	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
+	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
+	tw.Flush()
+}
+
+func fmtAge(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// exactArgs is cobra.ExactArgs with a usage error (exit 2) that says what to do.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError("%s takes %d argument(s), got %d: see 'gemrecon %s --help'", cmd.Name(), n, len(args), cmd.Name())
+		}
+		return nil
+	}
+}

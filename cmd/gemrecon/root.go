@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/dial"
+)
+
+// app holds what every command shares: streams, global flags, the logger.
+// There are no global variables: tests build a fresh app per command line.
+type app struct {
+	ctx    context.Context
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+
+	db        string
+	logFormat string
+	logLevel  string
+	logger    *slog.Logger
+}
+
+// execute builds the command tree, runs args and returns the exit status.
+func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		if isCobraUsageError(err) {
+			err = withCode(exitUsage, err)
+		}
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.err != nil {
+			fmt.Fprintf(stderr, "gemrecon: %v\n", err)
+			if exitCode(err) == exitUsage {
+				fmt.Fprintln(stderr, "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage.")
+			}
+		}
+	}
+	return exitCode(err)
+}
+
+// isCobraUsageError recognises the errors cobra itself returns for wrong
+// words on the command line (it has no typed errors for them).
+func isCobraUsageError(err error) bool {
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return false
+	}
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "flag needs an argument",
+		"invalid argument", "accepts ", "requires at least", "requires at most", "if any flags in the group"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "gemrecon",
+		Short: "Run each Gemini batch completion's downstream work once",
+		Long: `gemrecon hears about every Gemini batch completion several times — webhook
+deliveries (at least once) and reconciliation poll passes — and turns each
+sighting into an idempotency key ("gemini:batches/…") in one durable
+claim/lease sink (SQLite by default, PostgreSQL for many machines). Each
+completion's effect (a command, an HTTP forward, an SQL script or an NDJSON
+line) runs until it succeeds, and never again once it is done.`,
+		Example: `  gemrecon demo                         # a self-contained run, no credentials
+  GEMINI_API_KEY=… gemrecon poll --exec ./publish.sh
+  gemrecon serve --secret-file /etc/gemrecon/whsec --forward https://internal/hook
+  gemrecon status batches/abc123`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			return a.setup()
+		},
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return withCode(exitUsage, err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.db, "db", envOr("GEMRECON_DB", "gemrecon.db"),
+		"sink database: a SQLite file path, or postgres://… (env GEMRECON_DB)")
+	pf.StringVar(&a.logFormat, "log-format", envOr("GEMRECON_LOG_FORMAT", "text"), "log format on stderr: text or json (env GEMRECON_LOG_FORMAT)")
+	pf.StringVar(&a.logLevel, "log-level", envOr("GEMRECON_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env GEMRECON_LOG_LEVEL)")
+
+	root.AddCommand(
+		a.statusCommand(),
+		a.listCommand(),
+		a.statsCommand(),
+		a.retryCommand(),
+		a.purgeCommand(),
+		a.drainCommand(),
+		a.pollCommand(),
+		a.serveCommand(),
+		a.demoCommand(),
+		a.versionCommand(),
+	)
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// setup validates the global flags and builds the logger.
+func (a *app) setup() error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
+		return usageError("--log-level %q: want debug, info, warn or error", a.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch a.logFormat {
+	case "text":
+		a.logger = slog.New(slog.NewTextHandler(a.stderr, opts))
+	case "json":
+		a.logger = slog.New(slog.NewJSONHandler(a.stderr, opts))
+	default:
+		return usageError("--log-format %q: want text or json", a.logFormat)
+	}
+	if strings.TrimSpace(a.db) == "" {
+		return usageError("--db is empty: give a SQLite file path or a postgres:// URL")
+	}
+	return nil
+}
+
+// openSink opens the configured database. Read-only opens never create it.
+func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error) {
+	s, err := dial.Open(ctx, a.db, opt)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openReadOnly opens the database for the inspection commands.
+func (a *app) openReadOnly(ctx context.Context) (sink.Sink, error) {
+	return a.openSink(ctx, sink.Options{ReadOnly: true})
+}
+
+// durationFlagCheck rejects negative durations with a usage error.
+func durationFlagCheck(name string, d time.Duration) error {
+	if d < 0 {
+		return usageError("--%s %v: must not be negative", name, d)
+	}
+	return nil
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+func (a *app) retryCommand() *cobra.Command {
+	var allDead bool
+	cmd := &cobra.Command{
+		Use:   "retry KEY-OR-NAME... | --all-dead",
+		Short: "Send dead completions back to pending, due now",
+		Long: `Move dead keys back to pending, due now, so that the next poll, drain or
+serve worker runs their effect again. Their history (attempts, last error) is
+kept. Keys that are not dead are left alone and reported.`,
+		Example: `  gemrecon retry batches/abc123
+  gemrecon retry --all-dead && gemrecon drain --exec ./publish.sh`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if allDead == (len(args) > 0) {
+				return usageError("give one or more keys, or --all-dead (not both)")
+			}
+			keys := make([]string, 0, len(args))
+			for _, arg := range args {
+				k, err := canon.Key(arg)
+				if err != nil {
+					return usageError("%q is not an operation name: %v", arg, err)
+				}
+				keys = append(keys, k)
+			}
+			s, err := a.openSink(cmd.Context(), sink.Options{})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if allDead {
+				dead, err := s.List(cmd.Context(), sink.ListOptions{State: sink.StateDead})
+				if err != nil {
+					return err
+				}
+				for _, e := range dead {
+					keys = append(keys, e.Key)
+				}
+			}
+			var failed int
+			for _, k := range keys {
+				err := s.Retry(cmd.Context(), k)
+				switch {
+				case err == nil:
+					fmt.Fprintf(a.stdout, "%s: pending, due now\n", k)
+				case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
+					failed++
+					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", k, err)
+				default:
+					return err
+				}
+			}
+			if allDead {
+				fmt.Fprintf(a.stdout, "%d dead key(s) sent back to pending\n", len(keys))
+			}
+			if failed > 0 {
+				return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&allDead, "all-dead", false, "retry every dead key")
+	return cmd
+}
+
+func (a *app) purgeCommand() *cobra.Command {
+	var (
+		olderThan time.Duration
+		force     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "purge --older-than D",
+		Short: "Delete done rows older than D",
+		Long: `Delete keys that have been done for longer than D. A purged key that a poll
+pass sees again would run its effect again, so purge refuses a D shorter
+than the longest --lookback any poll recorded in this database (a lookback
+of 0 means "forever": then every purge needs --force).`,
+		Example: `  gemrecon purge --older-than 720h
+  gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if olderThan <= 0 {
+				return usageError("--older-than is required and must be positive (e.g. 720h)")
+			}
+			s, err := a.openSink(cmd.Context(), sink.Options{})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if !force {
+				lb, forever, ok, err := s.MaxLookback(cmd.Context())
+				if err != nil {
+					return err
+				}
+				switch {
+				case ok && forever:
+					return usageError("refusing to purge: a poll in this database used --lookback 0 (every page, forever), so any purged key could be re-seen and run again; pass --force if you are sure")
+				case ok && olderThan < lb:
+					return usageError("refusing to purge: --older-than %v is shorter than the longest poll --lookback %v recorded here; a purged key re-seen by the poller would run again (use --older-than ≥ %v, or --force)", olderThan, lb, lb)
+				}
+			}
+			n, err := s.Purge(cmd.Context(), time.Now().Add(-olderThan))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, olderThan)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
+	cmd.Flags().BoolVar(&force, "force", false, "purge even when a poll's lookback could re-see the keys")
+	return cmd
+}
+
+func (a *app) versionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "version",
+		Short:   "Print the module version and VCS revision",
+		Example: `  gemrecon version`,
+		Args:    exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fmt.Fprintln(a.stdout, versionString())
+			return nil
+		},
+	}
+}
+
+// versionString reads the module version and VCS stamp from build info.
+func versionString() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "gemrecon (unknown version)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, modified, at string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = "+dirty"
+			}
+		case "vcs.time":
+			at = s.Value
+		}
+	}
+	out := "gemrecon " + v
+	if rev != "" {
+		out += fmt.Sprintf(" (%s%s, %s)", shortRev(rev), modified, at)
+	}
+	return out + " " + bi.GoVersion
+}
+
+func shortRev(r string) string {
+	if len(r) > 12 {
+		return r[:12]
+	}
+	return r
+}
