@@ -1,0 +1,203 @@
+package effect
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// DefaultStderrTail bounds how much of an exec effect's stderr is kept as the
+// error of a failed attempt (its end says the most).
+const DefaultStderrTail = 2 << 10
+
+// DefaultWaitDelay bounds how long an exec effect waits for its pipes to close
+// after the command exited or was killed (a grandchild that escaped the kill,
+// or a background child of a successful command, may hold them open).
+const DefaultWaitDelay = 2 * time.Second
+
+// Exec runs a shell command per event (spec §4 --exec): `/bin/sh -c CMD`
+// with the event document on stdin and GEMRECON_* variables in the
+// environment. Exit status 0 is success; anything else is a retryable error
+// whose text ends with the tail of the command's stderr. The command runs in
+// its own process group, and when the context is done (the effect timeout or
+// shutdown) the whole group is killed with SIGKILL.
+type Exec struct {
+	command   string
+	output    io.Writer
+	dir       string
+	tail      int
+	waitDelay time.Duration
+}
+
+// ExecOption configures an Exec.
+type ExecOption func(*Exec)
+
+// ExecOutput sends the command's stdout, and a copy of its stderr, to w
+// (default os.Stderr: gemrecon's stdout carries data, so the user's command
+// is heard where the logs are). nil discards them.
+func ExecOutput(w io.Writer) ExecOption {
+	return func(e *Exec) {
+		if w == nil {
+			w = io.Discard
+		}
+		e.output = w
+	}
+}
+
+// ExecDir sets the command's working directory (default: gemrecon's).
+func ExecDir(dir string) ExecOption { return func(e *Exec) { e.dir = dir } }
+
+// ExecStderrTail sets how many trailing bytes of stderr a failure keeps
+// (default DefaultStderrTail).
+func ExecStderrTail(n int) ExecOption {
+	return func(e *Exec) {
+		if n > 0 {
+			e.tail = n
+		}
+	}
+}
+
+// ExecWaitDelay sets how long to wait for the command's pipes after it exited
+// or was killed (default DefaultWaitDelay).
+func ExecWaitDelay(d time.Duration) ExecOption {
+	return func(e *Exec) {
+		if d > 0 {
+			e.waitDelay = d
+		}
+	}
+}
+
+// NewExec returns an effect that runs command with /bin/sh -c.
+func NewExec(command string, opts ...ExecOption) *Exec {
+	e := &Exec{
+		command:   command,
+		output:    os.Stderr,
+		tail:      DefaultStderrTail,
+		waitDelay: DefaultWaitDelay,
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+// Run runs the command once for ev.
+func (e *Exec) Run(ctx context.Context, ev Event) error {
+	doc, err := json.Marshal(ev)
+	if err != nil {
+		return Permanent(fmt.Errorf("exec: encode event document: %w", err))
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("exec: not started: %w", err)
+	}
+	tail := &tailBuffer{max: e.tail}
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.command)
+	cmd.Dir = e.dir
+	cmd.Stdin = bytes.NewReader(doc)
+	cmd.Stdout = e.output
+	if e.output == io.Discard {
+		cmd.Stderr = tail
+	} else {
+		cmd.Stderr = io.MultiWriter(tail, e.output)
+	}
+	cmd.Env = append(os.Environ(),
+		"GEMRECON_KEY="+ev.Key,
+		"GEMRECON_NAME="+ev.Name,
+		"GEMRECON_STATE="+ev.State,
+		"GEMRECON_TOKEN="+strconv.FormatInt(ev.Token, 10),
+		"GEMRECON_ATTEMPT="+strconv.Itoa(ev.Attempt),
+		"GEMRECON_SOURCE="+ev.Source,
+	)
+	// Its own process group, so that one signal reaches everything the
+	// command started: a shell pipeline or a backgrounded grandchild would
+	// otherwise survive the kill and run on after the attempt was given up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error {
+		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	cmd.WaitDelay = e.waitDelay
+
+	runErr := cmd.Run()
+	if runErr == nil {
+		return nil
+	}
+	if errors.Is(runErr, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+		// The command succeeded; something it left running in the
+		// background kept its output open. The effect is done.
+		return nil
+	}
+	var status string
+	if cmd.ProcessState != nil {
+		status = cmd.ProcessState.String() // "exit status 3", "signal: killed"
+	} else {
+		status = runErr.Error()
+	}
+	msg := "exec: " + status
+	if cerr := ctx.Err(); cerr != nil {
+		msg = fmt.Sprintf("exec: process group killed (%v): %s", context.Cause(ctx), status)
+	}
+	if t := tail.String(); t != "" {
+		msg += "; stderr: " + t
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return &execError{msg: msg, err: cerr}
+	}
+	return &execError{msg: msg, err: runErr}
+}
+
+// execError keeps the readable message and the cause for errors.Is (a
+// context error when the process group was killed).
+type execError struct {
+	msg string
+	err error
+}
+
+func (e *execError) Error() string { return e.msg }
+func (e *execError) Unwrap() error { return e.err }
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu        sync.Mutex
+	max       int
+	buf       []byte
+	truncated bool
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(p)
+	if len(p) >= t.max {
+		t.buf = append(t.buf[:0], p[len(p)-t.max:]...)
+		t.truncated = true
+		return n, nil
+	}
+	if over := len(t.buf) + len(p) - t.max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+		t.truncated = true
+	}
+	t.buf = append(t.buf, p...)
+	return n, nil
+}
+
+// String returns the kept tail, trimmed, valid UTF-8, marked with "…" when
+// the beginning was dropped.
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := strings.TrimSpace(strings.ToValidUTF8(string(t.buf), ""))
+	if t.truncated && s != "" {
+		s = "…" + s
+	}
+	return s
+}

@@ -1,0 +1,181 @@
+package effect
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testEvent() Event {
+	return Event{
+		Key:       "gemini:batches/abc-123",
+		Name:      "batches/abc-123",
+		State:     "SUCCEEDED",
+		Source:    "webhook",
+		Attempt:   3,
+		Token:     42,
+		Operation: json.RawMessage(`{"name":"batches/abc-123","done":true}`),
+	}
+}
+
+func TestExecEnvironmentAndStdin(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("GEMRECON_TEST_INHERITED", "yes")
+	cmd := `cat > stdin.json; env | grep -E '^GEMRECON_' | sort > env.txt`
+	ev := testEvent()
+	if err := NewExec(cmd, ExecDir(dir), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	stdin, err := os.ReadFile(filepath.Join(dir, "stdin.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Event
+	if err := json.Unmarshal(stdin, &got); err != nil {
+		t.Fatalf("stdin is not the event document: %v: %s", err, stdin)
+	}
+	if got.Key != ev.Key || got.Name != ev.Name || got.State != ev.State || got.Source != ev.Source ||
+		got.Attempt != ev.Attempt || got.Token != ev.Token || string(got.Operation) != string(ev.Operation) {
+		t.Errorf("stdin document = %+v, want %+v", got, ev)
+	}
+	for _, f := range []string{`"key"`, `"name"`, `"state"`, `"source"`, `"attempt"`, `"token"`, `"operation"`} {
+		if !strings.Contains(string(stdin), f) {
+			t.Errorf("stdin %s lacks field %s", stdin, f)
+		}
+	}
+	env, err := os.ReadFile(filepath.Join(dir, "env.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"GEMRECON_ATTEMPT=3",
+		"GEMRECON_KEY=gemini:batches/abc-123",
+		"GEMRECON_NAME=batches/abc-123",
+		"GEMRECON_SOURCE=webhook",
+		"GEMRECON_STATE=SUCCEEDED",
+		"GEMRECON_TEST_INHERITED=yes",
+		"GEMRECON_TOKEN=42",
+	} {
+		if !strings.Contains(string(env), want+"\n") {
+			t.Errorf("environment lacks %q; got:\n%s", want, env)
+		}
+	}
+}
+
+func TestExecExitStatus(t *testing.T) {
+	tests := []struct {
+		cmd     string
+		wantErr bool
+		substr  []string
+	}{
+		{"true", false, nil},
+		{"exit 0", false, nil},
+		{"echo oops >&2; exit 3", true, []string{"exit status 3", "stderr: oops"}},
+		{"kill -TERM $$", true, []string{"signal: terminated"}},
+		// The tail, not the head, of a long stderr is kept, within bounds.
+		{"i=0; while [ $i -lt 500 ]; do echo line$i >&2; i=$((i+1)); done; echo LAST >&2; exit 1", true, []string{"exit status 1", "LAST", "…"}},
+	}
+	for _, tt := range tests {
+		err := NewExec(tt.cmd, ExecOutput(nil)).Run(context.Background(), testEvent())
+		if (err != nil) != tt.wantErr {
+			t.Errorf("Exec(%q).Run() = %v, want error %v", tt.cmd, err, tt.wantErr)
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		if IsPermanent(err) {
+			t.Errorf("Exec(%q).Run() = %v: permanent, want retryable", tt.cmd, err)
+		}
+		for _, s := range tt.substr {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("Exec(%q).Run() = %q, want it to contain %q", tt.cmd, err, s)
+			}
+		}
+		if len(err.Error()) > DefaultStderrTail+200 {
+			t.Errorf("Exec(%q).Run() error is %d bytes, want at most the stderr tail plus status", tt.cmd, len(err.Error()))
+		}
+		if strings.Contains(err.Error(), "line0\n") || strings.Contains(err.Error(), "line0 ") {
+			t.Errorf("Exec(%q).Run() kept the head of stderr: %q", tt.cmd, err)
+		}
+	}
+}
+
+func TestExecOutputCopiesStdoutAndStderr(t *testing.T) {
+	var out syncBuffer
+	if err := NewExec("echo to-out; echo to-err >&2", ExecOutput(&out)).Run(context.Background(), testEvent()); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "to-out") || !strings.Contains(s, "to-err") {
+		t.Errorf("output = %q, want both streams", s)
+	}
+}
+
+// TestExecTimeoutKillsProcessGroup proves the whole group dies at the
+// deadline: a backgrounded grandchild that would write a file two seconds
+// later never does.
+func TestExecTimeoutKillsProcessGroup(t *testing.T) {
+	dir := t.TempDir()
+	late := filepath.Join(dir, "late")
+	cmd := `sh -c 'sleep 2; echo late > "$LATE"' & echo started >&2; sleep 30`
+	t.Setenv("LATE", late)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := NewExec(cmd, ExecOutput(nil)).Run(ctx, testEvent())
+	elapsed := time.Since(start)
+	if err == nil {
+		t.Fatal("Run() = nil, want a timeout error")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run() = %v, want errors.Is DeadlineExceeded", err)
+	}
+	if IsPermanent(err) {
+		t.Errorf("Run() = %v: permanent, want retryable", err)
+	}
+	if !strings.Contains(err.Error(), "killed") || !strings.Contains(err.Error(), "started") {
+		t.Errorf("Run() = %q, want it to say killed and carry the stderr tail", err)
+	}
+	if elapsed > 10*time.Second {
+		t.Errorf("Run() returned after %v, want soon after the 300ms deadline", elapsed)
+	}
+	// The grandchild would have written at ~2s; wait past that, bounded.
+	deadline := time.Now().Add(3500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(late); err == nil {
+			t.Fatalf("grandchild survived the kill and wrote %s", late)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestExecBackgroundChildDoesNotHang: a successful command that leaves a
+// child holding its stderr returns after the wait delay, as success.
+func TestExecBackgroundChildDoesNotHang(t *testing.T) {
+	start := time.Now()
+	err := NewExec("sleep 20 & exit 0", ExecOutput(nil), ExecWaitDelay(200*time.Millisecond)).Run(context.Background(), testEvent())
+	if err != nil {
+		t.Errorf("Run() = %v, want nil", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Run() took %v, want about the wait delay", d)
+	}
+}
+
+func TestExecCancelledBeforeStart(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := NewExec("touch ran", ExecDir(dir), ExecOutput(nil)).Run(ctx, testEvent())
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Run(cancelled) = %v, want context.Canceled", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Errorf("the command ran although the context was cancelled")
+	}
+}

@@ -1,0 +1,243 @@
+package effect
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+)
+
+const testSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+// delivery is what the test server saw of one request.
+type delivery struct {
+	header http.Header
+	body   []byte
+}
+
+func TestForwardStatusMapping(t *testing.T) {
+	tests := []struct {
+		status     int
+		retryAfter string
+		wantErr    bool
+		permanent  bool
+		after      time.Duration
+	}{
+		{200, "", false, false, 0},
+		{201, "", false, false, 0},
+		{204, "", false, false, 0},
+		{400, "", true, true, 0},
+		{401, "", true, true, 0},
+		{404, "", true, true, 0},
+		{410, "", true, true, 0},
+		{422, "", true, true, 0},
+		{408, "", true, false, 0},
+		{409, "", true, false, 0},
+		{425, "", true, false, 0},
+		{429, "", true, false, 0},
+		{429, "7", true, false, 7 * time.Second},
+		{500, "", true, false, 0},
+		{502, "", true, false, 0},
+		{503, "2", true, false, 2 * time.Second},
+		{503, "Sun, 29 Nov 2026 08:01:00 GMT", true, false, time.Minute},
+	}
+	now := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	for _, tt := range tests {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if tt.retryAfter != "" {
+				w.Header().Set("Retry-After", tt.retryAfter)
+			}
+			w.WriteHeader(tt.status)
+			io.WriteString(w, "reason-"+strconv.Itoa(tt.status))
+		}))
+		f, err := NewForward(srv.URL, "", srv.Client())
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Now = func() time.Time { return now }
+		err = f.Run(context.Background(), testEvent())
+		srv.Close()
+		name := strconv.Itoa(tt.status) + " Retry-After " + strconv.Quote(tt.retryAfter)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("Forward(%s) = %v, want error %v", name, err, tt.wantErr)
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		if got := IsPermanent(err); got != tt.permanent {
+			t.Errorf("IsPermanent(Forward(%s)) = %v, want %v (%v)", name, got, tt.permanent, err)
+		}
+		d, _ := RetryAfterOf(err)
+		if d != tt.after {
+			t.Errorf("RetryAfterOf(Forward(%s)) = %v, want %v", name, d, tt.after)
+		}
+		if !strings.Contains(err.Error(), strconv.Itoa(tt.status)) || !strings.Contains(err.Error(), "reason-"+strconv.Itoa(tt.status)) {
+			t.Errorf("Forward(%s) error %q lacks the status or the body snippet", name, err)
+		}
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != tt.status {
+			t.Errorf("Forward(%s) error %v is not a StatusError with code %d", name, err, tt.status)
+		}
+	}
+}
+
+func TestForwardTransportErrorIsRetryable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	f, err := NewForward("http://"+addr+"/hook", testSecret, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Run(context.Background(), testEvent())
+	if err == nil || IsPermanent(err) {
+		t.Fatalf("Forward(refused) = %v, want a retryable error", err)
+	}
+	if strings.Contains(err.Error(), strings.TrimPrefix(testSecret, "whsec_")) {
+		t.Errorf("error %q contains the secret", err)
+	}
+}
+
+func TestForwardHeadersBodyAndSignature(t *testing.T) {
+	var mu sync.Mutex
+	var got []delivery
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, delivery{r.Header.Clone(), b})
+		mu.Unlock()
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+		}
+	}))
+	defer srv.Close()
+	f, err := NewForward(srv.URL+"/hook", testSecret, srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := testEvent()
+	for range 2 { // the same attempt twice: same webhook-id
+		if err := f.Run(context.Background(), ev); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	ev.Token++
+	if err := f.Run(context.Background(), ev); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("deliveries = %d, want 3", len(got))
+	}
+	wh, err := standardwebhooks.NewWebhook(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range got {
+		if err := wh.Verify(d.body, d.header); err != nil {
+			t.Errorf("delivery %d: Verify = %v, want nil", i, err)
+		}
+		if ct := d.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("delivery %d: Content-Type = %q, want application/json", i, ct)
+		}
+		if k := d.header.Get("Idempotency-Key"); k != ev.Key {
+			t.Errorf("delivery %d: Idempotency-Key = %q, want %q", i, k, ev.Key)
+		}
+		var doc Event
+		if err := json.Unmarshal(d.body, &doc); err != nil || doc.Key != ev.Key || doc.Name != ev.Name {
+			t.Errorf("delivery %d: body %s is not the event document (%v)", i, d.body, err)
+		}
+		if strings.Contains(d.header.Get("webhook-id"), testSecret) {
+			t.Errorf("delivery %d: webhook-id leaks the secret", i)
+		}
+	}
+	if tok := got[0].header.Get("Gemrecon-Fencing-Token"); tok != "42" {
+		t.Errorf("Gemrecon-Fencing-Token = %q, want 42", tok)
+	}
+	if tok := got[2].header.Get("Gemrecon-Fencing-Token"); tok != "43" {
+		t.Errorf("Gemrecon-Fencing-Token = %q, want 43", tok)
+	}
+	id0, id1, id2 := got[0].header.Get("webhook-id"), got[1].header.Get("webhook-id"), got[2].header.Get("webhook-id")
+	if id0 == "" || id0 != id1 || id0 == id2 {
+		t.Errorf("webhook-ids = %q, %q, %q: want stable per key+token and distinct per token", id0, id1, id2)
+	}
+	// A tampered body does not verify (the signature is over the body).
+	if err := wh.Verify(append([]byte(" "), got[0].body...), got[0].header); err == nil {
+		t.Errorf("Verify(tampered) = nil, want an error")
+	}
+	// Another secret does not verify.
+	other, _ := standardwebhooks.NewWebhook("whsec_" + base64.StdEncoding.EncodeToString([]byte("another secret, 24 bytes")))
+	if err := other.Verify(got[0].body, got[0].header); err == nil {
+		t.Errorf("Verify(other secret) = nil, want an error")
+	}
+}
+
+func TestForwardUnsignedWithoutSecret(t *testing.T) {
+	var h http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h = r.Header.Clone() }))
+	defer srv.Close()
+	f, err := NewForward(srv.URL, "", srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Run(context.Background(), testEvent()); err != nil {
+		t.Fatal(err)
+	}
+	if h.Get("webhook-signature") != "" || h.Get("Idempotency-Key") == "" {
+		t.Errorf("headers = %v: want no signature and an Idempotency-Key", h)
+	}
+}
+
+func TestNewForwardRejects(t *testing.T) {
+	secretBody := "not*base64!"
+	tests := []struct{ url, secret string }{
+		{"ftp://example.com/x", ""},
+		{"/relative", ""},
+		{"http://example.com/x", "plainsecret"},
+		{"http://example.com/x", "whsec_" + secretBody},
+		{"http://example.com/x", "whsec_"},
+	}
+	for _, tt := range tests {
+		_, err := NewForward(tt.url, tt.secret, nil)
+		if err == nil {
+			t.Errorf("NewForward(%q, secret) = nil error, want one", tt.url)
+			continue
+		}
+		if s := strings.TrimPrefix(tt.secret, "whsec_"); s != "" && strings.Contains(err.Error(), s) {
+			t.Errorf("NewForward(%q) error %q echoes the secret", tt.url, err)
+		}
+	}
+}
+
+func TestForwardHonoursContext(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	f, _ := NewForward(srv.URL, "", srv.Client())
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := f.Run(ctx, testEvent())
+	if !errors.Is(err, context.DeadlineExceeded) || IsPermanent(err) {
+		t.Errorf("Run(timeout) = %v, want a retryable DeadlineExceeded", err)
+	}
+}
