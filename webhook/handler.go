@@ -1,0 +1,374 @@
+// Package webhook is gemrecon's optional webhook receiver (spec §6): it
+// verifies Standard Webhooks signatures, turns each event into its
+// idempotency key with canon, records the sighting durably in the sink before
+// answering 2xx, and wakes the dispatcher (or, with Sync, runs the effect
+// inside the request). It also serves /healthz, /readyz and /metrics, and
+// runs an http.Server with timeouts and a graceful drain.
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/metrics"
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// Defaults of Config.
+const (
+	DefaultPath       = "/webhook"
+	DefaultMaxBody    = 1 << 20 // 1 MiB
+	DefaultSyncWait   = 10 * time.Second
+	DefaultRetryAfter = 5 * time.Second
+)
+
+// Statuses in a 2xx response body {"key","status"}.
+const (
+	StatusAccepted  = "accepted"  // a new key, durably pending
+	StatusDuplicate = "duplicate" // a known key that is not done yet
+	StatusDone      = "done"      // the key is done
+	StatusIgnored   = "ignored"   // a non-terminal event: nothing recorded
+)
+
+// Dispatcher is what the receiver needs of dispatch.Dispatcher: Kick wakes
+// the background workers after a new sighting; RunKey claims one key and runs
+// its effect now (Sync mode) and reports the outcome as dispatch names it
+// ("done", "retry", "dead", "fenced", "busy", "skipped").
+type Dispatcher interface {
+	Kick()
+	RunKey(ctx context.Context, key string) (Outcome, error)
+}
+
+// Config configures NewHandler.
+type Config struct {
+	// Sink records sightings (required).
+	Sink sink.Sink
+	// Secrets are whsec_ secrets; a request passes if any verifies it.
+	Secrets []string
+	// InsecureNoVerify accepts unsigned requests; without it, no Secrets is
+	// an error.
+	InsecureNoVerify bool
+	// Path is where events are POSTed (default DefaultPath).
+	Path string
+	// MaxBody is the largest body accepted (default DefaultMaxBody); larger is 413.
+	MaxBody int64
+	// Sync runs the effect inside the request through Dispatcher.RunKey.
+	Sync bool
+	// SyncWait is how long a Sync request waits for a key that another live
+	// holder has claimed before answering 202 (default DefaultSyncWait).
+	SyncWait time.Duration
+	// Dispatcher is kicked after each new sighting (may be nil in inbox
+	// mode: something else dispatches); required with Sync.
+	Dispatcher Dispatcher
+	// Metrics receives counters and serves /metrics; nil makes a fresh one
+	// on Sink.
+	Metrics *metrics.Metrics
+	// Logger receives one line per rejected or failed request; nil discards.
+	Logger *slog.Logger
+	// RetryAfter is the Retry-After of a 503 (default DefaultRetryAfter).
+	RetryAfter time.Duration
+	// Now is the clock for signature timestamps; nil means time.Now.
+	Now func() time.Time
+}
+
+// handler serves the receiver's routes.
+type handler struct {
+	cfg      Config
+	verifier *Verifier // nil when InsecureNoVerify
+	metrics  *metrics.Metrics
+	metricsH http.Handler
+	log      *slog.Logger
+}
+
+// NewHandler validates cfg and returns the receiver: POST cfg.Path, GET
+// /healthz, GET /readyz (the sink answers Ping), GET /metrics. It refuses a
+// config without secrets unless InsecureNoVerify is set.
+func NewHandler(cfg Config) (http.Handler, error) {
+	if cfg.Sink == nil {
+		return nil, errors.New("webhook: no sink")
+	}
+	if cfg.Path == "" {
+		cfg.Path = DefaultPath
+	}
+	if cfg.Path[0] != '/' {
+		return nil, fmt.Errorf("webhook: path %q must start with /", cfg.Path)
+	}
+	switch cfg.Path {
+	case "/healthz", "/readyz", "/metrics":
+		return nil, fmt.Errorf("webhook: path %q is taken by a built-in endpoint", cfg.Path)
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.SyncWait <= 0 {
+		cfg.SyncWait = DefaultSyncWait
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.Sync && cfg.Dispatcher == nil {
+		return nil, errors.New("webhook: sync mode needs a dispatcher")
+	}
+	h := &handler{cfg: cfg, metrics: cfg.Metrics, log: cfg.Logger}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.metrics == nil {
+		h.metrics = metrics.New(cfg.Sink)
+	}
+	h.metricsH = h.metrics.Handler()
+	if !cfg.InsecureNoVerify {
+		if len(cfg.Secrets) == 0 {
+			return nil, fmt.Errorf("webhook: no secret configured: set %s or a secret file, or pass --insecure-no-verify to accept unsigned requests", SecretEnv)
+		}
+		v, err := NewVerifier(cfg.Secrets, cfg.Now)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: %w", err)
+		}
+		h.verifier = v
+	}
+	return h, nil
+}
+
+// response is a 2xx body.
+type response struct {
+	Key    string `json:"key"`
+	Status string `json:"status"`
+}
+
+// statusWriter remembers the status code for metrics and logs.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case h.cfg.Path:
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: POST events here")
+			return
+		}
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		h.serveEvent(sw, r)
+		h.metrics.ObserveRequest(sw.code, time.Since(start))
+	case "/healthz":
+		if !getOrHead(w, r) {
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	case "/readyz":
+		if !getOrHead(w, r) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := h.cfg.Sink.Ping(ctx); err != nil {
+			h.log.Warn("readiness check failed", "err", err)
+			w.Header().Set("Retry-After", h.retryAfter())
+			writeError(w, http.StatusServiceUnavailable, "database not ready: "+err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	case "/metrics":
+		if !getOrHead(w, r) {
+			return
+		}
+		h.metricsH.ServeHTTP(w, r)
+	default:
+		writeError(w, http.StatusNotFound, "no such path: events go to POST "+h.cfg.Path)
+	}
+}
+
+func getOrHead(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return true
+	}
+	w.Header().Set("Allow", "GET, HEAD")
+	writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed")
+	return false
+}
+
+func (h *handler) retryAfter() string {
+	return strconv.Itoa(int((h.cfg.RetryAfter + time.Second - 1) / time.Second))
+}
+
+// reject answers a request that records nothing.
+func (h *handler) reject(w http.ResponseWriter, r *http.Request, code int, outcome, msg string) {
+	h.metrics.ObserveDelivery(sink.SourceWebhook, outcome)
+	h.log.Info("webhook rejected", "status", code, "reason", msg, "remote", r.RemoteAddr, "webhook_id", r.Header.Get("webhook-id"))
+	writeError(w, code, msg)
+}
+
+func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
+	// 1. Body, bounded. A declared length over the limit fails before reading.
+	if r.ContentLength > h.cfg.MaxBody {
+		h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
+			fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, h.cfg.MaxBody))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
+				fmt.Sprintf("body is over the %d-byte limit", h.cfg.MaxBody))
+			return
+		}
+		h.reject(w, r, http.StatusBadRequest, metrics.OutcomeBadRequest, "reading body: "+err.Error())
+		return
+	}
+
+	// 2. Signature, over the exact bytes received.
+	if h.verifier != nil {
+		if err := h.verifier.Verify(body, r.Header); err != nil {
+			h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+err.Error())
+			return
+		}
+	}
+
+	// 3. Key.
+	ev, err := canon.FromEvent(body)
+	if err != nil {
+		h.reject(w, r, http.StatusBadRequest, metrics.OutcomeBadRequest, err.Error())
+		return
+	}
+	if !ev.Terminal {
+		h.metrics.ObserveDelivery(sink.SourceWebhook, metrics.OutcomeIgnored)
+		h.log.Debug("webhook ignored: not a completion", "key", ev.Key, "type", ev.Type, "state", ev.State)
+		writeJSON(w, http.StatusOK, response{Key: ev.Key, Status: StatusIgnored})
+		return
+	}
+
+	// 4. Durable record before any 2xx.
+	res, err := h.cfg.Sink.Record(r.Context(), sink.Sighting{Key: ev.Key, Source: sink.SourceWebhook, Payload: ev.Operation})
+	if err != nil {
+		h.metrics.ObserveDelivery(sink.SourceWebhook, metrics.OutcomeUnavailable)
+		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", ev.Key, "err", err)
+		w.Header().Set("Retry-After", h.retryAfter())
+		writeError(w, http.StatusServiceUnavailable, "database unavailable, retry later: "+err.Error())
+		return
+	}
+	outcome := metrics.RecordOutcome(res)
+	h.metrics.ObserveDelivery(sink.SourceWebhook, outcome)
+	h.log.Debug("webhook recorded", "key", ev.Key, "status", outcome)
+
+	if h.cfg.Sync && res.State != sink.StateDone {
+		h.runSync(w, r, ev.Key, outcome)
+		return
+	}
+	if res.State != sink.StateDone && h.cfg.Dispatcher != nil {
+		h.cfg.Dispatcher.Kick()
+	}
+	code := http.StatusAccepted
+	if h.cfg.Sync { // done already: the effect has run
+		code = http.StatusOK
+	}
+	writeJSON(w, code, response{Key: ev.Key, Status: outcome})
+}
+
+// runSync runs the key's effect in the request: 200 once done, 500 when the
+// effect failed (the sender retries), 202 when another live holder has it
+// past SyncWait.
+func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
+	ctx := r.Context()
+	deadline := time.Now().Add(h.cfg.SyncWait)
+	pause := 10 * time.Millisecond
+	for {
+		out, err := h.cfg.Dispatcher.RunKey(ctx, key)
+		if err != nil {
+			h.log.Warn("webhook sync: dispatch failed", "key", key, "err", err)
+			w.Header().Set("Retry-After", h.retryAfter())
+			writeError(w, http.StatusServiceUnavailable, "dispatch failed, retry later: "+err.Error())
+			return
+		}
+		switch string(out) {
+		case "done":
+			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
+			return
+		case "retry", "dead":
+			writeJSON(w, http.StatusInternalServerError, map[string]string{
+				"key": key, "status": string(out), "error": "the effect failed (" + string(out) + ")"})
+			return
+		}
+		// busy, fenced or skipped: someone else holds the key, or it is not
+		// due. Look at the row: done or dead settles it; otherwise wait.
+		e, err := h.cfg.Sink.Get(ctx, key)
+		if err == nil {
+			switch e.State {
+			case sink.StateDone:
+				writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
+				return
+			case sink.StateDead:
+				writeJSON(w, http.StatusInternalServerError, map[string]string{
+					"key": key, "status": string(sink.StateDead), "error": "the key is dead: " + e.LastError})
+				return
+			case sink.StatePending:
+				if e.NextAttemptAt.After(time.Now().Add(pause)) {
+					// Backing off after a failed attempt: nothing to wait
+					// for here; the background workers retry it when due.
+					writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+					return
+				}
+			}
+		}
+		if time.Now().Add(pause).After(deadline) {
+			// Durable and in someone's hands: the background workers or the
+			// holder will finish it.
+			if h.cfg.Dispatcher != nil {
+				h.cfg.Dispatcher.Kick()
+			}
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+			return
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+			return
+		case <-t.C:
+		}
+		pause = min(pause*2, 250*time.Millisecond)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = http.StatusInternalServerError, []byte(`{"error":"encoding response"}`)
+	}
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}

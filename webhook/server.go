@@ -1,0 +1,110 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Defaults of ServerOptions.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultDrainTimeout      = 30 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
+)
+
+// ServerOptions are the http.Server's limits. Zero fields take the defaults.
+type ServerOptions struct {
+	// ReadHeaderTimeout cuts off a client that trickles its headers.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading the whole request, body included.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds the handler and the response. In Sync mode it must
+	// exceed the effect timeout plus SyncWait, or a slow effect's answer is
+	// lost (the sender then retries, and the key is already done or claimed).
+	WriteTimeout time.Duration
+	// IdleTimeout closes idle keep-alive connections.
+	IdleTimeout time.Duration
+	// DrainTimeout bounds the graceful shutdown: requests in flight get this
+	// long to finish, then connections are closed.
+	DrainTimeout time.Duration
+	// MaxHeaderBytes bounds the request headers.
+	MaxHeaderBytes int
+	// Logger receives the server's own errors; nil discards them.
+	Logger *slog.Logger
+}
+
+func (o ServerOptions) withDefaults() ServerOptions {
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// ErrDrainTimeout is returned by Serve when requests were still running at
+// the end of the drain and their connections were closed.
+var ErrDrainTimeout = errors.New("webhook server: drain timed out; open connections closed")
+
+// Serve serves h on ln until ctx is done (SIGTERM in the CLI), then shuts
+// down gracefully: it stops accepting, lets requests in flight finish for up
+// to DrainTimeout (each answers only after its sighting is durable, so a
+// sender that got 2xx lost nothing), then closes what remains. It returns
+// nil after a clean drain, ErrDrainTimeout after a forced one, or the error
+// that stopped the server. Request contexts are not cancelled by ctx: a
+// Record in progress completes.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOptions) error {
+	o := opts.withDefaults()
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: o.ReadHeaderTimeout,
+		ReadTimeout:       o.ReadTimeout,
+		WriteTimeout:      o.WriteTimeout,
+		IdleTimeout:       o.IdleTimeout,
+		MaxHeaderBytes:    o.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("webhook server: %w", err)
+	case <-ctx.Done():
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), o.DrainTimeout)
+	defer cancel()
+	err := srv.Shutdown(dctx)
+	<-errc // http.ErrServerClosed once Shutdown has begun
+	if err != nil {
+		_ = srv.Close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return ErrDrainTimeout
+		}
+		return fmt.Errorf("webhook server: shutdown: %w", err)
+	}
+	return nil
+}

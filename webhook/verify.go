@@ -1,0 +1,203 @@
+package webhook
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+)
+
+// SecretEnv is the environment variable that holds webhook secrets
+// (whitespace or comma separated, for rotation).
+const SecretEnv = "GEMRECON_WEBHOOK_SECRET"
+
+// Tolerance is how far a webhook-timestamp may lie from the receiver's clock,
+// either way: the Standard Webhooks library's own five minutes.
+const Tolerance = 5 * time.Minute
+
+// MinSecretBytes is the shortest decoded secret accepted: the Standard
+// Webhooks specification asks for at least 24 random bytes.
+const MinSecretBytes = 24
+
+const secretPrefix = "whsec_"
+
+// Errors of verification. They name what failed, never a secret.
+var (
+	// ErrUnsigned: a webhook-id, webhook-timestamp or webhook-signature header is missing.
+	ErrUnsigned = errors.New("missing webhook-id, webhook-timestamp or webhook-signature header")
+	// ErrBadTimestamp: webhook-timestamp is not an integer of Unix seconds.
+	ErrBadTimestamp = errors.New("webhook-timestamp is not Unix seconds")
+	// ErrStale: webhook-timestamp is more than Tolerance before now.
+	ErrStale = errors.New("webhook-timestamp is too old")
+	// ErrFuture: webhook-timestamp is more than Tolerance after now.
+	ErrFuture = errors.New("webhook-timestamp is in the future")
+	// ErrBadSignature: no v1 signature matches any configured secret.
+	ErrBadSignature = errors.New("no webhook-signature matches a configured secret")
+)
+
+// Verifier checks Standard Webhooks signatures against several secrets: a
+// request passes if any secret verifies it, which is how a sender rotates
+// secrets without downtime. The HMAC and its constant-time comparison are
+// the standardwebhooks library's; the timestamp window is checked here
+// against an injectable clock, with the library's tolerance.
+type Verifier struct {
+	hooks []*standardwebhooks.Webhook
+	now   func() time.Time
+}
+
+// NewVerifier parses whsec_ secrets. now is the clock; nil means time.Now.
+// Errors name the secret's position, never its text.
+func NewVerifier(secrets []string, now func() time.Time) (*Verifier, error) {
+	if len(secrets) == 0 {
+		return nil, errors.New("no webhook secret")
+	}
+	if now == nil {
+		now = time.Now
+	}
+	v := &Verifier{now: now}
+	for i, s := range secrets {
+		if err := ValidateSecret(s); err != nil {
+			return nil, fmt.Errorf("webhook secret #%d: %w", i+1, err)
+		}
+		wh, err := standardwebhooks.NewWebhook(s)
+		if err != nil {
+			// The library's error quotes base64's complaint (an offset, not
+			// the text), but say it ourselves to be sure.
+			return nil, fmt.Errorf("webhook secret #%d: not whsec_<base64>", i+1)
+		}
+		v.hooks = append(v.hooks, wh)
+	}
+	return v, nil
+}
+
+// Verify checks the three headers and the signature over body. It returns
+// nil, or one of ErrUnsigned, ErrBadTimestamp, ErrStale, ErrFuture,
+// ErrBadSignature.
+func (v *Verifier) Verify(body []byte, h http.Header) error {
+	id := h.Get(standardwebhooks.HeaderWebhookID)
+	ts := h.Get(standardwebhooks.HeaderWebhookTimestamp)
+	sig := h.Get(standardwebhooks.HeaderWebhookSignature)
+	if id == "" || ts == "" || sig == "" {
+		return ErrUnsigned
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return ErrBadTimestamp
+	}
+	// The library's window: older than now-Tolerance or newer than
+	// now+Tolerance fails.
+	now := v.now()
+	at := time.Unix(sec, 0)
+	if now.Sub(at) > Tolerance {
+		return ErrStale
+	}
+	if at.After(now.Add(Tolerance)) {
+		return ErrFuture
+	}
+	// Try every secret even after a match, so the time taken does not say
+	// which secret (old or new) signed the request.
+	ok := false
+	for _, wh := range v.hooks {
+		if wh.VerifyIgnoringTimestamp(body, h) == nil {
+			ok = true
+		}
+	}
+	if !ok {
+		return ErrBadSignature
+	}
+	return nil
+}
+
+// Sign returns the three Standard Webhooks headers for body, signed with
+// secret at time at: for tests, the load generator and the demo.
+func Sign(secret, id string, at time.Time, body []byte) (http.Header, error) {
+	wh, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		return nil, errors.New("webhook secret: not whsec_<base64>")
+	}
+	sig, err := wh.Sign(id, at, body)
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{}
+	h.Set(standardwebhooks.HeaderWebhookID, id)
+	h.Set(standardwebhooks.HeaderWebhookTimestamp, strconv.FormatInt(at.Unix(), 10))
+	h.Set(standardwebhooks.HeaderWebhookSignature, sig)
+	return h, nil
+}
+
+// ValidateSecret checks that s is whsec_ followed by standard base64 of at
+// least MinSecretBytes bytes. The error never contains s.
+func ValidateSecret(s string) error {
+	if !strings.HasPrefix(s, secretPrefix) {
+		return errors.New("does not start with whsec_")
+	}
+	key, err := base64.StdEncoding.DecodeString(s[len(secretPrefix):])
+	if err != nil {
+		return errors.New("the part after whsec_ is not standard base64")
+	}
+	if len(key) < MinSecretBytes {
+		return fmt.Errorf("decodes to %d bytes, fewer than the %d that Standard Webhooks asks for", len(key), MinSecretBytes)
+	}
+	return nil
+}
+
+// LoadSecrets gathers webhook secrets from env (the value of
+// GEMRECON_WEBHOOK_SECRET: secrets separated by white space or commas) and
+// from file (one secret per line; blank lines and lines starting with # are
+// skipped), in that order, without repeats. Either may be empty. Each secret
+// is validated; errors say where the bad secret came from (variable or file
+// and line), never its text. No secrets at all is not an error here: the
+// caller decides (serve refuses to start without --insecure-no-verify).
+func LoadSecrets(env string, file string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	add := func(s, where string) error {
+		if err := ValidateSecret(s); err != nil {
+			return fmt.Errorf("webhook secret in %s: %w", where, err)
+		}
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+		return nil
+	}
+	for i, s := range strings.FieldsFunc(env, func(r rune) bool {
+		return r == ',' || r == ' ' || r == '\t' || r == '\n' || r == '\r'
+	}) {
+		if err := add(s, fmt.Sprintf("%s (item %d)", SecretEnv, i+1)); err != nil {
+			return nil, err
+		}
+	}
+	if file != "" {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			// os errors carry the path and the cause, not the contents.
+			return nil, fmt.Errorf("webhook secret file: %w", err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		line := 0
+		for sc.Scan() {
+			line++
+			s := strings.TrimSpace(sc.Text())
+			if s == "" || strings.HasPrefix(s, "#") {
+				continue
+			}
+			if err := add(s, fmt.Sprintf("%s line %d", file, line)); err != nil {
+				return nil, err
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("webhook secret file %s: %w", file, err)
+		}
+	}
+	return out, nil
+}
