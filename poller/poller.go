@@ -1,0 +1,532 @@
+// Package poller lists Gemini batch operations (Gemini API or Vertex AI
+// batch prediction jobs) with google.golang.org/genai and hands every
+// terminal one to a callback: one reconciliation pass of spec §5.
+//
+// It owns what the SDK does not do: a rate limiter every HTTP request waits
+// on, bounded retries honouring google.rpc.RetryInfo and Retry-After, the
+// raw operation as the API sent it (the SDK drops a failed batch's error on
+// the Gemini backend), the lookback stop rule, and refusing to loop on a
+// repeated page token. It records nothing: the caller's callback does.
+// Pages are streamed to the callback, never collected, so memory stays flat
+// however many batches are listed.
+package poller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/genai"
+)
+
+// Backends.
+const (
+	BackendGemini = "gemini"
+	BackendVertex = "vertex"
+)
+
+// Defaults used by DefaultConfig (and by New where a field is zero and zero
+// has no meaning of its own).
+const (
+	DefaultPageSize       = 100
+	DefaultLookback       = 72 * time.Hour // 48 h batch expiry + margin
+	DefaultMaxRetries     = 5
+	DefaultBackoffMin     = time.Second
+	DefaultBackoffMax     = time.Minute
+	DefaultRequestTimeout = time.Minute
+)
+
+// Errors a pass can end with; match with errors.Is.
+var (
+	// ErrAuth: the API refused the credential (401/403, an invalid key) or
+	// there is none; the message names the credential to check. Never retried.
+	ErrAuth = errors.New("gemini credentials refused")
+	// ErrRepeatedPageToken: the API handed back a page token it had already
+	// given in this pass; paging stops instead of looping.
+	ErrRepeatedPageToken = errors.New("repeated page token")
+	// ErrMalformedPage: a list response that could not be decoded.
+	ErrMalformedPage = errors.New("malformed list page")
+)
+
+// Config configures a Poller. Start from DefaultConfig.
+type Config struct {
+	// Backend is BackendGemini (default when "") or BackendVertex.
+	Backend string
+	// APIKey for the Gemini API (or Vertex express mode). "" lets the SDK
+	// read GOOGLE_API_KEY, then GEMINI_API_KEY.
+	APIKey string
+	// Project and Location for Vertex; "" lets the SDK read
+	// GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION (or GOOGLE_CLOUD_REGION).
+	Project, Location string
+	// NoCredentials skips Application Default Credentials on Vertex (an
+	// emulator or an authenticating proxy at BaseURL, or tests).
+	NoCredentials bool
+	// BaseURL overrides the API endpoint (an emulator, a proxy); "" uses the
+	// SDK's default (or GOOGLE_GEMINI_BASE_URL / GOOGLE_VERTEX_BASE_URL).
+	BaseURL string
+	// HTTPClient supplies the base transport (default: a clone of
+	// http.DefaultTransport). Its Timeout is ignored: RequestTimeout applies
+	// per attempt.
+	HTTPClient *http.Client
+	// QPS and Burst configure the one limiter every HTTP request waits on,
+	// retries included. QPS <= 0 means unlimited; Burst < 1 means 1.
+	QPS   float64
+	Burst int
+	// PageSize is sent with every list request (0 means DefaultPageSize).
+	PageSize int
+	// Lookback: paging stops after a whole page holds only operations
+	// created before now − Lookback, and such operations are not handed to
+	// the callback. 0 reads every page and hands over every terminal one.
+	Lookback time.Duration
+	// MaxRetries is the retry budget of one request for 429, 5xx and
+	// transport errors (0: no retries).
+	MaxRetries int
+	// BackoffMin and BackoffMax bound the exponential backoff used when the
+	// server gives no delay (zero: the defaults).
+	BackoffMin, BackoffMax time.Duration
+	// RequestTimeout bounds one HTTP attempt (0: none).
+	RequestTimeout time.Duration
+	// Now is the clock for the lookback window (default time.Now).
+	Now func() time.Time
+	// Sleep waits between retries (default: a timer that honours ctx).
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Logger receives retry warnings (default: discard).
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults of `gemrecon poll`.
+func DefaultConfig() Config {
+	return Config{
+		Backend:        BackendGemini,
+		PageSize:       DefaultPageSize,
+		Lookback:       DefaultLookback,
+		MaxRetries:     DefaultMaxRetries,
+		BackoffMin:     DefaultBackoffMin,
+		BackoffMax:     DefaultBackoffMax,
+		RequestTimeout: DefaultRequestTimeout,
+	}
+}
+
+// Validate reports the first invalid field by name.
+func (c Config) Validate() error {
+	switch c.Backend {
+	case "", BackendGemini:
+		if c.Project != "" || c.Location != "" {
+			return errors.New("poller: project and location apply to the vertex backend only")
+		}
+	case BackendVertex:
+	default:
+		return fmt.Errorf("poller: backend %q: want %q or %q", c.Backend, BackendGemini, BackendVertex)
+	}
+	switch {
+	case c.PageSize < 0 || c.PageSize > math.MaxInt32:
+		return fmt.Errorf("poller: page size %d out of range", c.PageSize)
+	case c.Lookback < 0:
+		return fmt.Errorf("poller: lookback %v is negative (0 reads every page)", c.Lookback)
+	case c.MaxRetries < 0:
+		return fmt.Errorf("poller: max retries %d is negative", c.MaxRetries)
+	case c.QPS < 0 || math.IsNaN(c.QPS):
+		return fmt.Errorf("poller: qps %v is negative", c.QPS)
+	case c.Burst < 0:
+		return fmt.Errorf("poller: burst %d is negative", c.Burst)
+	}
+	return nil
+}
+
+// Operation is one listed batch operation in a terminal state.
+type Operation struct {
+	// Name as listed: "batches/x" (Gemini API) or
+	// "projects/P/locations/L/batchPredictionJobs/N" (Vertex).
+	Name string
+	// State normalised: "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED",
+	// "PARTIALLY_SUCCEEDED" (the BATCH_STATE_/JOB_STATE_ prefix dropped).
+	State string
+	// Terminal is always true for operations handed to the callback.
+	Terminal   bool
+	CreateTime time.Time
+	EndTime    time.Time // zero when the API gave none
+	// Raw is the operation exactly as the API sent it, including done,
+	// error, response and batchStats that the SDK drops.
+	Raw json.RawMessage
+}
+
+// PassStats counts what one pass did.
+type PassStats struct {
+	Listed   int // operations listed on the pages read
+	Terminal int // of which in a terminal state
+	Passed   int // handed to the callback (terminal and inside the lookback window)
+	Pages    int // list pages read
+	Requests int // HTTP requests sent, retries included
+	Retries  int // of which retries
+	Duration time.Duration
+}
+
+// Poller lists batch operations. One Poller may run passes one after the
+// other or concurrently; they share its rate limiter.
+type Poller struct {
+	cfg       Config
+	client    *genai.Client
+	transport *transport
+}
+
+// New builds a Poller and its genai client. It sends no request.
+func New(ctx context.Context, cfg Config) (*Poller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Backend == "" {
+		cfg.Backend = BackendGemini
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = DefaultBackoffMin
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		cfg.BackoffMax = max(DefaultBackoffMax, cfg.BackoffMin)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleepCtx
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	limit, burst := rate.Inf, max(cfg.Burst, 1)
+	if cfg.QPS > 0 {
+		limit = rate.Limit(cfg.QPS)
+	}
+	var base http.RoundTripper
+	if cfg.HTTPClient != nil && cfg.HTTPClient.Transport != nil {
+		base = cfg.HTTPClient.Transport
+	} else {
+		base = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	if cfg.RequestTimeout > 0 {
+		base = timeoutTransport{base: base, timeout: cfg.RequestTimeout}
+	}
+	t := &transport{
+		base: base, limiter: rate.NewLimiter(limit, burst), maxRetries: cfg.MaxRetries,
+		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, sleep: cfg.Sleep, log: cfg.Logger,
+	}
+	cc := &genai.ClientConfig{
+		APIKey:     cfg.APIKey,
+		HTTPClient: &http.Client{Transport: t},
+		HTTPOptions: genai.HTTPOptions{
+			BaseURL: cfg.BaseURL,
+		},
+	}
+	if cfg.Backend == BackendVertex {
+		cc.Backend = genai.BackendVertexAI
+		cc.Project, cc.Location = cfg.Project, cfg.Location
+		if cfg.APIKey == "" && !cfg.NoCredentials {
+			// The SDK only finds ADC itself when it builds its own client;
+			// ours must carry the token, so wrap it here (the auth layer sits
+			// outside our transport: limits and retries still see every call).
+			if err := cc.UseDefaultCredentials(); err != nil {
+				return nil, fmt.Errorf("%w: vertex: %v; %s", ErrAuth, err, vertexCredHint)
+			}
+		}
+	} else {
+		cc.Backend = genai.BackendGeminiAPI
+	}
+	client, err := genai.NewClient(ctx, cc)
+	if err != nil {
+		if strings.Contains(err.Error(), "api key is required") {
+			return nil, fmt.Errorf("%w: no Gemini API key: set GEMINI_API_KEY (or GOOGLE_API_KEY)", ErrAuth)
+		}
+		return nil, fmt.Errorf("poller: genai client: %w", err)
+	}
+	return &Poller{cfg: cfg, client: client, transport: t}, nil
+}
+
+const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
+
+// Requests returns how many HTTP requests this Poller has sent in all.
+func (p *Poller) Requests() int64 { return p.transport.total.Load() }
+
+// Pass lists batch operations page by page and calls fn, in listing order,
+// for each terminal one inside the lookback window. The same completion is
+// handed over again on every pass that lists it: deduplication is the
+// caller's. An error from fn stops the pass and is returned wrapped.
+func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats, error) {
+	start := time.Now()
+	trace := &passTrace{}
+	ctx = context.WithValue(ctx, traceKey{}, trace)
+	var stats PassStats
+	defer func() {
+		stats.Requests = int(trace.requests.Load())
+		stats.Retries = int(trace.retries.Load())
+		stats.Duration = time.Since(start)
+	}()
+	var cutoff time.Time
+	if p.cfg.Lookback > 0 {
+		cutoff = p.cfg.Now().Add(-p.cfg.Lookback)
+	}
+	seen := map[string]struct{}{}
+	token := ""
+	for {
+		ops, next, err := p.page(ctx, trace, token, stats.Pages+1)
+		if err != nil {
+			return stats, err
+		}
+		stats.Pages++
+		allOld := len(ops) > 0
+		for i := range ops {
+			op := &ops[i]
+			stats.Listed++
+			old := !cutoff.IsZero() && !op.CreateTime.IsZero() && op.CreateTime.Before(cutoff)
+			if !old {
+				allOld = false
+			}
+			if !op.Terminal {
+				continue
+			}
+			stats.Terminal++
+			if old {
+				continue
+			}
+			stats.Passed++
+			if err := fn(*op); err != nil {
+				return stats, fmt.Errorf("poller: handling %s: %w", op.Name, err)
+			}
+		}
+		if next == "" || (allOld && !cutoff.IsZero()) {
+			return stats, nil
+		}
+		if _, dup := seen[next]; dup || next == token {
+			return stats, fmt.Errorf("poller: page %d: %w %q (the API is looping; %d operations listed before it)",
+				stats.Pages, ErrRepeatedPageToken, truncate(next, 40), stats.Listed)
+		}
+		seen[next] = struct{}{}
+		token = next
+	}
+}
+
+// page fetches one list page through the SDK and pairs each SDK item with
+// the raw operation from the captured body.
+func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int) ([]Operation, string, error) {
+	trace.lastBody = nil
+	page, err := p.client.Batches.List(ctx, &genai.ListBatchJobsConfig{
+		PageSize: int32(p.cfg.PageSize), PageToken: token,
+	})
+	body := trace.lastBody
+	trace.lastBody = nil
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, "", fmt.Errorf("poller: page %d: %w", n, ctx.Err())
+		}
+		var apiErr genai.APIError
+		if errors.As(err, &apiErr) {
+			return nil, "", p.apiError(n, apiErr)
+		}
+		if body == nil {
+			// A transport failure after the retry budget.
+			return nil, "", fmt.Errorf("poller: listing page %d: %w", n, err)
+		}
+		// The SDK could not decode a 2xx body. Either it is not a list page at
+		// all, or it is one the SDK's types refuse (a Vertex completionStats
+		// counter sent as a number): fall back to reading the raw page.
+		ops, next, rerr := p.rawPage(body, nil)
+		if rerr != nil {
+			return nil, "", fmt.Errorf("poller: page %d: %w: %v (SDK: %v)", n, ErrMalformedPage, rerr, err)
+		}
+		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a list page; read it raw",
+			slog.Int("page", n), slog.String("error", err.Error()))
+		return ops, next, nil
+	}
+	if body == nil {
+		// No captured body (cannot happen through our transport): build Raw
+		// from what the SDK kept.
+		ops := make([]Operation, 0, len(page.Items))
+		for _, job := range page.Items {
+			raw, _ := json.Marshal(job)
+			ops = append(ops, fromJob(job, raw))
+		}
+		return ops, page.NextPageToken, nil
+	}
+	ops, next, err := p.rawPage(body, page.Items)
+	if err != nil {
+		return nil, "", fmt.Errorf("poller: page %d: %w: %v", n, ErrMalformedPage, err)
+	}
+	_ = next // the SDK's token and the raw one are the same field
+	return ops, page.NextPageToken, nil
+}
+
+func (p *Poller) apiError(n int, e genai.APIError) error {
+	status := e.Status
+	if status == "" {
+		status = http.StatusText(e.Code)
+	}
+	what := fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
+	auth := e.Code == http.StatusUnauthorized || e.Code == http.StatusForbidden ||
+		(e.Code == http.StatusBadRequest && (strings.Contains(e.Message, "API key not valid") ||
+			strings.Contains(fmt.Sprint(e.Details), "API_KEY_INVALID")))
+	if auth {
+		if p.cfg.Backend == BackendVertex && p.cfg.APIKey == "" {
+			return fmt.Errorf("%w (%s): vertex: %s", ErrAuth, what, vertexCredHint)
+		}
+		return fmt.Errorf("%w (%s): check the Gemini API key in GEMINI_API_KEY (or GOOGLE_API_KEY, which wins when both are set)", ErrAuth, what)
+	}
+	return fmt.Errorf("poller: listing page %d: %s", n, what)
+}
+
+// rawPage decodes a list body and pairs raw operations with SDK items.
+func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, string, error) {
+	var pg struct {
+		Operations          []json.RawMessage `json:"operations"`
+		BatchPredictionJobs []json.RawMessage `json:"batchPredictionJobs"`
+		NextPageToken       string            `json:"nextPageToken"`
+	}
+	if err := json.Unmarshal(body, &pg); err != nil {
+		return nil, "", err
+	}
+	raws := pg.Operations
+	if p.cfg.Backend == BackendVertex {
+		raws = pg.BatchPredictionJobs
+	}
+	byName := make(map[string]*genai.BatchJob, len(items))
+	for _, job := range items {
+		if job != nil {
+			byName[job.Name] = job
+		}
+	}
+	ops := make([]Operation, 0, len(raws))
+	for i, raw := range raws {
+		op, err := fromRaw(raw)
+		if err != nil {
+			return nil, "", fmt.Errorf("operation %d: %v", i, err)
+		}
+		if job := byName[op.Name]; job != nil {
+			if job.State != "" {
+				op.State = normalizeState(string(job.State))
+			}
+			if !job.CreateTime.IsZero() {
+				op.CreateTime = job.CreateTime
+			}
+			if !job.EndTime.IsZero() {
+				op.EndTime = job.EndTime
+			}
+			delete(byName, op.Name)
+		}
+		op.Terminal = isTerminal(op.State)
+		ops = append(ops, op)
+	}
+	if len(byName) > 0 {
+		return nil, "", fmt.Errorf("the SDK listed %d operations absent from the raw page", len(byName))
+	}
+	return ops, pg.NextPageToken, nil
+}
+
+// rawOp holds what both backends' shapes say of an operation: the Gemini
+// API's long-running operation keeps it under metadata, Vertex at the top.
+type rawOp struct {
+	Name       string `json:"name"`
+	State      string `json:"state"`
+	CreateTime string `json:"createTime"`
+	EndTime    string `json:"endTime"`
+	Done       *bool  `json:"done"`
+	Metadata   *struct {
+		State      string `json:"state"`
+		CreateTime string `json:"createTime"`
+		EndTime    string `json:"endTime"`
+	} `json:"metadata"`
+}
+
+func fromRaw(raw json.RawMessage) (Operation, error) {
+	var r rawOp
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return Operation{}, err
+	}
+	if r.Name == "" {
+		return Operation{}, errors.New("no name")
+	}
+	state, ct, et := r.State, r.CreateTime, r.EndTime
+	if m := r.Metadata; m != nil {
+		state = cmpOr(state, m.State)
+		ct = cmpOr(ct, m.CreateTime)
+		et = cmpOr(et, m.EndTime)
+	}
+	op := Operation{Name: r.Name, State: normalizeState(state), Raw: raw}
+	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
+	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
+	return op, nil
+}
+
+func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {
+	st := normalizeState(string(job.State))
+	return Operation{Name: job.Name, State: st, Terminal: isTerminal(st),
+		CreateTime: job.CreateTime, EndTime: job.EndTime, Raw: raw}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// normalizeState drops the BATCH_STATE_/JOB_STATE_ prefix and upper-cases.
+// (A private twin of canon.NormalizeState, so that poller builds alone.)
+func normalizeState(s string) string {
+	s = strings.ToUpper(strings.TrimSpace(s))
+	s = strings.TrimPrefix(s, "BATCH_STATE_")
+	return strings.TrimPrefix(s, "JOB_STATE_")
+}
+
+// isTerminal reports whether a normalised state ends a batch. Vertex's
+// PAUSED is resumable, so not terminal; PARTIALLY_SUCCEEDED is.
+func isTerminal(state string) bool {
+	switch state {
+	case "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED":
+		return true
+	}
+	return false
+}
+
+// timeoutTransport bounds each attempt; the body is read by the caller
+// (our transport) before the attempt's context is released.
+type timeoutTransport struct {
+	base    http.RoundTripper
+	timeout time.Duration
+}
+
+func (t timeoutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(req.Context(), t.timeout)
+	resp, err := t.base.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}

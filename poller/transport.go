@@ -1,0 +1,230 @@
+package poller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// passTrace is the per-pass slot the transport fills, carried by the
+// request's context: the SDK hands our ctx to every request it builds, so
+// the raw body of the page it is decoding lands here (the SDK drops done,
+// error, response and batchStats; Raw keeps them).
+type passTrace struct {
+	requests atomic.Int64
+	retries  atomic.Int64
+	lastBody []byte // the last successful response body (one page at a time)
+}
+
+type traceKey struct{}
+
+func traceFrom(ctx context.Context) *passTrace {
+	t, _ := ctx.Value(traceKey{}).(*passTrace)
+	return t
+}
+
+// transport is the one place every HTTP request of the SDK passes through:
+// it waits on the rate limiter, retries 429/5xx/transport errors with a
+// bounded budget (honouring google.rpc.RetryInfo and Retry-After, else
+// exponential backoff with jitter) and captures the raw body.
+type transport struct {
+	base       http.RoundTripper
+	limiter    *rate.Limiter
+	maxRetries int
+	backoffMin time.Duration
+	backoffMax time.Duration
+	sleep      func(context.Context, time.Duration) error
+	log        *slog.Logger
+	// total counts every HTTP attempt made through this transport.
+	total atomic.Int64
+}
+
+// maxBody bounds how much of one response the transport buffers.
+const maxBody = 64 << 20
+
+func retryableStatus(code int) bool {
+	switch code {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	trace := traceFrom(ctx)
+	for attempt := 0; ; attempt++ {
+		if err := t.limiter.Wait(ctx); err != nil {
+			return nil, fmt.Errorf("rate limiter: %w", err)
+		}
+		r := req
+		if attempt > 0 {
+			r = req.Clone(ctx)
+			if req.GetBody != nil {
+				body, err := req.GetBody()
+				if err != nil {
+					return nil, err
+				}
+				r.Body = body
+			}
+		}
+		t.total.Add(1)
+		if trace != nil {
+			trace.requests.Add(1)
+		}
+		resp, err := t.base.RoundTrip(r)
+		var body []byte
+		if err == nil {
+			body, err = io.ReadAll(io.LimitReader(resp.Body, maxBody))
+			resp.Body.Close()
+			if err != nil {
+				err = fmt.Errorf("reading response body: %w", err)
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil || attempt >= t.maxRetries {
+				return nil, err
+			}
+			d := t.backoff(attempt)
+			t.log.LogAttrs(ctx, slog.LevelWarn, "gemini request failed, retrying",
+				slog.String("url", redactURL(req)), slog.String("error", err.Error()),
+				slog.Int("attempt", attempt+1), slog.Duration("wait", d))
+			if trace != nil {
+				trace.retries.Add(1)
+			}
+			if err := t.sleep(ctx, d); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.ContentLength = int64(len(body))
+		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+			if trace != nil {
+				trace.lastBody = body
+			}
+			return resp, nil
+		}
+		if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries {
+			return resp, nil
+		}
+		d, source := serverDelay(resp.Header, body, time.Now())
+		if d <= 0 {
+			d, source = t.backoff(attempt), "backoff"
+		}
+		t.log.LogAttrs(ctx, slog.LevelWarn, "gemini request refused, retrying",
+			slog.String("url", redactURL(req)), slog.Int("status", resp.StatusCode),
+			slog.Int("attempt", attempt+1), slog.Duration("wait", d), slog.String("wait_from", source))
+		if trace != nil {
+			trace.retries.Add(1)
+		}
+		if err := t.sleep(ctx, d); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// backoff is exponential from backoffMin, capped at backoffMax, with "equal
+// jitter": half fixed, half random, so a retry never comes back at once.
+func (t *transport) backoff(attempt int) time.Duration {
+	d := t.backoffMin
+	for i := 0; i < attempt && d < t.backoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, t.backoffMax)
+	half := d / 2
+	if half <= 0 {
+		return d
+	}
+	return half + rand.N(half+1)
+}
+
+// serverDelay returns the longer of google.rpc.RetryInfo.retryDelay in the
+// error body and the Retry-After header (seconds or an HTTP date), 0 if
+// neither is present.
+func serverDelay(h http.Header, body []byte, now time.Time) (time.Duration, string) {
+	var d time.Duration
+	source := ""
+	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 {
+			d, source = time.Duration(secs*float64(time.Second)), "Retry-After"
+		} else if t, err := http.ParseTime(v); err == nil {
+			d, source = t.Sub(now), "Retry-After"
+		}
+	}
+	if ri := retryInfoDelay(body); ri > d {
+		d, source = ri, "RetryInfo"
+	}
+	return d, source
+}
+
+func retryInfoDelay(body []byte) time.Duration {
+	var e struct {
+		Error struct {
+			Details []struct {
+				Type       string `json:"@type"`
+				RetryDelay string `json:"retryDelay"`
+			} `json:"details"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return 0
+	}
+	for _, det := range e.Error.Details {
+		if strings.HasSuffix(det.Type, "google.rpc.RetryInfo") && det.RetryDelay != "" {
+			if d, err := parseProtoDuration(det.RetryDelay); err == nil {
+				return d
+			}
+		}
+	}
+	return 0
+}
+
+// parseProtoDuration parses a google.protobuf.Duration's JSON form ("31s",
+// "1.500s"); Go's own form ("1m30s") is accepted too.
+func parseProtoDuration(s string) (time.Duration, error) {
+	if num, ok := strings.CutSuffix(s, "s"); ok {
+		if f, err := strconv.ParseFloat(num, 64); err == nil {
+			if f < 0 {
+				return 0, errors.New("negative duration")
+			}
+			return time.Duration(f * float64(time.Second)), nil
+		}
+	}
+	return time.ParseDuration(s)
+}
+
+// redactURL drops the query: it never holds a key (the SDK sends the key as
+// a header), but page tokens are noise in logs.
+func redactURL(r *http.Request) string {
+	u := *r.URL
+	u.RawQuery = ""
+	return u.String()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
