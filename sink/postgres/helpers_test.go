@@ -1,0 +1,105 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// envDSN names the environment variable with the test server's DSN.
+const envDSN = "GEMRECON_TEST_POSTGRES"
+
+// baseDSN returns the test server's DSN or skips the test.
+func baseDSN(tb testing.TB) string {
+	tb.Helper()
+	dsn := os.Getenv(envDSN)
+	if dsn == "" {
+		tb.Skip("set GEMRECON_TEST_POSTGRES=postgres://… to run the PostgreSQL tests (bash .ci/postgres.sh prints one)")
+	}
+	return dsn
+}
+
+// adminConn connects to the test server directly (no sink).
+func adminConn(tb testing.TB, dsn string) *pgx.Conn {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		tb.Fatalf("connect %s: %v", envDSN, err)
+	}
+	tb.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// withParam returns dsn with one more parameter (URL or key=value form).
+func withParam(dsn, name, value string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set(name, value)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " " + name + "=" + value
+}
+
+// testSchema creates a fresh schema, dropped at cleanup, and returns a DSN
+// whose search_path is that schema, and the schema's name.
+func testSchema(tb testing.TB) (dsn, schema string) {
+	tb.Helper()
+	base := baseDSN(tb)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema = "gemrecon_t_" + hex.EncodeToString(b)
+	admin := adminConn(tb, base)
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		tb.Fatalf("create schema %s: %v", schema, err)
+	}
+	tb.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			tb.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return withParam(base, "search_path", schema), schema
+}
+
+// openTest opens a sink in a fresh schema, closed at cleanup.
+func openTest(tb testing.TB, opt sink.Options, opts ...Option) (*Sink, string) {
+	tb.Helper()
+	dsn, _ := testSchema(tb)
+	s := openDSN(tb, dsn, opt, opts...)
+	return s, dsn
+}
+
+// openDSN opens a sink on dsn, closed at cleanup.
+func openDSN(tb testing.TB, dsn string, opt sink.Options, opts ...Option) *Sink {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Open(ctx, dsn, opt, opts...)
+	if err != nil {
+		tb.Fatalf("Open: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil && !strings.Contains(err.Error(), "does not exist") {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// manualClock is a settable clock for tests of this package alone.
+type manualClock struct{ t time.Time }
+
+func (c *manualClock) Now() time.Time          { return c.t }
+func (c *manualClock) Advance(d time.Duration) { c.t = c.t.Add(d) }

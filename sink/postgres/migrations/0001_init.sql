@@ -1,0 +1,42 @@
+-- gemrecon sink, schema version 1: one row per idempotency key (spec §3).
+CREATE TABLE gemrecon_keys (
+    key             text        PRIMARY KEY,
+    seq             bigserial   NOT NULL,
+    state           text        NOT NULL CHECK (state IN ('pending', 'claimed', 'done', 'dead')),
+    attempts        integer     NOT NULL DEFAULT 0,
+    token           bigint      NOT NULL DEFAULT 0,
+    first_source    text        NOT NULL,
+    sources         text[]      NOT NULL,
+    seen_count      bigint      NOT NULL DEFAULT 1,
+    first_seen_at   timestamptz NOT NULL,
+    last_seen_at    timestamptz NOT NULL,
+    lease_owner     text,
+    lease_until     timestamptz,
+    claim_nonce     bigint,
+    next_attempt_at timestamptz,
+    done_at         timestamptz,
+    last_error      text,
+    conflicts       bigint      NOT NULL DEFAULT 0,
+    payload         bytea,
+    payload_sha256  bytea
+);
+
+-- Due work: pending keys by due time, expired leases by lease end.
+CREATE INDEX gemrecon_keys_pending ON gemrecon_keys (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX gemrecon_keys_claimed ON gemrecon_keys (lease_until) WHERE state = 'claimed';
+CREATE INDEX gemrecon_keys_done ON gemrecon_keys (done_at) WHERE state = 'done';
+CREATE INDEX gemrecon_keys_order ON gemrecon_keys (first_seen_at, seq);
+
+-- Durable counters that outlive rows (fenced outcomes).
+CREATE TABLE gemrecon_counters (
+    name  text   PRIMARY KEY,
+    value bigint NOT NULL
+);
+INSERT INTO gemrecon_counters (name, value) VALUES ('fenced', 0);
+
+-- The longest poll lookback ever used, guarding purge (spec §7).
+CREATE TABLE gemrecon_lookback (
+    id          integer PRIMARY KEY CHECK (id = 1),
+    max_micros  bigint  NOT NULL,
+    forever     boolean NOT NULL
+);

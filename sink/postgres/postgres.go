@@ -1,0 +1,447 @@
+// Package postgres is the PostgreSQL backend of the sink (spec §3): the same
+// claim/lease contract as sink/sqlite, for gemrecon processes on many
+// machines sharing one database.
+//
+// Every state change is one autocommit statement at READ COMMITTED; claims
+// lock their rows with FOR UPDATE (SKIP LOCKED when draining), and every
+// write that follows a claim is fenced on state='claimed' AND token. Time
+// decisions use the database clock (now()) unless the caller injects
+// sink.Options.Now. A write whose outcome is unknown (the connection broke or
+// the context ended before the reply) is settled: the orphaned server backend
+// is terminated and the row is read back, so the answer is the database's,
+// not a guess.
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Defaults of the PostgreSQL backend.
+const (
+	// DefaultStatementTimeout bounds every statement (statement_timeout).
+	DefaultStatementTimeout = 30 * time.Second
+	// DefaultMaxConns bounds the connections one Sink opens.
+	DefaultMaxConns = 8
+	// flushInterval is how long buffered sighting statistics may wait.
+	flushInterval = time.Second
+	// flushAt is how many buffered keys trigger an immediate flush.
+	flushAt = 1024
+	// doneCacheMax bounds the in-memory set of keys known to be done.
+	doneCacheMax = 1 << 16
+	// maxRetries bounds re-runs after serialization failures and deadlocks.
+	maxRetries = 5
+	// settleTimeout bounds settling an unknown outcome.
+	settleTimeout = 10 * time.Second
+)
+
+// Option adjusts how Open connects; sink.Options carries the contract's knobs.
+type Option func(*config)
+
+type config struct {
+	schema           string
+	statementTimeout time.Duration
+	maxConns         int
+}
+
+// WithSchema keeps gemrecon's tables in the named schema (created if missing,
+// unless read-only); it overrides any search_path in the DSN.
+func WithSchema(name string) Option { return func(c *config) { c.schema = name } }
+
+// WithStatementTimeout sets statement_timeout on every connection (default
+// DefaultStatementTimeout) unless the DSN sets it.
+func WithStatementTimeout(d time.Duration) Option {
+	return func(c *config) { c.statementTimeout = d }
+}
+
+// WithMaxConns bounds the connections the Sink opens (default
+// DefaultMaxConns; the DSN parameter pool_max_conns also sets it).
+func WithMaxConns(n int) Option { return func(c *config) { c.maxConns = n } }
+
+// Sink is the PostgreSQL implementation of sink.Sink.
+type Sink struct {
+	pool    *pool
+	opt     sink.Options
+	dbClock bool   // time decisions use now() (opt.Now was nil at Open)
+	appName string // application_name of our connections, to find orphans
+
+	mu   sync.Mutex
+	buf  map[string]*sighting // buffered statistics of duplicate sightings
+	done map[string]doneInfo  // keys known to be done (done is final)
+
+	stop      chan struct{}
+	flusherWG sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// sighting is the buffered statistics of duplicate sightings of one key.
+type sighting struct {
+	n         int64
+	last      time.Time // zero: the database clock at flush
+	sources   []string
+	conflicts int64
+}
+
+// doneInfo is what a duplicate of a done key needs to count conflicts.
+type doneInfo struct {
+	firstSource string
+	sha         []byte
+}
+
+var _ sink.Sink = (*Sink)(nil)
+
+// Open connects to the database named by dsn (postgres://, postgresql:// or
+// key=value; a search_path parameter is passed to the server), applies
+// pending migrations under an advisory lock, and returns the sink. With
+// opt.ReadOnly it never creates or migrates, and missing tables are
+// sink.ErrNoDatabase. If opt.Now is nil the database clock decides every
+// time; otherwise opt.Now does.
+func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*Sink, error) {
+	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns}
+	for _, o := range opts {
+		o(&c)
+	}
+	dbClock := opt.Now == nil
+	opt = opt.WithDefaults()
+
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: parse DSN: %w", err)
+	}
+	rp := cfg.RuntimeParams
+	if v, ok := rp["pool_max_conns"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("postgres: pool_max_conns=%q: want a positive integer", v)
+		}
+		c.maxConns = n
+		delete(rp, "pool_max_conns")
+	}
+	if c.schema != "" {
+		rp["search_path"] = pgx.Identifier{c.schema}.Sanitize()
+	}
+	if _, ok := rp["statement_timeout"]; !ok && c.statementTimeout > 0 {
+		rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
+	}
+	if _, ok := rp["lock_timeout"]; !ok {
+		rp["lock_timeout"] = strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10)
+	}
+	if _, ok := rp["application_name"]; !ok {
+		rp["application_name"] = "gemrecon/" + randomHex(4)
+	}
+	if opt.ReadOnly {
+		rp["default_transaction_read_only"] = "on"
+	}
+	// Ask the server to cancel a statement whose context ends, so that most
+	// cancellations get a definite answer; the deadline is the fallback,
+	// after which the outcome is unknown and settled by reading back.
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Second}
+	}
+
+	s := &Sink{
+		pool:    newPool(cfg, c.maxConns),
+		opt:     opt,
+		dbClock: dbClock,
+		appName: rp["application_name"],
+		buf:     make(map[string]*sighting),
+		done:    make(map[string]doneInfo),
+		stop:    make(chan struct{}),
+	}
+	if opt.ReadOnly {
+		err = s.checkSchema(ctx)
+	} else {
+		err = s.migrate(ctx, c.schema)
+	}
+	if err != nil {
+		s.pool.close()
+		return nil, err
+	}
+	if !opt.ReadOnly {
+		s.flusherWG.Add(1)
+		go s.flusher()
+	}
+	return s, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// migration is one embedded schema step.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations in version order. File names
+// are NNNN_description.sql.
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, name := range names {
+		base := strings.TrimPrefix(name, "migrations/")
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v < 1 {
+			return nil, fmt.Errorf("postgres: migration %s: name must start with a version number", name)
+		}
+		b, err := migrationFS.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: base, sql: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("postgres: migration %s: want version %d", m.name, i+1)
+		}
+	}
+	return ms, nil
+}
+
+// SchemaVersion is the schema version this binary migrates to.
+func SchemaVersion() int {
+	ms, err := migrations()
+	if err != nil {
+		return 0
+	}
+	return len(ms)
+}
+
+const migrateLock = `SELECT pg_advisory_xact_lock(hashtext('gemrecon.migrate'), hashtext(current_setting('search_path')))`
+
+// migrate applies pending migrations in one transaction holding an advisory
+// lock, so that processes opening the database at once take turns.
+func (s *Sink) migrate(ctx context.Context, schema string) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	return s.withConn(ctx, func(c *pgx.Conn) error {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := tx.Exec(ctx, migrateLock); err != nil {
+			return fmt.Errorf("postgres: migration lock: %w", err)
+		}
+		if schema != "" {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				return fmt.Errorf("postgres: create schema %s: %w", schema, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS gemrecon_schema_version (
+			version    integer     PRIMARY KEY,
+			name       text        NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("postgres: schema version table: %w", err)
+		}
+		var cur int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
+			return fmt.Errorf("postgres: read schema version: %w", err)
+		}
+		if cur > len(ms) {
+			return fmt.Errorf("postgres: schema version %d, this gemrecon knows up to %d: %w", cur, len(ms), sink.ErrSchemaTooNew)
+		}
+		for _, m := range ms[cur:] {
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return fmt.Errorf("postgres: migration %s: %w", m.name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO gemrecon_schema_version (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
+				return fmt.Errorf("postgres: migration %s: %w", m.name, err)
+			}
+		}
+		return tx.Commit(ctx)
+	})
+}
+
+// checkSchema is the read-only open's check: the tables exist at a version
+// this binary reads.
+func (s *Sink) checkSchema(ctx context.Context) error {
+	want := SchemaVersion()
+	return s.withConn(ctx, func(c *pgx.Conn) error {
+		var exists bool
+		if err := c.QueryRow(ctx, `SELECT to_regclass('gemrecon_schema_version') IS NOT NULL AND to_regclass('gemrecon_keys') IS NOT NULL`).Scan(&exists); err != nil {
+			return fmt.Errorf("postgres: look for gemrecon tables: %w", err)
+		}
+		if !exists {
+			var path string
+			_ = c.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path)
+			return fmt.Errorf("postgres: no gemrecon tables on search_path %q (a command that writes creates them): %w", path, sink.ErrNoDatabase)
+		}
+		var cur int
+		if err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
+			return fmt.Errorf("postgres: read schema version: %w", err)
+		}
+		switch {
+		case cur > want:
+			return fmt.Errorf("postgres: schema version %d, this gemrecon knows up to %d: %w", cur, want, sink.ErrSchemaTooNew)
+		case cur < want:
+			return fmt.Errorf("postgres: schema version %d is older than %d: run a command that writes (poll, serve, drain) to migrate it", cur, want)
+		}
+		return nil
+	})
+}
+
+// withConn runs fn on a pooled connection, re-running it (boundedly) after
+// serialization failures, deadlocks and errors raised before anything was
+// sent. fn must be one autocommit statement or a whole transaction.
+func (s *Sink) withConn(ctx context.Context, fn func(c *pgx.Conn) error) error {
+	var err error
+	for try := 0; ; try++ {
+		var c *pgx.Conn
+		c, err = s.pool.acquire(ctx)
+		if err != nil {
+			return err
+		}
+		err = fn(c)
+		s.pool.release(c)
+		if err == nil || try >= maxRetries || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-time.After(time.Duration(try+1) * 5 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+// retryable reports errors after which the statement certainly did not
+// commit and running it again may succeed.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// unknownOutcome reports an error after which the statement may or may not
+// have committed: the request may have reached the server, and no reply
+// (neither success nor an error) came back.
+func unknownOutcome(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return false // an error reply: the autocommit statement rolled back
+	}
+	if pgconn.SafeToRetry(err) || errors.Is(err, errPoolClosed) {
+		return false // nothing was sent
+	}
+	return true
+}
+
+// write runs one autocommit write statement through fn. When its outcome is
+// unknown, write terminates the server backend that ran it (so that it
+// cannot still commit later) and returns an error for which
+// unknownOutcome is true: the caller then reads the row back.
+func (s *Sink) write(ctx context.Context, fn func(c *pgx.Conn) error) error {
+	var pid uint32
+	err := s.withConn(ctx, func(c *pgx.Conn) error {
+		pid = c.PgConn().PID()
+		return fn(c)
+	})
+	if unknownOutcome(err) {
+		s.settle(ctx, pid)
+	}
+	return err
+}
+
+// settle makes an orphaned statement's outcome final: it terminates the
+// backend (waiting for it to exit) if it is still there. Terminating is safe:
+// a transaction is either committed or rolled back by it, never half.
+func (s *Sink) settle(ctx context.Context, pid uint32) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	_ = s.withConn(ctx, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+			WHERE pid = $1 AND application_name = $2 AND pid <> pg_backend_pid()`, int64(pid), s.appName)
+		if err != nil {
+			return err
+		}
+		rows.Close()
+		return rows.Err()
+	})
+}
+
+// readBackCtx is the context for reading a row back after an unknown
+// outcome: the caller's may have ended.
+func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+}
+
+// nowArg is the $now of every statement: NULL means the database clock
+// (coalesce($n::timestamptz, now())), else the injected clock.
+func (s *Sink) nowArg() any {
+	if s.dbClock {
+		return nil
+	}
+	return s.opt.Now()
+}
+
+// micros converts a duration to a bigint of microseconds, PostgreSQL's
+// precision (`$n * interval '1 microsecond'`).
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+func (s *Sink) flusher() {
+	defer s.flusherWG.Done()
+	t := time.NewTicker(flushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+			_ = s.Flush(ctx) // statistics: a failure keeps them buffered for the next pass
+			cancel()
+		}
+	}
+}
+
+// Close flushes buffered statistics and closes the connections.
+func (s *Sink) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.flusherWG.Wait()
+		if !s.opt.ReadOnly {
+			ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+			s.closeErr = s.Flush(ctx)
+			cancel()
+		}
+		s.pool.close()
+	})
+	return s.closeErr
+}
