@@ -1,0 +1,508 @@
+// Package dispatch turns due keys into effect runs: claim → run the effect
+// while renewing the lease → complete or fail with the claim's fencing token
+// (spec §3, §4). poll, serve and drain all go through it.
+package dispatch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// Defaults of spec §4 and of the background loop.
+const (
+	DefaultLease         = 10 * time.Minute
+	DefaultEffectTimeout = 5 * time.Minute
+	DefaultConcurrency   = 4
+	DefaultGrace         = 10 * time.Second
+	DefaultInterval      = time.Second
+)
+
+// writeTimeout bounds one sink write made on behalf of an attempt. Those
+// writes deliberately ignore the caller's cancellation: a claim or an outcome
+// cut off mid-commit may still have committed, and an outcome that is not
+// written leaves the key claimed until its lease runs out.
+const writeTimeout = 30 * time.Second
+
+// Outcome is how one attempt (or one RunKey) ended.
+type Outcome string
+
+// Outcomes.
+const (
+	// OutcomeDone: the effect succeeded and the key is done.
+	OutcomeDone Outcome = "done"
+	// OutcomeRetry: the effect failed; the key is pending again with backoff.
+	OutcomeRetry Outcome = "retry"
+	// OutcomeDead: the effect failed permanently or for the last time.
+	OutcomeDead Outcome = "dead"
+	// OutcomeFenced: another attempt took the key over; this outcome was
+	// discarded.
+	OutcomeFenced Outcome = "fenced"
+	// OutcomeBusy: another live holder has the key claimed (RunKey only).
+	OutcomeBusy Outcome = "busy"
+	// OutcomeSkipped: nothing to run: the key is done, dead, not due yet, or
+	// unknown (RunKey only).
+	OutcomeSkipped Outcome = "skipped"
+)
+
+// Observer hears about every attempt (metrics).
+type Observer interface {
+	// EffectFinished is called once per attempt with its outcome and the
+	// effect's running time.
+	EffectFinished(key string, outcome Outcome, d time.Duration)
+}
+
+// Config configures a Dispatcher. Zero fields take the defaults.
+type Config struct {
+	// Sink holds the keys (required).
+	Sink sink.Sink
+	// Effect runs once per attempt (required).
+	Effect effect.Effect
+	// Owner names this holder in leases (default hostname:pid:random).
+	Owner string
+	// Lease is how long a claim holds before another process may take it
+	// over (default 10m); it is renewed every Lease/3 while the effect runs.
+	Lease time.Duration
+	// EffectTimeout bounds one effect run (default 5m); it must be shorter
+	// than Lease, or an effect could outlive its claim and run twice.
+	EffectTimeout time.Duration
+	// Concurrency is how many effects run at once (default 4).
+	Concurrency int
+	// Grace is how long running effects may still finish after the context
+	// of Drain or Run is cancelled (default 10s; negative: none). Then they
+	// are cancelled (an exec's process group is killed) and recorded as
+	// retryable failures.
+	Grace time.Duration
+	// Interval is how often Run drains without a Kick (default 1s).
+	Interval time.Duration
+	// Logger receives the dispatcher's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock for durations and for a Retry-After's earliest next
+	// attempt (default time.Now); give it the sink's clock in tests.
+	Now func() time.Time
+	// Observer, when set, hears every attempt's outcome.
+	Observer Observer
+}
+
+// Summary counts what one Drain did.
+type Summary struct {
+	Claimed int // attempts started
+	OK      int // attempts that completed the key
+	Failed  int // attempts that failed with a retry scheduled
+	Dead    int // attempts that sent the key to dead
+	Fenced  int // attempts whose outcome was discarded (another took over)
+}
+
+func (s *Summary) add(o Outcome) {
+	switch o {
+	case OutcomeDone:
+		s.OK++
+	case OutcomeRetry:
+		s.Failed++
+	case OutcomeDead:
+		s.Dead++
+	case OutcomeFenced:
+		s.Fenced++
+	}
+}
+
+// Dispatcher claims due keys and runs the effect for them. Its methods are
+// safe for concurrent use.
+type Dispatcher struct {
+	cfg  Config
+	log  *slog.Logger
+	kick chan struct{}
+
+	// outcomeMu orders a Drain's batch claims against outcome writes: a
+	// batch claim holds it exclusively, every outcome write shares it. So a
+	// batch claim never races a Fail that makes a key run in this Drain
+	// due again (see Drain).
+	outcomeMu sync.RWMutex
+}
+
+// New checks cfg, fills its defaults and returns a Dispatcher.
+func New(cfg Config) (*Dispatcher, error) {
+	if cfg.Sink == nil {
+		return nil, errors.New("dispatch: no sink")
+	}
+	if cfg.Effect == nil {
+		return nil, errors.New("dispatch: no effect")
+	}
+	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
+		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.EffectTimeout == 0 {
+		cfg.EffectTimeout = DefaultEffectTimeout
+	}
+	if cfg.EffectTimeout >= cfg.Lease {
+		return nil, fmt.Errorf("dispatch: effect timeout %v must be shorter than the lease %v: an effect that outlives its lease can be taken over and run twice", cfg.EffectTimeout, cfg.Lease)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = DefaultGrace
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = DefaultOwner()
+	}
+	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1)}, nil
+}
+
+// DefaultOwner names this process in leases: hostname:pid:random, unique
+// even when a pid is reused.
+func DefaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
+}
+
+// Owner returns the owner name this Dispatcher claims with.
+func (d *Dispatcher) Owner() string { return d.cfg.Owner }
+
+// Kick asks Run to drain now. It never blocks.
+func (d *Dispatcher) Kick() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run drains whenever Kick is called and every Interval until ctx is done,
+// then lets running effects finish within Grace. It returns ctx's error,
+// wrapped.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	t := time.NewTicker(d.cfg.Interval)
+	defer t.Stop()
+	failures := 0
+	for {
+		sum, err := d.Drain(ctx)
+		if ctx.Err() != nil {
+			return fmt.Errorf("dispatch: stopped: %w", ctx.Err())
+		}
+		if err != nil {
+			failures++
+			// One line per failure streak step, not per tick: a database
+			// that is down would otherwise flood the log.
+			if failures&(failures-1) == 0 {
+				d.log.Error("dispatch: drain failed", "err", err, "consecutive", failures)
+			}
+		} else {
+			if failures > 0 {
+				d.log.Info("dispatch: drain recovered", "after_failures", failures)
+			}
+			failures = 0
+		}
+		if sum.Claimed > 0 {
+			d.log.Debug("dispatch: drained", "claimed", sum.Claimed, "ok", sum.OK, "failed", sum.Failed, "dead", sum.Dead, "fenced", sum.Fenced)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("dispatch: stopped: %w", ctx.Err())
+		case <-d.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// errShutdown is the cause given to effects cancelled after Grace.
+var errShutdown = errors.New("interrupted by shutdown")
+
+// graceContext returns a context for effects that is cancelled (cause
+// errShutdown) Grace after ctx is done, and a release function.
+func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func()) {
+	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	var mu sync.Mutex
+	var timer *time.Timer
+	released := false
+	stop := context.AfterFunc(ctx, func() {
+		if d.cfg.Grace < 0 {
+			cancel(errShutdown)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !released {
+			timer = time.AfterFunc(d.cfg.Grace, func() { cancel(errShutdown) })
+		}
+	})
+	return runCtx, func() {
+		stop()
+		mu.Lock()
+		released = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// writeContext is for sink writes on behalf of an attempt: not cancelled
+// with ctx (see writeTimeout).
+func writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+}
+
+// RunKey claims key and runs its effect now (serve --sync). It returns
+// OutcomeBusy when another live holder has the key, and OutcomeSkipped when
+// the key is done, dead, not due or unknown. ctx bounds the effect as the
+// context of Drain does (Grace applies).
+func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
+	if err := ctx.Err(); err != nil {
+		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, err)
+	}
+	wctx, cancel := writeContext(ctx)
+	c, err := d.cfg.Sink.Claim(wctx, key, d.cfg.Owner, d.cfg.Lease)
+	cancel()
+	switch {
+	case errors.Is(err, sink.ErrNotFound):
+		return OutcomeSkipped, nil
+	case errors.Is(err, sink.ErrNotClaimable):
+		e, gerr := d.cfg.Sink.Get(ctx, key)
+		if gerr != nil {
+			return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, gerr)
+		}
+		if e.State == sink.StateClaimed {
+			return OutcomeBusy, nil
+		}
+		return OutcomeSkipped, nil
+	case err != nil:
+		return OutcomeSkipped, fmt.Errorf("dispatch: claim %s: %w", key, err)
+	}
+	runCtx, release := d.graceContext(ctx)
+	defer release()
+	return d.runClaim(ctx, runCtx, c, nil)
+}
+
+// runClaim runs the effect for a granted claim, renewing its lease, and
+// records the outcome with the claim's token. ctx is the caller's (values
+// only: writes outlive its cancellation); runCtx bounds the effect. mark,
+// when set, sees the outcome while outcomeMu is still held.
+func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark func(Outcome)) (out Outcome, err error) {
+	log := d.log.With("key", c.Key, "token", c.Token, "attempt", c.Attempt)
+	if c.Takeover {
+		log.Warn("dispatch: took over a claim whose lease expired")
+	}
+	ev := eventFor(c)
+
+	effCtx, cancelTimeout := context.WithTimeoutCause(runCtx, d.cfg.EffectTimeout,
+		fmt.Errorf("effect timeout %v exceeded", d.cfg.EffectTimeout))
+	defer cancelTimeout()
+	effCtx, cancelEffect := context.WithCancelCause(effCtx)
+	defer cancelEffect(nil)
+
+	// Renew the lease while the effect runs. A fenced renewal means someone
+	// took the key over: stop the effect; its outcome will be discarded.
+	renewDone := make(chan struct{})
+	stopRenew := make(chan struct{})
+	var renewFenced bool
+	go func() {
+		defer close(renewDone)
+		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-stopRenew:
+				return
+			case <-t.C:
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
+			rerr := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
+			cancel()
+			if errors.Is(rerr, sink.ErrFenced) {
+				renewFenced = true
+				cancelEffect(sink.ErrFenced)
+				return
+			}
+			if rerr != nil {
+				log.Warn("dispatch: lease renewal failed; will try again", "err", rerr)
+			}
+		}
+	}()
+
+	start := d.cfg.Now()
+	runErr := d.runEffect(effCtx, ev)
+	elapsed := d.cfg.Now().Sub(start)
+	close(stopRenew)
+	<-renewDone
+
+	defer func() {
+		if d.cfg.Observer != nil {
+			d.cfg.Observer.EffectFinished(c.Key, out, elapsed)
+		}
+	}()
+
+	d.outcomeMu.RLock()
+	defer d.outcomeMu.RUnlock()
+	switch {
+	case renewFenced:
+		// The backend already counted the fenced renewal; writing the
+		// outcome would only be fenced (and counted) again.
+		log.Error("dispatch: FENCED: another attempt took this key over while its effect ran; this attempt's outcome is discarded", "effect_err", errString(runErr))
+		out = OutcomeFenced
+	case runErr == nil:
+		out, err = d.complete(ctx, log, c, elapsed)
+	default:
+		out, err = d.fail(ctx, log, c, runCtx, effCtx, runErr, elapsed)
+	}
+	if mark != nil {
+		mark(out)
+	}
+	return out, err
+}
+
+// runEffect runs the effect, turning a panic into a retryable error.
+func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("effect panicked: %v", p)
+		}
+	}()
+	return d.cfg.Effect.Run(ctx, ev)
+}
+
+// complete records success, retrying a write that failed for another reason
+// than fencing (the effect ran: losing its done record would run it again).
+func (d *Dispatcher) complete(ctx context.Context, log *slog.Logger, c sink.Claim, elapsed time.Duration) (Outcome, error) {
+	var err error
+	for try := 0; try < 3; try++ {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+		}
+		wctx, cancel := writeContext(ctx)
+		err = d.cfg.Sink.Complete(wctx, c.Key, c.Token)
+		cancel()
+		if err == nil {
+			log.Info("dispatch: effect done", "duration", elapsed)
+			return OutcomeDone, nil
+		}
+		if errors.Is(err, sink.ErrFenced) {
+			if try > 0 && d.doneWith(ctx, c) {
+				// The earlier, failed-looking write had committed.
+				log.Info("dispatch: effect done", "duration", elapsed)
+				return OutcomeDone, nil
+			}
+			log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
+			return OutcomeFenced, nil
+		}
+		log.Warn("dispatch: recording done failed", "err", err, "try", try+1)
+	}
+	log.Error("dispatch: could not record done; the key stays claimed until its lease expires and will run again", "err", err)
+	return OutcomeRetry, fmt.Errorf("dispatch: complete %s: %w", c.Key, err)
+}
+
+// doneWith reports whether the key is done under this claim's token.
+func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
+	rctx, cancel := writeContext(ctx)
+	defer cancel()
+	e, err := d.cfg.Sink.Get(rctx, c.Key)
+	return err == nil && e.State == sink.StateDone && e.Token == c.Token
+}
+
+// fail records a failed attempt.
+func (d *Dispatcher) fail(ctx context.Context, log *slog.Logger, c sink.Claim, runCtx, effCtx context.Context, runErr error, elapsed time.Duration) (Outcome, error) {
+	cause := runErr.Error()
+	switch {
+	case errors.Is(context.Cause(runCtx), errShutdown):
+		cause = "interrupted by shutdown: " + cause
+	case errors.Is(effCtx.Err(), context.DeadlineExceeded) && runCtx.Err() == nil:
+		cause = fmt.Sprintf("effect timed out after %v: %s", d.cfg.EffectTimeout, cause)
+	}
+	f := sink.Failure{Cause: sink.TruncateError(cause), Permanent: effect.IsPermanent(runErr)}
+	if after, ok := effect.RetryAfterOf(runErr); ok {
+		f.NotBefore = d.cfg.Now().Add(after)
+	}
+	var state sink.State
+	var err error
+	for try := 0; try < 3; try++ {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+		}
+		wctx, cancel := writeContext(ctx)
+		state, err = d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
+		cancel()
+		if err == nil || errors.Is(err, sink.ErrFenced) {
+			break
+		}
+		log.Warn("dispatch: recording a failure failed", "err", err, "try", try+1)
+	}
+	switch {
+	case errors.Is(err, sink.ErrFenced):
+		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)
+		return OutcomeFenced, nil
+	case err != nil:
+		log.Error("dispatch: could not record a failure; the key stays claimed until its lease expires", "err", err, "effect_err", cause)
+		return OutcomeRetry, fmt.Errorf("dispatch: fail %s: %w", c.Key, err)
+	case state == sink.StateDead:
+		log.Error("dispatch: effect failed; key is dead", "err", cause, "permanent", f.Permanent, "duration", elapsed)
+		return OutcomeDead, nil
+	default:
+		attrs := []any{"err", cause, "duration", elapsed}
+		if !f.NotBefore.IsZero() {
+			attrs = append(attrs, "not_before", f.NotBefore)
+		}
+		log.Warn("dispatch: effect failed; retry scheduled", attrs...)
+		return OutcomeRetry, nil
+	}
+}
+
+// eventFor builds the event document of spec §4 from a claim.
+func eventFor(c sink.Claim) effect.Event {
+	ev := effect.Event{
+		Key:     c.Key,
+		Name:    canon.Name(c.Key),
+		Source:  c.FirstSource,
+		Attempt: c.Attempt,
+		Token:   c.Token,
+	}
+	if len(c.Payload) > 0 {
+		if json.Valid(c.Payload) {
+			ev.Operation = json.RawMessage(c.Payload)
+			if ce, err := canon.FromEvent(c.Payload); err == nil {
+				ev.State = ce.State
+			}
+		} else {
+			// Not JSON (it should always be): hand it over as a string
+			// rather than fail every attempt on encoding.
+			b, _ := json.Marshal(string(c.Payload))
+			ev.Operation = b
+		}
+	}
+	return ev
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
