@@ -260,11 +260,10 @@ func (p *Poller) Requests() int64 { return p.transport.total.Load() }
 // for each terminal one inside the lookback window. The same completion is
 // handed over again on every pass that lists it: deduplication is the
 // caller's. An error from fn stops the pass and is returned wrapped.
-func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats, error) {
+func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (stats PassStats, err error) {
 	start := time.Now()
 	trace := &passTrace{}
 	ctx = context.WithValue(ctx, traceKey{}, trace)
-	var stats PassStats
 	defer func() {
 		stats.Requests = int(trace.requests.Load())
 		stats.Retries = int(trace.retries.Load())
