@@ -48,11 +48,14 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if sg.Key == "" {
 		return sink.RecordResult{}, errors.New("postgres: record: empty key")
 	}
+	if sg.Source == "" {
+		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
+	}
 	sha := payloadHash(sg.Payload)
 	s.mu.Lock()
 	di, isDone := s.done[sg.Key]
 	if isDone {
-		s.bufferLocked(sg.Key, sg.Source, di.firstSource != sg.Source || sha == nil || di.sha == nil || bytes.Equal(di.sha, sha))
+		s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, di.firstSource, di.sha))
 	}
 	n := len(s.buf)
 	s.mu.Unlock()
@@ -84,9 +87,8 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if isNew {
 		return sink.RecordResult{New: true, State: st}, nil
 	}
-	same := firstSource != sg.Source || sha == nil || storedSHA == nil || bytes.Equal(storedSHA, sha)
 	s.mu.Lock()
-	s.bufferLocked(sg.Key, sg.Source, same)
+	s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, firstSource, storedSHA))
 	if st == sink.StateDone {
 		s.noteDoneLocked(sg.Key, firstSource, storedSHA)
 	}
@@ -227,8 +229,9 @@ func (s *Sink) mergeLocked(key string, b *sighting) {
 
 // claimSQL claims the rows chosen by the CTE "old" (which must lock them):
 // pending → claimed, or an expired lease taken over (the expired attempt
-// counts as failed; if it was the last allowed attempt the key goes dead).
-// Parameters: $1 now, $2 lease µs, $3 owner, $4 max attempts, $5 nonce.
+// counts as failed, "lease expired"; if it was the last allowed attempt the
+// key goes dead instead). Parameters: $1 now, $2 lease µs, $3 owner, $4 max
+// attempts, $5 nonce, $6 the key or the limit (NULL: no limit).
 const claimSQL = `
 WITH old AS (%s),
 upd AS (
@@ -240,24 +243,34 @@ upd AS (
 		lease_until     = CASE WHEN o.takeover AND k.attempts >= $4 THEN NULL
 		                       ELSE coalesce($1::timestamptz, now()) + $2 * interval '1 microsecond' END,
 		claim_nonce     = $5,
+		took_over       = o.takeover,
 		next_attempt_at = NULL,
 		last_error      = CASE WHEN o.takeover THEN 'lease expired' ELSE k.last_error END
 	FROM old o
 	WHERE k.key = o.key
 	RETURNING k.key, k.state, k.token, k.attempts, k.lease_owner, k.lease_until,
-		k.payload, k.first_source, o.takeover, k.first_seen_at, k.seq
+		k.payload, k.first_source, k.took_over, o.due_at, k.first_seen_at
 )
-SELECT key, state, token, attempts, coalesce(lease_owner, ''), lease_until, payload, first_source, takeover
-FROM upd ORDER BY first_seen_at, seq`
+SELECT key, state, token, attempts, coalesce(lease_owner, ''), lease_until, payload, first_source, took_over
+FROM upd ORDER BY due_at, first_seen_at, key`
 
+// claimableWhere: pending and due, or claimed under an expired lease (a
+// lease is live while now < lease_until). $1 is now.
 const claimableWhere = `((state = 'pending' AND next_attempt_at <= coalesce($1::timestamptz, now()))
 	OR (state = 'claimed' AND lease_until <= coalesce($1::timestamptz, now())))`
 
+// dueOrder is "oldest first": by the time a key became due (its next
+// attempt, or its lease's end), then by first sighting — as sink/sqlite.
+const (
+	dueAt    = `CASE state WHEN 'pending' THEN next_attempt_at ELSE lease_until END`
+	dueOrder = dueAt + `, first_seen_at, key`
+)
+
 var (
-	claimOneSQL = fmt.Sprintf(claimSQL, `SELECT key, state = 'claimed' AS takeover FROM gemrecon_keys
-		WHERE key = $6 AND `+claimableWhere+` FOR UPDATE`)
-	claimDueSQL = fmt.Sprintf(claimSQL, `SELECT key, state = 'claimed' AS takeover FROM gemrecon_keys
-		WHERE `+claimableWhere+` ORDER BY first_seen_at, seq LIMIT $6 FOR UPDATE SKIP LOCKED`)
+	claimOneSQL = fmt.Sprintf(claimSQL, `SELECT key, state = 'claimed' AS takeover, `+dueAt+` AS due_at
+		FROM gemrecon_keys WHERE key = $6 AND `+claimableWhere+` FOR UPDATE`)
+	claimDueSQL = fmt.Sprintf(claimSQL, `SELECT key, state = 'claimed' AS takeover, `+dueAt+` AS due_at
+		FROM gemrecon_keys WHERE `+claimableWhere+` ORDER BY `+dueOrder+` LIMIT $6 FOR UPDATE SKIP LOCKED`)
 )
 
 // claimRow is one row of claimSQL.
@@ -346,8 +359,8 @@ func (s *Sink) readBackClaims(ctx context.Context, nc int64) ([]claimRow, error)
 	var got []claimRow
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, `SELECT key, state, token, attempts, coalesce(lease_owner, ''), lease_until,
-			payload, first_source, last_error IS NOT DISTINCT FROM 'lease expired'
-			FROM gemrecon_keys WHERE claim_nonce = $1 AND state = 'claimed' ORDER BY first_seen_at, seq`, nc)
+			payload, first_source, took_over
+			FROM gemrecon_keys WHERE claim_nonce = $1 AND state = 'claimed' ORDER BY first_seen_at, key`, nc)
 		if err != nil {
 			return err
 		}
@@ -357,18 +370,19 @@ func (s *Sink) readBackClaims(ctx context.Context, nc int64) ([]claimRow, error)
 	return got, err
 }
 
-// ClaimDue claims up to limit due keys, oldest first, skipping rows other
-// claimers hold locked.
+// ClaimDue claims up to limit due keys (limit <= 0: all), oldest first,
+// skipping rows that other claimers hold locked.
 func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int) ([]sink.Claim, error) {
-	if limit <= 0 {
-		return nil, nil
-	}
 	var out []sink.Claim
-	for len(out) < limit {
+	for limit <= 0 || len(out) < limit {
 		nc := nonce()
+		var want any // NULL: LIMIT ALL
+		if limit > 0 {
+			want = limit - len(out)
+		}
 		var got []claimRow
 		err := s.write(ctx, func(c *pgx.Conn) error {
-			rows, err := c.Query(ctx, claimDueSQL, s.nowArg(), micros(lease), owner, s.opt.MaxAttempts, nc, limit-len(out))
+			rows, err := c.Query(ctx, claimDueSQL, s.nowArg(), micros(lease), owner, s.opt.MaxAttempts, nc, want)
 			if err != nil {
 				return err
 			}
@@ -413,6 +427,7 @@ WITH upd AS (%s),
 fenced AS (
 	UPDATE gemrecon_counters SET value = value + 1
 	WHERE name = 'fenced' AND NOT EXISTS (SELECT 1 FROM upd)
+		AND EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)
 	RETURNING value
 )
 SELECT EXISTS (SELECT 1 FROM upd), %s,
@@ -442,11 +457,12 @@ var (
 		`upd.state`)
 )
 
-// fencedErr is the error of a fenced outcome: ErrFenced, and also
-// ErrNotFound when the key is gone.
+// fencedErr is the error of a token-checked write that matched no row:
+// ErrNotFound when the key is unknown (not counted), else ErrFenced (counted
+// by the statement itself).
 func fencedErr(op, key string, token int64, exists bool) error {
 	if !exists {
-		return fmt.Errorf("postgres: %s %q token %d: %w: %w", op, key, token, sink.ErrFenced, sink.ErrNotFound)
+		return fmt.Errorf("postgres: %s %q token %d: %w", op, key, token, sink.ErrNotFound)
 	}
 	return fmt.Errorf("postgres: %s %q token %d: %w", op, key, token, sink.ErrFenced)
 }
@@ -565,15 +581,18 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	return sink.State(deref(state)), nil
 }
 
-// Retry moves a dead key to pending, due now; attempts, token and the last
-// error are kept.
+// Retry moves a dead key to pending, due now, with a fresh attempt budget
+// (attempts restart from zero, as in sink/sqlite); the token keeps growing,
+// retries counts operator retries and the last error stays until the next
+// attempt ends.
 func (s *Sink) Retry(ctx context.Context, key string) error {
 	var state *string
 	var updated bool
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, `
 			WITH upd AS (
-				UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now(2)+`
+				UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now(2)+`,
+					attempts = 0, retries = retries + 1, lease_owner = NULL, lease_until = NULL
 				WHERE key = $1 AND state = 'dead' RETURNING key)
 			SELECT EXISTS (SELECT 1 FROM upd), (SELECT state FROM gemrecon_keys WHERE key = $1)`,
 			key, s.nowArg()).Scan(&updated, &state)
@@ -592,7 +611,7 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 
 // Due lists keys that can be claimed now, oldest first.
 func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
-	q := `SELECT key FROM gemrecon_keys WHERE ` + claimableWhere + ` ORDER BY first_seen_at, seq`
+	q := `SELECT key FROM gemrecon_keys WHERE ` + claimableWhere + ` ORDER BY ` + dueOrder
 	args := []any{s.nowArg()}
 	if limit > 0 {
 		q += ` LIMIT $2`
@@ -677,10 +696,13 @@ func (s *Sink) get(ctx context.Context, key string) (sink.Entry, error) {
 
 // List returns entries, oldest first.
 func (s *Sink) List(ctx context.Context, opt sink.ListOptions) ([]sink.Entry, error) {
+	if opt.State != "" && !opt.State.Valid() {
+		return nil, fmt.Errorf("postgres: list: unknown state %q (want pending, claimed, done or dead)", opt.State)
+	}
 	if err := s.Flush(ctx); err != nil {
 		return nil, err
 	}
-	q := `SELECT ` + entryColumns + ` FROM gemrecon_keys WHERE ($1 = '' OR state = $1) ORDER BY first_seen_at, seq`
+	q := `SELECT ` + entryColumns + ` FROM gemrecon_keys WHERE ($1 = '' OR state = $1) ORDER BY first_seen_at, key`
 	args := []any{string(opt.State)}
 	if opt.Limit > 0 {
 		q += ` LIMIT $2`
@@ -709,7 +731,8 @@ func (s *Sink) List(ctx context.Context, opt sink.ListOptions) ([]sink.Entry, er
 	return out, nil
 }
 
-// Stats summarises the sink in one round of read-only queries.
+// Stats summarises the sink from one snapshot. Latency percentiles are
+// nearest-rank (percentile_disc) over done keys' done_at − first_seen_at.
 func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 	if err := s.Flush(ctx); err != nil {
 		return sink.Stats{}, err
@@ -762,9 +785,9 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 				coalesce(sum(conflicts), 0)::bigint,
 				(SELECT value FROM gemrecon_counters WHERE name = 'fenced'),
 				extract(epoch FROM `+now(1)+` - min(first_seen_at) FILTER (WHERE state = 'pending')) * 1e6,
-				percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
+				percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
 					FILTER (WHERE state = 'done'),
-				percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
+				percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
 					FILTER (WHERE state = 'done'),
 				(max(extract(epoch FROM done_at - first_seen_at)) FILTER (WHERE state = 'done')) * 1e6
 			FROM gemrecon_keys`, s.nowArg()).
@@ -863,4 +886,114 @@ func (s *Sink) Ping(ctx context.Context) error {
 		return fmt.Errorf("postgres: ping: %w", err)
 	}
 	return nil
+}
+
+// recordClaimSQL inserts a new key already claimed (one commit for record
+// and claim), or reads a known key without writing, with whether it can be
+// claimed now. Parameters as recordSQL, then $6 owner, $7 lease µs, $8 nonce.
+var recordClaimSQL = `
+WITH ins AS (
+	INSERT INTO gemrecon_keys (key, state, first_source, sources, seen_count,
+		first_seen_at, last_seen_at, payload, payload_sha256,
+		attempts, token, lease_owner, lease_until, claim_nonce)
+	VALUES ($1, 'claimed', $2, ARRAY[$2::text], 1, ` + now(3) + `, ` + now(3) + `, $4, $5,
+		1, 1, $6, ` + now(3) + ` + $7 * interval '1 microsecond', $8)
+	ON CONFLICT (key) DO NOTHING
+	RETURNING state, first_source, payload_sha256, lease_until
+)
+SELECT true, state, first_source, payload_sha256, lease_until, false FROM ins
+UNION ALL
+SELECT false, state, first_source, payload_sha256, lease_until,
+	(state = 'pending' AND next_attempt_at <= ` + now(3) + `) OR (state = 'claimed' AND lease_until <= ` + now(3) + `)
+FROM gemrecon_keys
+WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
+
+var _ sink.RecordClaimer = (*Sink)(nil)
+
+// RecordAndClaim records a sighting and claims the key when it can be
+// claimed now (sink.RecordClaimer). A new key is inserted already claimed,
+// in one commit; a known, claimable key is claimed by Claim; a sighting of a
+// key that cannot be claimed costs no commit and returns ErrNotClaimable.
+func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner string, lease time.Duration) (sink.RecordResult, sink.Claim, error) {
+	if sg.Key == "" {
+		return sink.RecordResult{}, sink.Claim{}, errors.New("postgres: record: empty key")
+	}
+	if sg.Source == "" {
+		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
+	}
+	sha := payloadHash(sg.Payload)
+	s.mu.Lock()
+	di, isDone := s.done[sg.Key]
+	if isDone {
+		s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, di.firstSource, di.sha))
+	}
+	n := len(s.buf)
+	s.mu.Unlock()
+	if isDone {
+		s.maybeFlush(ctx, n)
+		return sink.RecordResult{State: sink.StateDone}, sink.Claim{},
+			fmt.Errorf("postgres: record and claim %q: done: %w", sg.Key, sink.ErrNotClaimable)
+	}
+
+	nc := nonce()
+	var (
+		isNew, claimable bool
+		state            string
+		firstSource      string
+		storedSHA        []byte
+		leaseUntil       *time.Time
+	)
+	err := s.write(ctx, func(c *pgx.Conn) error {
+		for range maxRetries {
+			err := c.QueryRow(ctx, recordClaimSQL, sg.Key, sg.Source, s.nowArg(), sg.Payload, sha,
+				owner, micros(lease), nc).Scan(&isNew, &state, &firstSource, &storedSHA, &leaseUntil, &claimable)
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		return fmt.Errorf("key vanished under concurrent writes")
+	})
+	if unknownOutcome(err) {
+		got, rerr := s.readBackClaims(ctx, nc)
+		if rerr != nil || len(got) != 1 {
+			return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: outcome unknown (%w), read back: %v claims, %v", sg.Key, err, len(got), rerr)
+		}
+		return sink.RecordResult{New: got[0].claim.Token == 1, State: sink.StateClaimed}, got[0].claim, nil
+	}
+	if err != nil {
+		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %w", sg.Key, err)
+	}
+	if isNew {
+		c := sink.Claim{Key: sg.Key, Token: 1, Attempt: 1, Owner: owner, Payload: sg.Payload, FirstSource: sg.Source}
+		if leaseUntil != nil {
+			c.LeaseUntil = leaseUntil.UTC()
+		}
+		return sink.RecordResult{New: true, State: sink.StateClaimed}, c, nil
+	}
+	st := sink.State(state)
+	s.mu.Lock()
+	s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, firstSource, storedSHA))
+	if st == sink.StateDone {
+		s.noteDoneLocked(sg.Key, firstSource, storedSHA)
+	}
+	n = len(s.buf)
+	s.mu.Unlock()
+	s.maybeFlush(ctx, n)
+	rr := sink.RecordResult{State: st}
+	if !claimable {
+		return rr, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %s: %w", sg.Key, st, sink.ErrNotClaimable)
+	}
+	c, err := s.Claim(ctx, sg.Key, owner, lease)
+	if err != nil {
+		return rr, sink.Claim{}, err
+	}
+	return sink.RecordResult{State: sink.StateClaimed}, c, nil
+}
+
+// sameDoc reports whether a sighting is not a payload conflict: a conflict
+// is a non-empty payload from the first sighting's source whose SHA-256
+// differs from the first payload's (a webhook event and a listed operation
+// are different documents for one completion).
+func sameDoc(source string, sha []byte, firstSource string, firstSHA []byte) bool {
+	return source != firstSource || sha == nil || firstSHA == nil || bytes.Equal(sha, firstSHA)
 }

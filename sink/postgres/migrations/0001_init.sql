@@ -1,7 +1,6 @@
 -- gemrecon sink, schema version 1: one row per idempotency key (spec §3).
 CREATE TABLE gemrecon_keys (
     key             text        PRIMARY KEY,
-    seq             bigserial   NOT NULL,
     state           text        NOT NULL CHECK (state IN ('pending', 'claimed', 'done', 'dead')),
     attempts        integer     NOT NULL DEFAULT 0,
     token           bigint      NOT NULL DEFAULT 0,
@@ -12,11 +11,13 @@ CREATE TABLE gemrecon_keys (
     last_seen_at    timestamptz NOT NULL,
     lease_owner     text,
     lease_until     timestamptz,
-    claim_nonce     bigint,
+    claim_nonce     bigint,      -- random per claim statement: finds a cut-off claim's rows
+    took_over       boolean     NOT NULL DEFAULT false, -- the current claim took over an expired lease
     next_attempt_at timestamptz,
     done_at         timestamptz,
     last_error      text,
     conflicts       bigint      NOT NULL DEFAULT 0,
+    retries         integer     NOT NULL DEFAULT 0,  -- operator retries (each restarts attempts)
     payload         bytea,
     payload_sha256  bytea
 );
@@ -25,7 +26,7 @@ CREATE TABLE gemrecon_keys (
 CREATE INDEX gemrecon_keys_pending ON gemrecon_keys (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX gemrecon_keys_claimed ON gemrecon_keys (lease_until) WHERE state = 'claimed';
 CREATE INDEX gemrecon_keys_done ON gemrecon_keys (done_at) WHERE state = 'done';
-CREATE INDEX gemrecon_keys_order ON gemrecon_keys (first_seen_at, seq);
+CREATE INDEX gemrecon_keys_order ON gemrecon_keys (first_seen_at, key);
 
 -- Durable counters that outlive rows (fenced outcomes).
 CREATE TABLE gemrecon_counters (
