@@ -1,0 +1,150 @@
+package sqlite
+
+import (
+	"slices"
+	"sync"
+)
+
+// doneInfo is what a duplicate of a done key needs: the first sighting's
+// source and payload hash, to tell a payload conflict.
+type doneInfo struct {
+	firstSource string
+	sha         []byte
+}
+
+// doneCache is a bounded set of keys known to be done. Done is final (only
+// Purge removes such a row), so an entry never goes stale in a way that could
+// start an effect: at worst a purged key's re-sighting is counted as a
+// duplicate by this process.
+type doneCache struct {
+	mu   sync.Mutex
+	size int
+	m    map[string]doneInfo
+	ring []string // insertion order, for FIFO eviction
+	next int
+}
+
+func newDoneCache(size int) *doneCache {
+	if size < 0 {
+		size = 0
+	}
+	return &doneCache{size: size, m: make(map[string]doneInfo)}
+}
+
+func (c *doneCache) get(key string) (doneInfo, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i, ok := c.m[key]
+	return i, ok
+}
+
+func (c *doneCache) add(key string, info doneInfo) {
+	if c.size == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[key]; ok {
+		return
+	}
+	if len(c.ring) < c.size {
+		c.ring = append(c.ring, key)
+	} else {
+		delete(c.m, c.ring[c.next])
+		c.ring[c.next] = key
+		c.next = (c.next + 1) % c.size
+	}
+	c.m[key] = info
+}
+
+func (c *doneCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m = make(map[string]doneInfo)
+	c.ring = nil
+	c.next = 0
+}
+
+// delta is the not-yet-written sighting statistics of one key.
+type delta struct {
+	seen      int64
+	last      int64 // latest sighting, unix ns
+	sources   []string
+	conflicts int64
+}
+
+func (d *delta) merge(o *delta) {
+	d.seen += o.seen
+	d.last = max(d.last, o.last)
+	d.conflicts += o.conflicts
+	for _, s := range o.sources {
+		if !slices.Contains(d.sources, s) {
+			d.sources = append(d.sources, s)
+		}
+	}
+}
+
+// statBuffer gathers duplicate sightings in memory until the writer commits.
+type statBuffer struct {
+	mu sync.Mutex
+	m  map[string]*delta
+}
+
+func newStatBuffer() *statBuffer { return &statBuffer{m: make(map[string]*delta)} }
+
+func (b *statBuffer) add(key, source string, now int64, conflict bool) {
+	d := &delta{seen: 1, last: now, sources: []string{source}}
+	if conflict {
+		d.conflicts = 1
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cur, ok := b.m[key]; ok {
+		cur.merge(d)
+		return
+	}
+	b.m[key] = d
+}
+
+// take empties the buffer and returns what it held.
+func (b *statBuffer) take() map[string]*delta {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.m) == 0 {
+		return nil
+	}
+	m := b.m
+	b.m = make(map[string]*delta)
+	return m
+}
+
+// putBack returns deltas whose write failed.
+func (b *statBuffer) putBack(m map[string]*delta) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k, d := range m {
+		if cur, ok := b.m[k]; ok {
+			cur.merge(d)
+		} else {
+			b.m[k] = d
+		}
+	}
+}
+
+func (b *statBuffer) peek(key string) (delta, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, ok := b.m[key]
+	if !ok {
+		return delta{}, false
+	}
+	c := *d
+	c.sources = slices.Clone(d.sources)
+	return c, true
+}
+
+func (b *statBuffer) len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.m)
+}

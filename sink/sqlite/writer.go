@@ -1,0 +1,229 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// errClosed is returned by operations on a closed sink.
+var errClosed = errors.New("sink is closed")
+
+// op is one write waiting for the writer goroutine.
+type op struct {
+	ctx      context.Context
+	fn       func(tx *sql.Tx) (any, error) // nil: only commit (Flush, Ping)
+	onCommit func(v any)                   // after a successful commit, when fn returned no error
+	res      chan opResult
+}
+
+type opResult struct {
+	v   any
+	err error
+}
+
+// submit queues fn for the writer and waits for its commit. The caller's ctx
+// bounds the wait, not the transaction: a write the caller stopped waiting for
+// may still commit (treat its outcome as unknown).
+func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onCommit func(v any)) (any, error) {
+	if s.wdb == nil {
+		return nil, fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
+	}
+	o := &op{ctx: ctx, fn: fn, onCommit: onCommit, res: make(chan opResult, 1)}
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return nil, fmt.Errorf("sqlite sink %s: %w", s.path, errClosed)
+	}
+	select {
+	case s.ops <- o:
+	case <-ctx.Done():
+		s.mu.RUnlock()
+		return nil, ctx.Err()
+	}
+	s.mu.RUnlock()
+	select {
+	case r := <-o.res:
+		return r.v, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// writeLoop is the only writer of this process: it takes every queued
+// operation, runs them in one transaction, commits once and answers each.
+func (s *Sink) writeLoop() {
+	defer close(s.exited)
+	t := time.NewTicker(flushEvery)
+	defer t.Stop()
+	for {
+		var batch []*op
+		select {
+		case o := <-s.ops:
+			batch = append(batch, o)
+		case <-t.C:
+			if s.stats.len() == 0 {
+				continue
+			}
+		case <-s.quit:
+			// Close holds off new submissions; answer the queued ones and
+			// write the last statistics.
+			for {
+				select {
+				case o := <-s.ops:
+					batch = append(batch, o)
+					continue
+				default:
+				}
+				break
+			}
+			if len(batch) > 0 || s.stats.len() > 0 {
+				s.finalErr = s.runBatch(batch)
+			}
+			return
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case o := <-s.ops:
+				batch = append(batch, o)
+			default:
+				break drain
+			}
+		}
+		s.runBatch(batch)
+	}
+}
+
+// domainError reports whether err is an expected outcome whose writes (a
+// fenced counter, a dead transition) must be kept.
+func domainError(err error) bool {
+	return errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrNotClaimable) ||
+		errors.Is(err, sink.ErrNotFound) || errors.Is(err, sink.ErrNotDead)
+}
+
+// runBatch runs batch in one BEGIN IMMEDIATE transaction, each op inside its
+// own savepoint, adds the buffered sighting statistics, commits once and
+// answers every op.
+func (s *Sink) runBatch(batch []*op) error {
+	ctx := context.Background()
+	answerAll := func(err error) error {
+		for _, o := range batch {
+			o.res <- opResult{err: err}
+		}
+		return err
+	}
+	tx, err := s.wdb.BeginTx(ctx, nil)
+	if err != nil {
+		return answerAll(s.fail(err))
+	}
+	results := make([]opResult, len(batch))
+	for i, o := range batch {
+		if o.fn == nil {
+			continue
+		}
+		if err := o.ctx.Err(); err != nil {
+			results[i].err = err // the caller left before its turn: do nothing
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, "SAVEPOINT op"); err != nil {
+			tx.Rollback()
+			return answerAll(s.fail(err))
+		}
+		v, err := o.fn(tx)
+		if err != nil && !domainError(err) {
+			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO op"); rerr != nil {
+				tx.Rollback()
+				return answerAll(s.fail(rerr))
+			}
+			err = s.fail(err)
+		}
+		if _, err := tx.ExecContext(ctx, "RELEASE op"); err != nil {
+			tx.Rollback()
+			return answerAll(s.fail(err))
+		}
+		results[i] = opResult{v: v, err: err}
+	}
+	deltas := s.stats.take()
+	if len(deltas) > 0 {
+		if err := s.applyDeltas(ctx, tx, deltas); err != nil {
+			s.log.Warn("sqlite sink: writing sighting statistics failed; kept in memory", "db", s.path, "err", err)
+			s.stats.putBack(deltas)
+			deltas = nil
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		if deltas != nil {
+			s.stats.putBack(deltas)
+		}
+		return answerAll(s.fail(err))
+	}
+	for i, o := range batch {
+		r := results[i]
+		if r.err == nil && o.onCommit != nil {
+			o.onCommit(r.v)
+		}
+		o.res <- r
+	}
+	return nil
+}
+
+// applyDeltas writes buffered sighting statistics inside tx, all or nothing.
+func (s *Sink) applyDeltas(ctx context.Context, tx *sql.Tx, deltas map[string]*delta) error {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT stats"); err != nil {
+		return err
+	}
+	err := func() error {
+		up, err := tx.PrepareContext(ctx, `UPDATE gemrecon_keys SET
+			seen_count = seen_count + ?1,
+			last_seen_at = max(last_seen_at, ?2),
+			conflicts = conflicts + ?3,
+			sources = CASE WHEN instr(sources, ',' || ?4 || ',') > 0 THEN sources ELSE sources || ?4 || ',' END
+			WHERE key = ?5`)
+		if err != nil {
+			return err
+		}
+		defer up.Close()
+		src, err := tx.PrepareContext(ctx, `UPDATE gemrecon_keys SET
+			sources = CASE WHEN instr(sources, ',' || ?1 || ',') > 0 THEN sources ELSE sources || ?1 || ',' END
+			WHERE key = ?2`)
+		if err != nil {
+			return err
+		}
+		defer src.Close()
+		for k, d := range deltas {
+			if _, err := up.ExecContext(ctx, d.seen, d.last, d.conflicts, d.sources[0], k); err != nil {
+				return err
+			}
+			for _, extra := range d.sources[1:] {
+				if _, err := src.ExecContext(ctx, extra, k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		tx.ExecContext(ctx, "ROLLBACK TO stats")
+		tx.ExecContext(ctx, "RELEASE stats")
+		return err
+	}
+	_, err = tx.ExecContext(ctx, "RELEASE stats")
+	return err
+}
+
+// Flush writes buffered sighting statistics now.
+func (s *Sink) Flush(ctx context.Context) error {
+	if s.wdb == nil {
+		return nil
+	}
+	_, err := s.submit(ctx, nil, nil)
+	return err
+}
+
+// flushErr is the error of the final flush made by Close.
+func (s *Sink) flushErr() error { return s.finalErr }
