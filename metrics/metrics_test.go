@@ -170,3 +170,23 @@ func TestMetricsRejectsPost(t *testing.T) {
 		t.Errorf("POST /metrics = %d, want 405", rec.Code)
 	}
 }
+
+func TestObserver(t *testing.T) {
+	m := NewWithOptions(nil, Options{NoRuntime: true})
+	o := m.Observer()
+	o.EffectFinished("gemini:batches/a", "done", 20*time.Millisecond)
+	o.EffectFinished("gemini:batches/b", "fenced", time.Second)
+	out := scrape(t, m)
+	for _, want := range []string{
+		`gemrecon_effects_total{result="done"} 1`,
+		`gemrecon_effects_total{result="fenced"} 1`,
+		"\ngemrecon_fenced_total 1\n",
+		`gemrecon_effect_duration_seconds_count{result="fenced"} 1`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("scrape lacks %q", want)
+		}
+	}
+	var nilM *Metrics
+	nilM.Observer().EffectFinished("k", "done", time.Second) // must not panic
+}
