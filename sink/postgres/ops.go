@@ -331,7 +331,7 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 			return sink.Claim{}, fmt.Errorf("postgres: claim %q: not claimed (the statement was cut off: %w)", key, ctx.Err())
 		}
 	} else if err != nil {
-		return sink.Claim{}, fmt.Errorf("postgres: claim %q: %w", key, err)
+		return sink.Claim{}, fmt.Errorf("postgres: claim %q: %w", key, withCtxErr(ctx, err))
 	}
 	if len(got) == 1 && got[0].state == string(sink.StateClaimed) {
 		return got[0].claim, nil
@@ -510,7 +510,7 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("postgres: complete %q: %w", key, err)
+		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
 	}
 	if !ok {
 		return fencedErr("complete", key, token, exists)
@@ -519,6 +519,15 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	s.noteDoneLocked(key, deref(firstSource), sha)
 	s.mu.Unlock()
 	return nil
+}
+
+// withCtxErr makes an error caused by the context's end (the server
+// cancelled the statement on request) match ctx.Err() too.
+func withCtxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	return err
 }
 
 func deref(p *string) string {
@@ -573,7 +582,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("postgres: fail %q: %w", key, err)
+		return "", fmt.Errorf("postgres: fail %q: %w", key, withCtxErr(ctx, err))
 	}
 	if !ok {
 		return "", fencedErr("fail", key, token, exists)

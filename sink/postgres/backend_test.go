@@ -1,0 +1,281 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sinktest"
+)
+
+// TestConcurrentOpenMigratesOnce opens one empty schema from several
+// goroutines at once: the advisory lock makes them take turns, so every
+// Open succeeds and each migration is applied exactly once.
+func TestConcurrentOpenMigratesOnce(t *testing.T) {
+	dsn, schema := testSchema(t)
+	const n = 6
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			s, err := Open(context.Background(), dsn, sink.Options{})
+			errs[i] = err
+			if err == nil {
+				errs[i] = s.Close()
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Open #%d: %v", i, err)
+		}
+	}
+	admin := adminConn(t, baseDSN(t))
+	var rows, distinct, max int
+	err := admin.QueryRow(context.Background(),
+		`SELECT count(*), count(DISTINCT version), coalesce(max(version), 0) FROM `+schema+`.gemrecon_schema_version`).
+		Scan(&rows, &distinct, &max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := SchemaVersion(); rows != want || distinct != want || max != want {
+		t.Fatalf("schema_version: %d rows, %d distinct, max %d; want %d of each", rows, distinct, max, want)
+	}
+}
+
+func TestReadOnlyEmptySchema(t *testing.T) {
+	dsn, schema := testSchema(t)
+	_, err := Open(context.Background(), dsn, sink.Options{ReadOnly: true})
+	if !errors.Is(err, sink.ErrNoDatabase) {
+		t.Fatalf("Open(read-only, empty schema) error = %v, want ErrNoDatabase", err)
+	}
+	admin := adminConn(t, baseDSN(t))
+	var tables int
+	if err := admin.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 0 {
+		t.Fatalf("read-only Open created %d tables, want 0", tables)
+	}
+
+	// Once a writer created the tables, a read-only open reads them and
+	// refuses to write.
+	w := openDSN(t, dsn, sink.Options{})
+	if _, err := w.Record(context.Background(), sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	ro := openDSN(t, dsn, sink.Options{ReadOnly: true})
+	if e, err := ro.Get(context.Background(), "gemini:batches/a"); err != nil || e.State != sink.StatePending {
+		t.Fatalf("read-only Get = %+v, %v; want pending", e, err)
+	}
+	if _, err := ro.Record(context.Background(), sink.Sighting{Key: "gemini:batches/b", Source: sink.SourcePoll}); err == nil {
+		t.Fatal("read-only Record succeeded, want an error")
+	}
+}
+
+func TestSchemaTooNew(t *testing.T) {
+	dsn, schema := testSchema(t)
+	s := openDSN(t, dsn, sink.Options{})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminConn(t, baseDSN(t))
+	if _, err := admin.Exec(context.Background(),
+		`INSERT INTO `+schema+`.gemrecon_schema_version (version, name) VALUES ($1, 'from the future')`, SchemaVersion()+1); err != nil {
+		t.Fatal(err)
+	}
+	for _, ro := range []bool{false, true} {
+		_, err := Open(context.Background(), dsn, sink.Options{ReadOnly: ro})
+		if !errors.Is(err, sink.ErrSchemaTooNew) {
+			t.Errorf("Open(ReadOnly=%v) error = %v, want ErrSchemaTooNew", ro, err)
+		}
+	}
+}
+
+// TestWithSchema creates the named schema itself and keeps its tables there.
+func TestWithSchema(t *testing.T) {
+	_, schema := testSchema(t)
+	named := schema + "_named"
+	admin := adminConn(t, baseDSN(t))
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+named+" CASCADE") })
+	s := openDSN(t, baseDSN(t), sink.Options{}, WithSchema(named))
+	if _, err := s.Record(context.Background(), sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM `+named+`.gemrecon_keys`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%s.gemrecon_keys has %d rows, want 1", named, n)
+	}
+}
+
+// TestDatabaseClock: without an injected Now, time decisions follow the
+// database's now(), and a sink with an injected clock on the same rows
+// decides by its own.
+func TestDatabaseClock(t *testing.T) {
+	dsn, _ := testSchema(t)
+	ctx := context.Background()
+	db := openDSN(t, dsn, sink.Options{})
+	future := sinktest.NewClock(time.Now().Add(10 * 365 * 24 * time.Hour))
+	inj := openDSN(t, dsn, sink.Options{Now: future.Now})
+	admin := adminConn(t, baseDSN(t))
+	dbNow := func() time.Time {
+		var t0 time.Time
+		if err := admin.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+			t.Fatal(err)
+		}
+		return t0
+	}
+
+	before := dbNow()
+	if _, err := db.Record(ctx, sink.Sighting{Key: "gemini:batches/db", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	after := dbNow()
+	e, err := db.Get(ctx, "gemini:batches/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.FirstSeenAt.Before(before) || e.FirstSeenAt.After(after) {
+		t.Fatalf("FirstSeenAt = %v, want within the database's [%v, %v]", e.FirstSeenAt, before, after)
+	}
+
+	// A claim by the injected clock ten years ahead leases until then: the
+	// database-clock sink sees a live lease, the injected one an expired one.
+	if _, err := inj.Claim(ctx, "gemini:batches/db", "future", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Claim(ctx, "gemini:batches/db", "now", time.Hour); !errors.Is(err, sink.ErrNotClaimable) {
+		t.Fatalf("database-clock Claim error = %v, want ErrNotClaimable (lease is live by now())", err)
+	}
+	future.Advance(2 * time.Hour)
+	if keys, err := inj.Due(ctx, 0); err != nil || len(keys) != 1 {
+		t.Fatalf("injected-clock Due = %v, %v; want the expired lease", keys, err)
+	}
+	if keys, err := db.Due(ctx, 0); err != nil || len(keys) != 0 {
+		t.Fatalf("database-clock Due = %v, %v; want none", keys, err)
+	}
+}
+
+// TestCompleteOutcomeUnknown: the Complete statement commits but its reply
+// never arrives and the context ends; Complete reads the row back and
+// reports the truth (done) instead of an error.
+func TestCompleteOutcomeUnknown(t *testing.T) {
+	dsn, _ := testSchema(t)
+	p, pdsn := startProxy(t, dsn)
+	ctx := context.Background()
+	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
+	key := "gemini:batches/unknown"
+	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, key, "w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Prepare the statement on the one connection, so that the cut-off call
+	// sends Bind/Execute at once instead of waiting for a Describe reply.
+	if err := s.Complete(ctx, key, c.Token+100); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("warm-up Complete = %v, want ErrFenced", err)
+	}
+	p.blackhole()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := s.Complete(cctx, key, c.Token); err != nil {
+		t.Fatalf("Complete with a lost reply = %v, want nil (read back: done)", err)
+	}
+	if p.dropped.Load() == 0 {
+		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
+	}
+	e, err := s.Get(ctx, key)
+	if err != nil || e.State != sink.StateDone || e.Token != c.Token {
+		t.Fatalf("Get = %+v, %v; want done with token %d", e, err, c.Token)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.Fenced != 1 {
+		t.Fatalf("Stats.Fenced = %d, %v; want 1 (the warm-up)", st.Fenced, err)
+	}
+}
+
+// TestClaimOutcomeUnknown: a claim whose reply is lost is found again by its
+// nonce, so the caller holds the claim the database granted.
+func TestClaimOutcomeUnknown(t *testing.T) {
+	dsn, _ := testSchema(t)
+	p, pdsn := startProxy(t, dsn)
+	ctx := context.Background()
+	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
+	key := "gemini:batches/claim-unknown"
+	for _, k := range []string{key, key + "-warm-up"} {
+		if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourcePoll}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Prepare the statement on the one connection (see above).
+	if _, err := s.Claim(ctx, key+"-warm-up", "w", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	p.blackhole()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	c, err := s.Claim(cctx, key, "w", time.Minute)
+	if err != nil {
+		t.Fatalf("Claim with a lost reply = %v, want the claim read back", err)
+	}
+	if p.dropped.Load() == 0 {
+		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
+	}
+	e, err := s.Get(ctx, key)
+	if err != nil || e.State != sink.StateClaimed || e.Token != c.Token || c.Token != 1 || c.Owner != "w" {
+		t.Fatalf("Claim = %+v; Get = %+v, %v; want claimed with token 1", c, e, err)
+	}
+}
+
+// TestCompleteCancelledWhileBlocked: Complete waits on a row lock, its
+// context ends, the server cancels the statement: a definite "not applied",
+// the key is still claimed under the same token and completes later.
+func TestCompleteCancelledWhileBlocked(t *testing.T) {
+	dsn, schema := testSchema(t)
+	ctx := context.Background()
+	s := openDSN(t, dsn, sink.Options{})
+	key := "gemini:batches/blocked"
+	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, key, "w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := adminConn(t, baseDSN(t))
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+schema+`.gemrecon_keys WHERE key = $1 FOR UPDATE`, key); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err = s.Complete(cctx, key, c.Token)
+	if err == nil || errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("Complete blocked then cancelled = %v, want a non-fenced error", err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Complete error = %v, want it to wrap context.DeadlineExceeded", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StateClaimed || e.Token != c.Token {
+		t.Fatalf("after cancel Get = %+v, %v; want still claimed, token %d", e, err, c.Token)
+	}
+	if err := s.Complete(ctx, key, c.Token); err != nil {
+		t.Fatalf("Complete after the lock is gone: %v", err)
+	}
+}
