@@ -669,3 +669,17 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// Vertex without credentials fails at New with ErrAuth naming ADC.
+func TestVertexNoADC(t *testing.T) {
+	t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", t.TempDir()+"/missing.json")
+	t.Setenv("GOOGLE_API_KEY", "")
+	t.Setenv("GEMINI_API_KEY", "")
+	cfg := DefaultConfig()
+	cfg.Backend, cfg.Project, cfg.Location = BackendVertex, "p", "us-central1"
+	cfg.BaseURL = "http://127.0.0.1:1/"
+	_, err := New(context.Background(), cfg)
+	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "GOOGLE_APPLICATION_CREDENTIALS") {
+		t.Errorf("New = %v, want ErrAuth naming GOOGLE_APPLICATION_CREDENTIALS", err)
+	}
+}

@@ -52,6 +52,9 @@ type Options struct {
 	VertexErrorDetailsObjects bool
 	// Now stamps recorded requests (default time.Now).
 	Now func() time.Time
+	// RecordLimit bounds the request record, oldest dropped first
+	// (default 100000), so a long-running demo does not grow without end.
+	RecordLimit int
 }
 
 // Status is a google.rpc.Status, the error of a failed batch.
@@ -137,6 +140,7 @@ type Request struct {
 	Query  url.Values
 	Header http.Header
 	Status int // the status answered
+	seq    uint64
 }
 
 type entry struct {
@@ -156,6 +160,7 @@ type Server struct {
 	faults   []Fault
 	hook     func(*http.Request) *Fault
 	requests []Request
+	seq      uint64
 
 	srv *http.Server
 	ln  net.Listener
@@ -171,6 +176,9 @@ func New(opts Options) *Server {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.RecordLimit <= 0 {
+		opts.RecordLimit = 100000
 	}
 	return &Server{opts: opts, byName: map[string]*entry{}}
 }
@@ -334,11 +342,15 @@ func (s *Server) ResetRequests() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	s.mu.Lock()
-	idx := len(s.requests)
+	if len(s.requests) >= s.opts.RecordLimit {
+		s.requests = slices.Delete(s.requests, 0, len(s.requests)-s.opts.RecordLimit+1)
+	}
 	s.requests = append(s.requests, Request{
 		Time: s.opts.Now(), Method: r.Method, Path: r.URL.Path,
-		Query: r.URL.Query(), Header: r.Header.Clone(),
+		Query: r.URL.Query(), Header: r.Header.Clone(), seq: s.seq + 1,
 	})
+	s.seq++
+	seq := s.seq
 	var f *Fault
 	if len(s.faults) > 0 {
 		f = &s.faults[0]
@@ -352,7 +364,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	s.serve(rec, r, f)
 	s.mu.Lock()
-	s.requests[idx].Status = rec.status
+	// The record may have shifted (RecordLimit): find it by sequence number.
+	for i := len(s.requests) - 1; i >= 0; i-- {
+		if s.requests[i].seq == seq {
+			s.requests[i].Status = rec.status
+			break
+		}
+	}
 	s.mu.Unlock()
 }
 

@@ -249,3 +249,19 @@ func TestVertexShapesAndTraps(t *testing.T) {
 		}
 	}
 }
+
+func TestRecordLimit(t *testing.T) {
+	s, u := start(t, Options{RecordLimit: 3})
+	for range 5 {
+		get(t, u+"/v1beta/batches/none", nil)
+	}
+	reqs := s.Requests()
+	if len(reqs) != 3 {
+		t.Fatalf("kept %d records, want 3", len(reqs))
+	}
+	for _, r := range reqs {
+		if r.Status != 404 {
+			t.Errorf("record status %d, want 404", r.Status)
+		}
+	}
+}
