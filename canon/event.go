@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrNotObject is wrapped by FromEvent when the document is valid JSON but not
@@ -18,20 +19,12 @@ var ErrNotObject = errors.New("event is not a JSON object")
 // a hostile body cannot make it recurse without end.
 const maxPubSubDepth = 2
 
-// candidates are the fields that may hold the operation name, in order of
-// preference (spec §2).
-func candidates() [4]string {
-	return [4]string{"name", "operation", "operationName", "resourceName"}
-}
-
-// object is a decoded JSON object whose values are still raw.
-type object = map[string]json.RawMessage
-
 // FromEvent reads the operation an event document names (spec §2): it unwraps
 // a Pub/Sub push envelope (message.data, base64 JSON) and a webhook's data
 // envelope, takes the first non-empty name candidate, and says whether the
 // event announces a completion (spec §6). A document without a candidate gives
 // a *NoNameError; one that is not a JSON object wraps ErrNotObject.
+// Event.Operation never aliases body.
 func FromEvent(body []byte) (Event, error) {
 	ev, err := fromDoc(body, 0)
 	if err != nil {
@@ -45,24 +38,20 @@ func FromEvent(body []byte) (Event, error) {
 
 // fromDoc does FromEvent's work at one envelope depth. Its errors do not
 // carry the "canon: " prefix; FromEvent adds it once.
-
 func fromDoc(body []byte, depth int) (Event, error) {
 	raw := bytes.TrimSpace(body)
 	if len(raw) == 0 {
 		return Event{}, errors.New("empty event body")
 	}
+	if !json.Valid(raw) {
+		return Event{}, fmt.Errorf("parsing event: %w", syntaxError(raw))
+	}
 	if raw[0] != '{' {
-		if !json.Valid(raw) {
-			return Event{}, fmt.Errorf("parsing event: %w", syntaxError(raw))
-		}
 		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
 	}
-	var top object
-	if err := json.Unmarshal(raw, &top); err != nil {
-		return Event{}, fmt.Errorf("parsing event: %w", err)
-	}
+	top := readObject(raw)
 
-	if data, ok, err := pubSubData(top); err != nil {
+	if data, ok, err := pubSubData(&top); err != nil {
 		return Event{}, err
 	} else if ok {
 		if depth >= maxPubSubDepth {
@@ -75,28 +64,29 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		return ev, nil
 	}
 
-	ev := Event{Type: str(top["type"])}
-	data := asObject(top["data"])
+	ev := Event{Type: str(top.typ)}
+	data := readObject(top.data)
 	batch := IsBatchType(ev.Type)
 
-	name, from, err := findName(top, data)
+	name, from, err := findName(&top, &data)
 	if err != nil {
 		return Event{}, err
 	}
 	if name == "" {
-		return Event{}, &NoNameError{Fields: fieldNames(top, data)}
+		return Event{}, &NoNameError{Fields: fieldNames(raw, top.data)}
 	}
 	if batch && !strings.Contains(name, "/") {
 		// The Gemini webhook names a batch by its bare id.
-		name = "batches/" + name
+		ev.Key = Prefix + "batches/" + name
+	} else {
+		ev.Key = Prefix + name
 	}
-	ev.Name = name
-	ev.Key = Prefix + name
+	ev.Name = ev.Key[len(Prefix):]
 
 	var st stateScan
-	st.scan(top)
-	st.scan(data)
-	st.scan(from)
+	st.scan(&top)
+	st.scan(&data)
+	st.scan(&from)
 	ev.State = st.state
 	if ev.State == "" {
 		ev.State = StateFromType(ev.Type)
@@ -114,42 +104,46 @@ func fromDoc(body []byte, depth int) (Event, error) {
 // findName returns the canonical name of the first non-empty candidate, top
 // level first, then inside data (where the webhook's id also counts), and the
 // object that held it when the candidate was an object.
-func findName(top, data object) (string, object, error) {
-	for _, f := range candidates() {
-		if n, obj, err := candidate(f, top[f]); err != nil || n != "" {
+func findName(top, data *view) (string, view, error) {
+	for i := range numCandidates {
+		f, raw := top.candidate(i)
+		if n, obj, err := candidate("", f, raw); err != nil || n != "" {
 			return n, obj, err
 		}
 	}
-	if data == nil {
-		return "", nil, nil
+	if !data.isObject {
+		return "", view{}, nil
 	}
-	for _, f := range candidates() {
-		if n, obj, err := candidate("data."+f, data[f]); err != nil || n != "" {
+	for i := range numCandidates {
+		f, raw := data.candidate(i)
+		if n, obj, err := candidate("data.", f, raw); err != nil || n != "" {
 			return n, obj, err
 		}
 	}
-	return candidate("data.id", data["id"])
+	return candidate("data.", "id", data.id)
 }
 
 // candidate reads one name candidate: a string, or an object whose own
 // "name" is a string. Absent, null, blank and name-less values are empty.
-func candidate(field string, raw json.RawMessage) (string, object, error) {
+// The field is named parent+field in errors (kept apart so that the happy
+// path builds no string).
+func candidate(parent, field string, raw json.RawMessage) (string, view, error) {
 	if len(raw) == 0 {
-		return "", nil, nil
+		return "", view{}, nil
 	}
 	switch raw[0] {
 	case 'n':
-		return "", nil, nil
+		return "", view{}, nil
 	case '"':
-		return canonName(str(raw)), nil, nil
+		return canonName(str(raw)), view{}, nil
 	case '{':
-		obj := asObject(raw)
-		if n := obj["name"]; len(n) > 0 && n[0] != '"' && n[0] != 'n' {
-			return "", nil, fmt.Errorf("field %q is %s, want a string", field+".name", kind(n))
+		obj := readObject(raw)
+		if n := obj.name; len(n) > 0 && n[0] != '"' && n[0] != 'n' {
+			return "", view{}, fmt.Errorf("field %q is %s, want a string", parent+field+".name", kind(n))
 		}
-		return canonName(str(obj["name"])), obj, nil
+		return canonName(str(obj.name)), obj, nil
 	}
-	return "", nil, fmt.Errorf("field %q is %s, want a string or an object with a name", field, kind(raw))
+	return "", view{}, fmt.Errorf("field %q is %s, want a string or an object with a name", parent+field, kind(raw))
 }
 
 // stateScan gathers what the event says about its state.
@@ -162,15 +156,15 @@ type stateScan struct {
 // signal wins: accepting a running batch as done would run the effect on
 // partial results, while ignoring an event loses nothing (the poller sees
 // the completion again).
-func (s *stateScan) scan(obj object) {
-	if obj == nil {
+func (s *stateScan) scan(obj *view) {
+	if !obj.isObject {
 		return
 	}
-	s.add(str(obj["state"]))
-	if md := asObject(obj["metadata"]); md != nil {
-		s.add(str(md["state"]))
+	s.add(str(obj.state))
+	if md := readObject(obj.metadata); md.isObject {
+		s.add(str(md.state))
 	}
-	if done := bytes.TrimSpace(obj["done"]); string(done) == "false" {
+	if string(obj.done) == "false" {
 		s.nonTerminal = true
 	}
 }
@@ -191,19 +185,15 @@ func (s *stateScan) add(state string) {
 // pubSubData returns the decoded message.data of a Pub/Sub push envelope
 // ({"message":{"data":"<base64>",…},"subscription":…}); ok is false when top
 // is not one.
-func pubSubData(top object) (data []byte, ok bool, err error) {
-	msg := asObject(top["message"])
-	if msg == nil {
+func pubSubData(top *view) (data []byte, ok bool, err error) {
+	msg := readObject(top.message)
+	if !msg.isObject || msg.data == nil {
 		return nil, false, nil
 	}
-	raw, present := msg["data"]
-	if !present {
-		return nil, false, nil
+	if msg.data[0] != '"' {
+		return nil, false, fmt.Errorf("Pub/Sub message.data is %s, want a base64 string", kind(msg.data))
 	}
-	if len(raw) == 0 || raw[0] != '"' {
-		return nil, false, fmt.Errorf("Pub/Sub message.data is %s, want a base64 string", kind(raw))
-	}
-	enc := strings.TrimRight(str(raw), "=")
+	enc := strings.TrimRight(str(msg.data), "=")
 	if enc == "" {
 		return nil, false, errors.New("Pub/Sub message.data is empty")
 	}
@@ -218,17 +208,20 @@ func pubSubData(top object) (data []byte, ok bool, err error) {
 	return data, true, nil
 }
 
-// fieldNames lists top's field names and data's as "data.x", sorted.
-func fieldNames(top, data object) []string {
-	names := make([]string, 0, len(top)+len(data))
-	for k := range top {
-		names = append(names, k)
-	}
-	for k := range data {
-		names = append(names, "data."+k)
+// fieldNames lists the field names of the object top and those of the object
+// data as "data.x", sorted. Only the error path calls it.
+func fieldNames(top, data json.RawMessage) []string {
+	var names []string
+	eachField(top, func(key, _ json.RawMessage) {
+		names = append(names, str(key))
+	})
+	if len(data) > 0 && data[0] == '{' {
+		eachField(data, func(key, _ json.RawMessage) {
+			names = append(names, "data."+str(key))
+		})
 	}
 	slices.Sort(names)
-	return names
+	return slices.Compact(names) // a repeated field is one field
 }
 
 // str returns raw's value when it is a JSON string, and "" otherwise.
@@ -236,7 +229,7 @@ func str(raw json.RawMessage) string {
 	if len(raw) < 2 || raw[0] != '"' {
 		return ""
 	}
-	if bytes.IndexByte(raw, '\\') < 0 {
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
 		return string(raw[1 : len(raw)-1])
 	}
 	var s string
@@ -244,21 +237,6 @@ func str(raw json.RawMessage) string {
 		return ""
 	}
 	return s
-}
-
-// asObject decodes raw when it is a JSON object, and returns nil otherwise.
-func asObject(raw json.RawMessage) object {
-	if len(raw) == 0 || raw[0] != '{' {
-		return nil
-	}
-	var obj object
-	if json.Unmarshal(raw, &obj) != nil {
-		return nil
-	}
-	if obj == nil {
-		obj = object{}
-	}
-	return obj
 }
 
 // kind names the JSON type of raw for error messages.

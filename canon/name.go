@@ -47,7 +47,7 @@ func canonName(s string) string {
 	for {
 		prev := s
 		s = strings.TrimSpace(s)
-		s = strings.TrimPrefix(s, Prefix)
+		s = trimPrefixFold(s, Prefix) // "GEMINI:x" is a key typed in capitals, not a name
 		s = stripURL(s)
 		s = strings.TrimRight(s, "/")
 		if s == prev {

@@ -8,15 +8,35 @@ import "strings"
 // "JOB_STATE_SUCCEEDED", "succeeded" and "batch.succeeded" all become
 // "SUCCEEDED"; "" stays "".
 func NormalizeState(s string) string {
-	s = strings.TrimSpace(s)
-	if len(s) >= len("batch.") && strings.EqualFold(s[:len("batch.")], "batch.") {
-		s = s[len("batch."):]
+	for {
+		prev := s
+		s = strings.TrimSpace(s)
+		s = trimPrefixFold(s, "batch.")
+		s = trimPrefixFold(s, "BATCH_STATE_")
+		s = trimPrefixFold(s, "JOB_STATE_")
+		if s == prev {
+			break
+		}
 	}
-	s = strings.ToUpper(s) // returns s itself when there is nothing to change
-	s = strings.TrimPrefix(s, "BATCH_STATE_")
-	s = strings.TrimPrefix(s, "JOB_STATE_")
-	if s == "CANCELED" {
+	// Known states come back as constants: no allocation on the hot path.
+	for _, known := range [...]string{
+		"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED", "COMPLETED",
+		"PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING", "UNSPECIFIED",
+	} {
+		if strings.EqualFold(s, known) {
+			return known
+		}
+	}
+	if strings.EqualFold(s, "CANCELED") {
 		return "CANCELLED"
+	}
+	return strings.ToUpper(s)
+}
+
+// trimPrefixFold removes prefix from s, ignoring ASCII case.
+func trimPrefixFold(s, prefix string) string {
+	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
+		return s[len(prefix):]
 	}
 	return s
 }
@@ -35,7 +55,7 @@ func IsTerminal(state string) bool {
 // IsBatchType reports whether an event type is a Gemini webhook batch event
 // ("batch.succeeded", "batch.running", …), compared case-insensitively.
 func IsBatchType(t string) bool {
-	return len(t) > len("batch.") && strings.EqualFold(t[:len("batch.")], "batch.")
+	return len(t) > len("batch.") && trimPrefixFold(t, "batch.") != t
 }
 
 // IsCompletionType reports whether a webhook event type announces that a batch

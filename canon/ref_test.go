@@ -1,0 +1,285 @@
+package canon
+
+// This file keeps a second, deliberately plain implementation of FromEvent,
+// built on encoding/json maps, as an oracle: FuzzFromEventMatchesReference
+// checks that the allocation-light scanner in scan.go reads every document
+// exactly as encoding/json would.
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// candidates are the fields that may hold the operation name, in order of
+// preference (spec §2).
+func refCandidates() [4]string {
+	return [4]string{"name", "operation", "operationName", "resourceName"}
+}
+
+// refObject is a decoded JSON object whose values are still raw.
+type refObject = map[string]json.RawMessage
+
+// refFromEvent is FromEvent written with encoding/json maps.
+func refFromEvent(body []byte) (Event, error) {
+	ev, err := refFromDoc(body, 0)
+	if err != nil {
+		if nn, ok := err.(*NoNameError); ok {
+			return Event{}, nn // its message is already complete
+		}
+		return Event{}, fmt.Errorf("canon: %w", err)
+	}
+	return ev, nil
+}
+
+// refFromDoc does refFromEvent's work at one envelope depth. Its errors do not
+// carry the "canon: " prefix; refFromEvent adds it once.
+
+func refFromDoc(body []byte, depth int) (Event, error) {
+	raw := bytes.TrimSpace(body)
+	if len(raw) == 0 {
+		return Event{}, errors.New("empty event body")
+	}
+	if raw[0] != '{' {
+		if !json.Valid(raw) {
+			return Event{}, fmt.Errorf("parsing event: %w", syntaxError(raw))
+		}
+		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
+	}
+	var top refObject
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return Event{}, fmt.Errorf("parsing event: %w", err)
+	}
+
+	if data, ok, err := refPubSubData(top); err != nil {
+		return Event{}, err
+	} else if ok {
+		if depth >= maxPubSubDepth {
+			return Event{}, fmt.Errorf("Pub/Sub envelopes nested more than %d deep", maxPubSubDepth)
+		}
+		ev, err := refFromDoc(data, depth+1)
+		if err != nil {
+			return Event{}, fmt.Errorf("Pub/Sub message.data: %w", err)
+		}
+		return ev, nil
+	}
+
+	ev := Event{Type: str(top["type"])}
+	data := refAsObject(top["data"])
+	batch := IsBatchType(ev.Type)
+
+	name, from, err := refFindName(top, data)
+	if err != nil {
+		return Event{}, err
+	}
+	if name == "" {
+		return Event{}, &NoNameError{Fields: refFieldNames(top, data)}
+	}
+	if batch && !strings.Contains(name, "/") {
+		// The Gemini webhook names a batch by its bare id.
+		name = "batches/" + name
+	}
+	ev.Name = name
+	ev.Key = Prefix + name
+
+	var st refStateScan
+	st.scan(top)
+	st.scan(data)
+	st.scan(from)
+	ev.State = st.state
+	if ev.State == "" {
+		ev.State = StateFromType(ev.Type)
+	}
+	ev.Terminal = !st.nonTerminal && !(batch && !IsCompletionType(ev.Type))
+
+	if depth == 0 {
+		ev.Operation = json.RawMessage(bytes.Clone(raw)) // body may be a reused buffer
+	} else {
+		ev.Operation = json.RawMessage(raw) // decoded from Pub/Sub: ours already
+	}
+	return ev, nil
+}
+
+// refFindName returns the canonical name of the first non-empty candidate, top
+// level first, then inside data (where the webhook's id also counts), and the
+// refObject that held it when the candidate was an refObject.
+func refFindName(top, data refObject) (string, refObject, error) {
+	for _, f := range refCandidates() {
+		if n, obj, err := refCandidate(f, top[f]); err != nil || n != "" {
+			return n, obj, err
+		}
+	}
+	if data == nil {
+		return "", nil, nil
+	}
+	for _, f := range refCandidates() {
+		if n, obj, err := refCandidate("data."+f, data[f]); err != nil || n != "" {
+			return n, obj, err
+		}
+	}
+	return refCandidate("data.id", data["id"])
+}
+
+// candidate reads one name candidate: a string, or an refObject whose own
+// "name" is a string. Absent, null, blank and name-less values are empty.
+func refCandidate(field string, raw json.RawMessage) (string, refObject, error) {
+	if len(raw) == 0 {
+		return "", nil, nil
+	}
+	switch raw[0] {
+	case 'n':
+		return "", nil, nil
+	case '"':
+		return canonName(str(raw)), nil, nil
+	case '{':
+		obj := refAsObject(raw)
+		if n := obj["name"]; len(n) > 0 && n[0] != '"' && n[0] != 'n' {
+			return "", nil, fmt.Errorf("field %q is %s, want a string", field+".name", kind(n))
+		}
+		return canonName(str(obj["name"])), obj, nil
+	}
+	return "", nil, fmt.Errorf("field %q is %s, want a string or an refObject with a name", field, kind(raw))
+}
+
+// refStateScan gathers what the event says about its state.
+type refStateScan struct {
+	state       string // the first state found, normalised
+	nonTerminal bool   // a non-terminal state, or "done": false, was found
+}
+
+// scan reads obj's "state", "metadata.state" and "done". Any non-terminal
+// signal wins: accepting a running batch as done would run the effect on
+// partial results, while ignoring an event loses nothing (the poller sees
+// the completion again).
+func (s *refStateScan) scan(obj refObject) {
+	if obj == nil {
+		return
+	}
+	s.add(str(obj["state"]))
+	if md := refAsObject(obj["metadata"]); md != nil {
+		s.add(str(md["state"]))
+	}
+	if done := bytes.TrimSpace(obj["done"]); string(done) == "false" {
+		s.nonTerminal = true
+	}
+}
+
+func (s *refStateScan) add(state string) {
+	state = NormalizeState(state)
+	if state == "" {
+		return
+	}
+	if s.state == "" {
+		s.state = state
+	}
+	if !IsTerminal(state) {
+		s.nonTerminal = true
+	}
+}
+
+// refPubSubData returns the decoded message.data of a Pub/Sub push envelope
+// ({"message":{"data":"<base64>",…},"subscription":…}); ok is false when top
+// is not one.
+func refPubSubData(top refObject) (data []byte, ok bool, err error) {
+	msg := refAsObject(top["message"])
+	if msg == nil {
+		return nil, false, nil
+	}
+	raw, present := msg["data"]
+	if !present {
+		return nil, false, nil
+	}
+	if len(raw) == 0 || raw[0] != '"' {
+		return nil, false, fmt.Errorf("Pub/Sub message.data is %s, want a base64 string", kind(raw))
+	}
+	enc := strings.TrimRight(str(raw), "=")
+	if enc == "" {
+		return nil, false, errors.New("Pub/Sub message.data is empty")
+	}
+	codec := base64.RawStdEncoding
+	if strings.ContainsAny(enc, "-_") {
+		codec = base64.RawURLEncoding
+	}
+	data, err = codec.DecodeString(enc)
+	if err != nil {
+		return nil, false, fmt.Errorf("Pub/Sub message.data is not base64: %w", err)
+	}
+	return data, true, nil
+}
+
+// refFieldNames lists top's field names and data's as "data.x", sorted.
+func refFieldNames(top, data refObject) []string {
+	names := make([]string, 0, len(top)+len(data))
+	for k := range top {
+		names = append(names, k)
+	}
+	for k := range data {
+		names = append(names, "data."+k)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// refAsObject decodes raw when it is a JSON refObject, and returns nil otherwise.
+func refAsObject(raw json.RawMessage) refObject {
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil
+	}
+	var obj refObject
+	if json.Unmarshal(raw, &obj) != nil {
+		return nil
+	}
+	if obj == nil {
+		obj = refObject{}
+	}
+	return obj
+}
+
+func FuzzFromEventMatchesReference(f *testing.F) {
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "canon", "vectors.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	var vs []struct {
+		Event json.RawMessage `json:"event"`
+		Body  *string         `json:"body"`
+	}
+	if err := json.Unmarshal(data, &vs); err != nil {
+		f.Fatal(err)
+	}
+	for _, v := range vs {
+		switch {
+		case v.Body != nil:
+			f.Add([]byte(*v.Body))
+		case v.Event != nil:
+			f.Add([]byte(v.Event))
+		}
+	}
+	f.Add([]byte(`{"n\u0061me":"batches/esc","name":"batches/dup","name":"batches/last"}`))
+	f.Add([]byte(`{"data":{"id":"x\"y"},"type":"batch.succeeded","done" : false }`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, gotErr := FromEvent(body)
+		want, wantErr := refFromEvent(body)
+		if (gotErr == nil) != (wantErr == nil) {
+			t.Fatalf("FromEvent(%q) error = %v, reference error = %v", body, gotErr, wantErr)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("FromEvent(%q) = %+v, reference = %+v", body, got, want)
+		}
+		var gotNN, wantNN *NoNameError
+		if errors.As(gotErr, &gotNN) != errors.As(wantErr, &wantNN) {
+			t.Fatalf("FromEvent(%q) error = %v, reference error = %v: only one is a *NoNameError", body, gotErr, wantErr)
+		}
+		if gotNN != nil && !slices.Equal(gotNN.Fields, wantNN.Fields) {
+			t.Fatalf("FromEvent(%q) NoNameError.Fields = %q, reference = %q", body, gotNN.Fields, wantNN.Fields)
+		}
+	})
+}
