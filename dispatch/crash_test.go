@@ -1,0 +1,269 @@
+package dispatch
+
+import (
+	"context"
+	"database/sql"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite"
+)
+
+// openAt opens (creating) the sink at path for the parent's own use.
+func openAt(t *testing.T, path string) *sqlite.Sink {
+	t.Helper()
+	s, err := sqlite.Open(context.Background(), path, sink.Options{BusyTimeout: 30 * time.Second}, sqlite.WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatalf("sqlite.Open(%q): %v", path, err)
+	}
+	return s
+}
+
+// integrityCheck runs PRAGMA integrity_check on a read-only connection.
+func integrityCheck(t *testing.T, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var res string
+	if err := db.QueryRow("PRAGMA integrity_check").Scan(&res); err != nil {
+		t.Fatalf("integrity_check: %v", err)
+	}
+	if res != "ok" {
+		t.Errorf("PRAGMA integrity_check = %q, want ok", res)
+	}
+}
+
+// TestR1EightProcessesOneEffectPerKey: eight dispatcher processes drain the
+// same 200 keys through an exec effect; each key's effect runs exactly once.
+func TestR1EightProcessesOneEffectPerKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process")
+	}
+	dir := t.TempDir()
+	db, logPath := filepath.Join(dir, "gemrecon.db"), filepath.Join(dir, "effects.log")
+	ks := keys(200)
+	s := openAt(t, db)
+	recordMany(t, s, ks)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := childConfig{DB: db, Effect: "exec", Exec: `echo "$GEMRECON_KEY $GEMRECON_TOKEN" >> "$R1_LOG"`,
+		Concurrency: 4, Mode: "until-done"}
+	t.Setenv("R1_LOG", logPath)
+	var children []*child
+	for range 8 {
+		children = append(children, startChild(t, cfg))
+	}
+	var total Summary
+	for i, c := range children {
+		sum := c.wait(t, 60*time.Second)
+		t.Logf("process %d: %+v", i, sum)
+		total.Claimed += sum.Claimed
+		total.OK += sum.OK
+		total.Failed += sum.Failed
+		total.Fenced += sum.Fenced
+	}
+	lines, perKey := effectLog(t, logPath)
+	if lines != 200 || len(perKey) != 200 {
+		t.Errorf("effect log: %d lines for %d keys, want 200 for 200", lines, len(perKey))
+	}
+	for _, k := range ks {
+		if got := perKey[k]; len(got) != 1 || got[0] != 1 {
+			t.Errorf("key %s: effect tokens %v, want exactly [1]", k, got)
+		}
+	}
+	if total != (Summary{Claimed: 200, OK: 200}) {
+		t.Errorf("processes together = %+v, want 200 claimed and ok", total)
+	}
+	s = openAt(t, db)
+	defer s.Close()
+	done, err := s.List(context.Background(), sink.ListOptions{State: sink.StateDone})
+	if err != nil || len(done) != 200 {
+		t.Errorf("done keys = %d, %v, want 200", len(done), err)
+	}
+	integrityCheck(t, db)
+}
+
+// TestR2KillNemesis: a dispatcher process is SIGKILLed at random moments at
+// least ten times and restarted until all keys are done.
+//
+// The effect is appendEffect (append "key token" with O_APPEND, fdatasync):
+// an exec per key would make 2,000 keys too slow under -race on two cores.
+// One dispatcher runs at a time, so leases only expire through kills.
+//
+// Bound asserted: duplicate effect lines <= kills × Concurrency. A duplicate
+// is an attempt whose effect ran but whose done record was not committed, and
+// only a killed process leaves such attempts behind (its claims are taken
+// over when their lease expires); a process has at most Concurrency attempts
+// running, so one kill leaves at most Concurrency of them.
+func TestR2KillNemesis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process")
+	}
+	const (
+		nKeys       = 2000
+		concurrency = 16
+		minKills    = 10
+		lease       = 2 * time.Second
+	)
+	dir := t.TempDir()
+	db, logPath := filepath.Join(dir, "gemrecon.db"), filepath.Join(dir, "effects.log")
+	ks := keys(nKeys)
+	s := openAt(t, db)
+	recordMany(t, s, ks)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := childConfig{DB: db, Effect: "append", Log: logPath, Lease: lease, Timeout: lease / 2,
+		Concurrency: concurrency, Mode: "until-done"}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	start := time.Now()
+	kills := 0
+	var last *child
+	for kills < minKills+2 && time.Since(start) < 40*time.Second {
+		c := startChild(t, cfg)
+		if _, ok := c.waitLine(t, "READY", 20*time.Second); !ok {
+			t.Fatalf("child never became ready; stderr:\n%s", c.stderr.String())
+		}
+		time.Sleep(time.Duration(rng.Int64N(int64(250 * time.Millisecond))))
+		if c.exited() {
+			last = c // finished all the work before its kill
+			break
+		}
+		if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-c.done
+		kills++
+	}
+	if last == nil {
+		last = startChild(t, cfg)
+	}
+	sum := last.wait(t, 60*time.Second)
+	elapsed := time.Since(start)
+
+	if kills < minKills {
+		t.Errorf("kills = %d, want at least %d (the work finished too soon)", kills, minKills)
+	}
+	lines, perKey := effectLog(t, logPath)
+	dups := lines - len(perKey)
+	s = openAt(t, db)
+	defer s.Close()
+	ctx := context.Background()
+	notDone := 0
+	for _, k := range ks {
+		e, err := s.Get(ctx, k)
+		if err != nil || e.State != sink.StateDone {
+			notDone++
+			if notDone < 5 {
+				t.Errorf("Get(%q) = %s, %v, want done", k, e.State, err)
+			}
+			continue
+		}
+		// The attempt recorded as done is one whose effect ran.
+		if !slices.Contains(perKey[k], e.Token) {
+			t.Errorf("key %s done with token %d, but the effect log has tokens %v", k, e.Token, perKey[k])
+		}
+	}
+	if notDone > 0 {
+		t.Errorf("%d of %d keys not done", notDone, nKeys)
+	}
+	if len(perKey) != nKeys || lines < nKeys {
+		t.Errorf("effect log: %d lines for %d keys, want >= %d lines for %d keys", lines, len(perKey), nKeys, nKeys)
+	}
+	if bound := kills * concurrency; dups > bound {
+		t.Errorf("duplicate effect lines = %d, want <= kills × concurrency = %d × %d = %d", dups, kills, concurrency, bound)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("R2: %d keys, %d kills, %d effect lines, %d duplicates (bound %d), fenced %d, last process %+v, %v",
+		nKeys, kills, lines, dups, kills*concurrency, st.Fenced, sum, elapsed.Round(time.Millisecond))
+	integrityCheck(t, db)
+}
+
+// TestR3StoppedHolderIsFenced: a holder SIGSTOPped mid-effect past its lease
+// is taken over; the new holder finishes; after SIGCONT the stale holder's
+// outcome is rejected as fenced.
+func TestR3StoppedHolderIsFenced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process")
+	}
+	const lease = 3 * time.Second
+	dir := t.TempDir()
+	db, logPath := filepath.Join(dir, "gemrecon.db"), filepath.Join(dir, "effects.log")
+	key := "gemini:batches/r3"
+	s := openAt(t, db)
+	recordMany(t, s, []string{key})
+
+	// A: claims, writes its effect line, announces it and holds for 1s.
+	// Concurrency 1, so that A issues no write while it is stopped (a
+	// stopped process holding SQLite's write lock would stall B).
+	a := startChild(t, childConfig{DB: db, Effect: "append", Log: logPath, Lease: lease, Timeout: lease - 500*time.Millisecond,
+		Concurrency: 1, Hold: time.Second, Mode: "once"})
+	if _, ok := a.waitLine(t, "EFFECT-STARTED", 30*time.Second); !ok {
+		t.Fatalf("A never started its effect; stderr:\n%s", a.stderr.String())
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := time.Now()
+	defer a.cmd.Process.Signal(syscall.SIGCONT)
+
+	// Wait (bounded) until A's lease has expired.
+	e, err := s.Get(context.Background(), key)
+	if err != nil || e.State != sink.StateClaimed || e.Token != 1 {
+		t.Fatalf("Get() = %s token %d, %v, want claimed with token 1", e.State, e.Token, err)
+	}
+	if wait := time.Until(e.LeaseUntil) + 100*time.Millisecond; wait > 0 {
+		if wait > 2*lease {
+			t.Fatalf("lease until %v is too far away", e.LeaseUntil)
+		}
+		time.Sleep(wait)
+	}
+	// B takes the key over and finishes it.
+	b := startChild(t, childConfig{DB: db, Effect: "append", Log: logPath, Lease: lease, Timeout: lease - 500*time.Millisecond,
+		Concurrency: 1, Mode: "once"})
+	bs := b.wait(t, 30*time.Second)
+	if bs.Summary != (Summary{Claimed: 1, OK: 1}) {
+		t.Errorf("B = %+v, want one claim, done; stderr:\n%s", bs, b.stderr.String())
+	}
+	if e, err := s.Get(context.Background(), key); err != nil || e.State != sink.StateDone || e.Token != 2 {
+		t.Errorf("after B: Get() = %s token %d, %v, want done with token 2", e.State, e.Token, err)
+	}
+	t.Logf("A stopped for %v", time.Since(stoppedAt).Round(time.Millisecond))
+
+	// Wake A: its outcome must be fenced.
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	as := a.wait(t, 30*time.Second)
+	if as.Summary != (Summary{Claimed: 1, Fenced: 1}) {
+		t.Errorf("A = %+v, want one claim, fenced; stderr:\n%s", as, a.stderr.String())
+	}
+	e, err = s.Get(context.Background(), key)
+	if err != nil || e.State != sink.StateDone || e.Token != 2 || e.Attempts != 2 {
+		t.Errorf("Get() = %s token %d attempts %d, %v, want done with token 2 after 2 attempts", e.State, e.Token, e.Attempts, err)
+	}
+	lines, perKey := effectLog(t, logPath)
+	if got := perKey[key]; lines != 2 || len(got) != 2 || got[0] == got[1] {
+		t.Errorf("effect log tokens = %v (%d lines), want two lines with distinct tokens", got, lines)
+	}
+	st, err := s.Stats(context.Background())
+	if err != nil || st.Fenced != 1 {
+		t.Errorf("Stats().Fenced = %d, %v, want 1", st.Fenced, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Error(err)
+	}
+	integrityCheck(t, db)
+}
