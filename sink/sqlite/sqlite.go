@@ -12,6 +12,7 @@ package sqlite
 
 import (
 	"bytes"
+	"encoding/binary"
 	"context"
 	"database/sql"
 	"errors"
@@ -200,11 +201,28 @@ func checkFile(path string, readOnly bool) error {
 		if err != nil {
 			return fmt.Errorf("sqlite sink %s: %v", path, err)
 		}
-		head := make([]byte, len(sqliteHeader))
+		head := make([]byte, 100)
 		_, err = io.ReadFull(f, head)
 		f.Close()
-		if err != nil || !bytes.Equal(head, sqliteHeader) {
+		if err != nil || !bytes.Equal(head[:len(sqliteHeader)], sqliteHeader) {
 			return fmt.Errorf("sqlite sink %s: file is not a database (no SQLite header): refusing to touch it", path)
+		}
+		// Refuse a newer schema or another application's database before
+		// opening it: opening for writing would switch it to WAL mode.
+		// (The header can lag a WAL not yet checkpointed; the checks are
+		// repeated inside the first transaction.)
+		version := int(binary.BigEndian.Uint32(head[60:64]))
+		app := int(binary.BigEndian.Uint32(head[68:72]))
+		if app != 0 && app != applicationID {
+			return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
+		}
+		if latest := SchemaVersion(); version > latest {
+			return fmt.Errorf("sqlite sink %s: schema version %d, but this gemrecon knows versions up to %d (upgrade gemrecon): %w", path, version, latest, sink.ErrSchemaTooNew)
+		}
+		if version == 0 && app == 0 {
+			if err := checkForeignTables(path); err != nil {
+				return err
+			}
 		}
 	}
 	if !readOnly {
@@ -214,6 +232,32 @@ func checkFile(path string, readOnly bool) error {
 		if dir := filepath.Dir(path); syscall.Access(dir, 2|1) != nil {
 			return fmt.Errorf("sqlite sink %s: directory %s is read-only: SQLite needs to create its -wal and -shm files there", path, dir)
 		}
+	}
+	return nil
+}
+
+// checkForeignTables refuses an SQLite file that holds tables but no
+// gemrecon schema, reading it without changing it. The header said version 0,
+// but a WAL not yet checkpointed may hold gemrecon's schema: ask SQLite.
+func checkForeignTables(path string) error {
+	db, err := openDB(path, sink.DefaultBusyTimeout, true)
+	if err != nil {
+		return fmt.Errorf("sqlite sink %s: %w", path, err)
+	}
+	defer db.Close()
+	var version, app, n int
+	err = db.QueryRow(`SELECT (SELECT user_version FROM pragma_user_version),
+		(SELECT application_id FROM pragma_application_id), (SELECT count(*) FROM sqlite_schema)`).Scan(&version, &app, &n)
+	if err != nil {
+		return fmt.Errorf("sqlite sink %s: %w", path, err)
+	}
+	switch {
+	case app != 0 && app != applicationID:
+		return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
+	case version > SchemaVersion():
+		return fmt.Errorf("sqlite sink %s: schema version %d, but this gemrecon knows versions up to %d (upgrade gemrecon): %w", path, version, SchemaVersion(), sink.ErrSchemaTooNew)
+	case version == 0 && n > 0:
+		return fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d schema objects, no gemrecon schema): refusing to touch it", path, n)
 	}
 	return nil
 }
