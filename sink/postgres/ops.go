@@ -395,10 +395,14 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 			if rerr != nil {
 				return out, fmt.Errorf("postgres: claim due: outcome unknown (%w) and not read back: %w", err, rerr)
 			}
+			if len(got) == 0 {
+				return out, fmt.Errorf("postgres: claim due: nothing claimed (the statement was cut off: %w)", err)
+			}
+			// The read-back is the database's final answer: these are ours.
 			for _, r := range got {
 				out = append(out, r.claim)
 			}
-			return out, fmt.Errorf("postgres: claim due: %w", err)
+			return out, nil
 		}
 		if err != nil {
 			return out, fmt.Errorf("postgres: claim due: %w", err)
