@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -277,5 +278,38 @@ func TestCompleteCancelledWhileBlocked(t *testing.T) {
 	}
 	if err := s.Complete(ctx, key, c.Token); err != nil {
 		t.Fatalf("Complete after the lock is gone: %v", err)
+	}
+}
+
+// TestClaimDueOutcomeUnknown: a ClaimDue whose reply is lost returns the
+// claims the database granted, found by the statement's nonce.
+func TestClaimDueOutcomeUnknown(t *testing.T) {
+	dsn, _ := testSchema(t)
+	p, pdsn := startProxy(t, dsn)
+	ctx := context.Background()
+	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
+	for i := range 4 {
+		if _, err := s.Record(ctx, sink.Sighting{Key: fmt.Sprintf("gemini:batches/due-%d", i), Source: sink.SourcePoll}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
+	if cs, err := s.ClaimDue(ctx, "w", time.Minute, 1); err != nil || len(cs) != 1 {
+		t.Fatalf("warm-up ClaimDue = %v, %v", cs, err)
+	}
+	p.blackhole()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	cs, err := s.ClaimDue(cctx, "w", time.Minute, 10)
+	if err != nil || len(cs) != 3 {
+		t.Fatalf("ClaimDue with a lost reply = %d claims, %v; want 3 read back", len(cs), err)
+	}
+	if p.dropped.Load() == 0 {
+		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
+	}
+	for _, c := range cs {
+		if err := s.Complete(ctx, c.Key, c.Token); err != nil {
+			t.Errorf("Complete(%s, %d): %v", c.Key, c.Token, err)
+		}
 	}
 }
