@@ -47,6 +47,9 @@ type Config struct {
 	// Client sends the requests (default: keep-alive, Workers idle
 	// connections, 30s timeout).
 	Client *http.Client
+	// OnAck, when set, is called (from the worker goroutines) for every 2xx
+	// as it arrives: tests use it to pull the plug mid-run.
+	OnAck func(Ack)
 }
 
 // Ack is one request answered 2xx: the receiver promised its key is durable.
@@ -197,6 +200,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				wr.lat = append(wr.lat, d)
 				if code >= 200 && code < 300 {
 					wr.acks = append(wr.acks, ack)
+					if cfg.OnAck != nil {
+						cfg.OnAck(ack)
+					}
 				}
 			}
 		}()
