@@ -156,7 +156,7 @@ func (a *app) runDemo(ctx context.Context, keep string) error {
 	defer func() { stopWork(); workers.Wait() }()
 
 	fmt.Fprintf(out, "gemrecon demo: everything runs on loopback; nothing leaves this machine.\n")
-	fmt.Fprintf(out, "  Gemini API stand-in  %s\n  webhook receiver     %s (signed per Standard Webhooks)\n  database             %s\n  effect               --exec '%s'\n\n",
+	fmt.Fprintf(out, "  Gemini API stand-in  %s\n  webhook receiver     %s (signed per Standard Webhooks)\n  database             %s\n  effect               %s\n\n",
 		apiURL, hookURL, dbPath, effectCmd)
 
 	// 4. Batches complete over time; each completion's webhook arrives twice.

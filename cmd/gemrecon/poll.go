@@ -68,18 +68,20 @@ func (a *app) newPoller(ctx context.Context, f *pollFlags) (*poller.Poller, erro
 	if f.backend == "gemini" && key == "" {
 		return nil, withCode(exitFatal, errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key"))
 	}
-	return poller.New(ctx, poller.Config{
-		Backend:  f.backend,
-		APIKey:   key,
-		Project:  f.project,
-		Location: f.location,
-		BaseURL:  f.baseURL,
-		QPS:      f.qps,
-		Burst:    f.burst,
-		PageSize: f.pageSize,
-		Lookback: f.lookback,
-		Logger:   a.logger,
-	})
+	cfg := poller.DefaultConfig()
+	cfg.Backend = f.backend
+	cfg.APIKey = key
+	cfg.Project, cfg.Location = f.project, f.location
+	cfg.BaseURL = f.baseURL
+	cfg.QPS, cfg.Burst = f.qps, f.burst
+	cfg.PageSize = f.pageSize
+	cfg.Lookback = f.lookback
+	cfg.Logger = a.logger
+	p, err := poller.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // passResult is what one reconciliation pass did.

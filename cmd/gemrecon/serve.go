@@ -71,7 +71,7 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 			}
 			defer s.Close()
 			m := metrics.New(s)
-			d, err := a.dispatcher(s, &ef, m)
+			d, err := a.dispatcher(s, &ef, m.Observer())
 			if err != nil {
 				return err
 			}
@@ -131,7 +131,12 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 					}
 				}()
 			}
-			serveErr := webhook.Serve(ctx, ln, h, webhook.ServeOptions{DrainTimeout: drainFor})
+			opts := webhook.ServerOptions{DrainTimeout: drainFor, Logger: a.logger}
+			if syncMode {
+				// The answer of a --sync request comes after the effect.
+				opts.WriteTimeout = ef.effectTimeout + syncWait + 30*time.Second
+			}
+			serveErr := webhook.Serve(ctx, ln, h, opts)
 			a.logger.Info("webhook server stopped; finishing running effects", "grace", ef.grace)
 			stopWork()
 			wg.Wait()

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/spf13/cobra/doc"
+)
+
+// TestDocsUpToDate fails when docs/cli/ differs from what the cobra tree
+// generates. Regenerate with:
+//
+//	GEMRECON_UPDATE_DOCS=1 go test ./cmd/gemrecon -run TestDocsUpToDate
+func TestDocsUpToDate(t *testing.T) {
+	// Defaults read from the environment would leak into the docs.
+	for _, v := range []string{"GEMRECON_DB", "GEMRECON_LOG_FORMAT", "GEMRECON_LOG_LEVEL", "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"} {
+		t.Setenv(v, "")
+	}
+	gen := t.TempDir()
+	a := &app{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+	root := a.rootCommand()
+	root.DisableAutoGenTag = true
+	root.InitDefaultCompletionCmd()
+	if err := doc.GenMarkdownTree(root, gen); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join("..", "..", "docs", "cli")
+	if os.Getenv("GEMRECON_UPDATE_DOCS") == "1" {
+		if err := os.RemoveAll(want); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.CopyFS(want, os.DirFS(gen)); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	genFiles, haveFiles := listDir(t, gen), listDir(t, want)
+	if len(genFiles) != len(haveFiles) {
+		t.Errorf("docs/cli has %v, the command tree generates %v", haveFiles, genFiles)
+	}
+	for _, name := range genFiles {
+		g, _ := os.ReadFile(filepath.Join(gen, name))
+		h, err := os.ReadFile(filepath.Join(want, name))
+		if err != nil || !bytes.Equal(g, h) {
+			t.Errorf("docs/cli/%s is out of date", name)
+		}
+	}
+	if t.Failed() {
+		t.Log("regenerate: GEMRECON_UPDATE_DOCS=1 go test ./cmd/gemrecon -run TestDocsUpToDate")
+	}
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
