@@ -79,7 +79,7 @@ func (f *effectFlags) sinkOptions() sink.Options {
 func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 	switch {
 	case f.exec != "":
-		return effect.NewExec(f.exec), nil
+		return effect.NewExec(f.exec, effect.ExecOutput(a.stderr)), nil
 	case f.forward != "":
 		secret := os.Getenv("GEMRECON_FORWARD_SECRET")
 		client := &http.Client{Timeout: f.effectTimeout}
