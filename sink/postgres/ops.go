@@ -124,6 +124,8 @@ func (s *Sink) bufferLocked(key, source string, same bool) {
 	}
 	if !same {
 		b.conflicts++
+		s.log.Warn("postgres sink: payload conflict: a later sighting from the same source carries a different payload; the first one is kept",
+			"key", key, "source", source)
 	}
 }
 
@@ -425,7 +427,8 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 
 // fencedSQL wraps a fenced update (CTE "upd", which returns its rows) so
 // that a miss increments the durable fenced counter in the same statement.
-// The result: whether upd matched, the upd columns, whether the key exists.
+// The result: whether upd matched, the upd columns, and the key's state and
+// token as the statement found them (NULL: no such key).
 const fencedSQL = `
 WITH upd AS (%s),
 fenced AS (
@@ -434,9 +437,8 @@ fenced AS (
 		AND EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)
 	RETURNING value
 )
-SELECT EXISTS (SELECT 1 FROM upd), %s,
-	EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)
-FROM (SELECT 1) AS one LEFT JOIN upd ON true`
+SELECT EXISTS (SELECT 1 FROM upd), %s, cur.state, cur.token
+FROM (SELECT 1) AS one LEFT JOIN upd ON true LEFT JOIN gemrecon_keys cur ON cur.key = $1`
 
 var (
 	renewSQL = fmt.Sprintf(fencedSQL, `UPDATE gemrecon_keys
@@ -461,29 +463,39 @@ var (
 		`upd.state`)
 )
 
+// current is a key's state and token as a fenced statement found them.
+type current struct {
+	state *string
+	token *int64
+}
+
 // fencedErr is the error of a token-checked write that matched no row:
 // ErrNotFound when the key is unknown (not counted), else ErrFenced (counted
-// by the statement itself).
-func fencedErr(op, key string, token int64, exists bool) error {
-	if !exists {
+// by the statement itself, and logged loudly here).
+func (s *Sink) fencedErr(op, key string, token int64, cur current) error {
+	if cur.state == nil || cur.token == nil {
 		return fmt.Errorf("postgres: %s %q token %d: %w", op, key, token, sink.ErrNotFound)
 	}
-	return fmt.Errorf("postgres: %s %q token %d: %w", op, key, token, sink.ErrFenced)
+	s.log.Error("postgres sink: fenced outcome discarded: the claim's token is no longer current",
+		"op", op, "key", key, "token", token, "current_token", *cur.token, "state", *cur.state)
+	return fmt.Errorf("postgres: %s %q with token %d (current token %d, state %s): %w",
+		op, key, token, *cur.token, *cur.state, sink.ErrFenced)
 }
 
 // Renew extends a live lease, fenced on the token.
 func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Duration) error {
-	var ok, exists bool
+	var ok bool
+	var cur current
 	var until *time.Time
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, renewSQL, key, token, s.nowArg(), micros(lease)).Scan(&ok, &until, &exists)
+		return c.QueryRow(ctx, renewSQL, key, token, s.nowArg(), micros(lease)).Scan(&ok, &until, &cur.state, &cur.token)
 	})
 	if err != nil {
 		// A renewal cut off is harmless to repeat; report it.
 		return fmt.Errorf("postgres: renew %q: %w", key, err)
 	}
 	if !ok {
-		return fencedErr("renew", key, token, exists)
+		return s.fencedErr("renew", key, token, cur)
 	}
 	return nil
 }
@@ -491,11 +503,12 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 // Complete marks the claimed key done if token is current, else ErrFenced.
 // A completion whose outcome is unknown is read back.
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
-	var ok, exists bool
+	var ok bool
+	var cur current
 	var firstSource *string
 	var sha []byte
 	err := s.write(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, completeSQL, key, token, s.nowArg()).Scan(&ok, &firstSource, &sha, &exists)
+		return c.QueryRow(ctx, completeSQL, key, token, s.nowArg()).Scan(&ok, &firstSource, &sha, &cur.state, &cur.token)
 	})
 	if unknownOutcome(err) {
 		e, rerr := s.readBack(ctx, key)
@@ -517,7 +530,7 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
 	}
 	if !ok {
-		return fencedErr("complete", key, token, exists)
+		return s.fencedErr("complete", key, token, cur)
 	}
 	s.mu.Lock()
 	s.noteDoneLocked(key, deref(firstSource), sha)
@@ -566,11 +579,12 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		notBefore = f.NotBefore
 	}
 	cause := sink.TruncateError(f.Cause)
-	var ok, exists bool
+	var ok bool
+	var cur current
 	var state *string
 	err := s.write(ctx, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, failSQL, key, token, s.nowArg(), f.Permanent, s.opt.MaxAttempts, backoffs, notBefore, cause).
-			Scan(&ok, &state, &exists)
+			Scan(&ok, &state, &cur.state, &cur.token)
 	})
 	if unknownOutcome(err) {
 		e, rerr := s.readBack(ctx, key)
@@ -589,7 +603,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		return "", fmt.Errorf("postgres: fail %q: %w", key, withCtxErr(ctx, err))
 	}
 	if !ok {
-		return "", fencedErr("fail", key, token, exists)
+		return "", s.fencedErr("fail", key, token, cur)
 	}
 	return sink.State(deref(state)), nil
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,10 +59,15 @@ const (
 type Option func(*config)
 
 type config struct {
+	logger           *slog.Logger
 	schema           string
 	statementTimeout time.Duration
 	maxConns         int
 }
+
+// WithLogger sets where payload conflicts, fenced outcomes and settled
+// unknown outcomes are logged (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithSchema keeps gemrecon's tables in the named schema (created if missing,
 // unless read-only); it overrides any search_path in the DSN.
@@ -83,6 +89,7 @@ type Sink struct {
 	opt     sink.Options
 	dbClock bool   // time decisions use now() (opt.Now was nil at Open)
 	appName string // application_name of our connections, to find orphans
+	log     *slog.Logger
 
 	mu   sync.Mutex
 	buf  map[string]*sighting // buffered statistics of duplicate sightings
@@ -120,6 +127,9 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns}
 	for _, o := range opts {
 		o(&c)
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
 	}
 	dbClock := opt.Now == nil
 	opt = opt.WithDefaults()
@@ -164,6 +174,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		opt:     opt,
 		dbClock: dbClock,
 		appName: rp["application_name"],
+		log:     c.logger,
 		buf:     make(map[string]*sighting),
 		done:    make(map[string]doneInfo),
 		stop:    make(chan struct{}),
@@ -374,6 +385,8 @@ func (s *Sink) write(ctx context.Context, fn func(c *pgx.Conn) error) error {
 		return fn(c)
 	})
 	if unknownOutcome(err) {
+		s.log.Warn("postgres sink: a write's outcome is unknown (no reply); terminating its backend and reading the row back",
+			"pid", pid, "err", err)
 		s.settle(ctx, pid)
 	}
 	return err
