@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -311,5 +312,31 @@ func TestClaimDueOutcomeUnknown(t *testing.T) {
 		if err := s.Complete(ctx, c.Key, c.Token); err != nil {
 			t.Errorf("Complete(%s, %d): %v", c.Key, c.Token, err)
 		}
+	}
+}
+
+// TestDSNSchemes: both URL schemes work, and the DSN's search_path decides
+// where the tables live.
+func TestDSNSchemes(t *testing.T) {
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		t.Run(scheme, func(t *testing.T) {
+			dsn, schema := testSchema(t)
+			_, rest, ok := strings.Cut(dsn, "://")
+			if !ok {
+				t.Skipf("DSN %q is not a URL", dsn)
+			}
+			s := openDSN(t, scheme+rest, sink.Options{})
+			if _, err := s.Record(context.Background(), sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			admin := adminConn(t, baseDSN(t))
+			if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM `+schema+`.gemrecon_keys`).Scan(&n); err != nil {
+				t.Fatalf("Open(%q) did not use search_path %s: %v", scheme, schema, err)
+			}
+			if n != 1 {
+				t.Fatalf("Open(%q): %s.gemrecon_keys has %d rows, want 1", scheme, schema, n)
+			}
+		})
 	}
 }
