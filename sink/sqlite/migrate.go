@@ -142,8 +142,8 @@ func (s *Sink) checkVersion(ctx context.Context, q rowQuerier, cur, app, latest 
 	return nil
 }
 
-// checkReadable validates a read-only open: the schema must exist and not be
-// newer than this build. Older schemas (version ≥ 1) are read as they are.
+// checkReadable validates a read-only open: the schema must be exactly the
+// one this build reads (a read-only open never migrates).
 func (s *Sink) checkReadable(ctx context.Context) error {
 	cur, app, err := versionOf(ctx, s.rdb)
 	if err != nil {
@@ -154,6 +154,9 @@ func (s *Sink) checkReadable(ctx context.Context) error {
 	}
 	if cur == 0 {
 		return fmt.Errorf("sqlite sink %s: %w (the file holds no gemrecon schema yet)", s.path, sink.ErrNoDatabase)
+	}
+	if latest := SchemaVersion(); cur < latest {
+		return fmt.Errorf("sqlite sink %s: schema version %d is older than this gemrecon's %d: run a writing command (poll, drain) once to upgrade it", s.path, cur, latest)
 	}
 	return nil
 }

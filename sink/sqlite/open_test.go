@@ -336,15 +336,9 @@ func TestUpgradeFromV1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "v1.db")
 	copyFile(t, "../../testdata/sink/schema-v1.db", path, 0o600)
 
-	// A read-only open reads an older schema as it is, without upgrading it.
-	ro, err := openRW(path, sink.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatalf("read-only Open(v1): %v", err)
-	}
-	if e, err := ro.Get(ctx, "gemini:batches/done"); err != nil || e.State != sink.StateDone {
-		t.Fatalf("read-only Get = %+v, %v", e, err)
-	}
-	ro.Close()
+	// A read-only open neither reads nor upgrades an older schema.
+	_, err := openRW(path, sink.Options{ReadOnly: true})
+	oneLine(t, "read-only Open(v1)", err, path, "schema version 1 is older", "writing command")
 	if v := userVersion(t, path); v != 1 {
 		t.Fatalf("user_version after a read-only open = %d, want 1", v)
 	}
@@ -370,8 +364,23 @@ func TestUpgradeFromV1(t *testing.T) {
 			t.Fatalf("Get(%q) = %s, %v; want %s", k, e.State, err, st)
 		}
 	}
-	if e, _ := s.Get(ctx, "gemini:batches/done"); e.SeenCount != 3 || len(e.Sources) != 2 || e.FirstSource != "webhook" {
+	if e, _ := s.Get(ctx, "gemini:batches/done"); e.SeenCount != 3 || len(e.Sources) != 2 || e.FirstSource != "webhook" ||
+		string(e.Payload) != `{"name":"batches/done"}` {
 		t.Fatalf("done entry = %+v", e)
+	}
+	// The moved payload hash still tells a conflict from a duplicate.
+	for _, p := range []string{`{"name":"batches/done"}`, `{"name":"batches/done","x":1}`} {
+		if r, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/done", Source: "webhook", Payload: []byte(p)}); err != nil || r.State != sink.StateDone {
+			t.Fatalf("Record(old done key) = %+v, %v", r, err)
+		}
+	}
+	if e, _ := s.Get(ctx, "gemini:batches/done"); e.Conflicts != 1 || e.SeenCount != 5 {
+		t.Fatalf("after two sightings conflicts = %d seen = %d, want 1 and 5", e.Conflicts, e.SeenCount)
+	}
+	// Due order survives the move to due_at: the pending row is due, the
+	// claimed row's lease (t0+1h) has expired at 05:00.
+	if due, err := s.Due(ctx, 0); err != nil || len(due) != 2 || due[0] != "gemini:batches/pending" {
+		t.Fatalf("Due = %q, %v; want pending then claimed", due, err)
 	}
 	if d, _, ok, err := s.MaxLookback(ctx); err != nil || !ok || d != 72*time.Hour {
 		t.Fatalf("MaxLookback = %v, %v, %v", d, ok, err)

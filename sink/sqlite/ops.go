@@ -58,8 +58,8 @@ func checkSighting(sg sink.Sighting) error {
 func readKeyRow(ctx context.Context, q rowQuerier, key string) (keyRow, bool, error) {
 	var r keyRow
 	var st string
-	err := q.QueryRowContext(ctx, `SELECT state, first_source, payload_sha, next_attempt_at, lease_until
-		FROM gemrecon_keys WHERE key = ?`, key).Scan(&st, &r.firstSource, &r.sha, &r.nextAttempt, &r.leaseUntil)
+	err := q.QueryRowContext(ctx, `SELECT k.state, k.first_source, p.payload_sha, k.next_attempt_at, k.lease_until
+		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`, key).Scan(&st, &r.firstSource, &r.sha, &r.nextAttempt, &r.leaseUntil)
 	if errors.Is(err, sql.ErrNoRows) {
 		return keyRow{}, false, nil
 	}
@@ -129,13 +129,19 @@ func (s *Sink) recordTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordRe
 	ctx := context.Background()
 	now := s.nowNS()
 	res, err := tx.ExecContext(ctx, `INSERT INTO gemrecon_keys
-		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, payload, payload_sha)
-		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?4, ?5)
-		ON CONFLICT (key) DO NOTHING`, sg.Key, sg.Source, now, sg.Payload, sha)
+		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at)
+		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3)
+		ON CONFLICT (key) DO NOTHING`, sg.Key, sg.Source, now)
 	if err != nil {
 		return sink.RecordResult{}, keyRow{}, err
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
+		if len(sg.Payload) > 0 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`,
+				sg.Key, sg.Payload, sha); err != nil {
+				return sink.RecordResult{}, keyRow{}, err
+			}
+		}
 		return sink.RecordResult{New: true, State: sink.StatePending},
 			keyRow{state: sink.StatePending, firstSource: sg.Source, sha: sha, nextAttempt: now}, nil
 	}
@@ -217,8 +223,8 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 		payload                   []byte
 		firstSource               string
 	)
-	err := tx.QueryRowContext(ctx, `SELECT state, attempts, token, lease_until, next_attempt_at, payload, first_source
-		FROM gemrecon_keys WHERE key = ?`, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource)
+	err := tx.QueryRowContext(ctx, `SELECT k.state, k.attempts, k.token, k.lease_until, k.next_attempt_at, p.payload, k.first_source
+		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %w", key, sink.ErrNotFound)
 	}
@@ -232,7 +238,7 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 		takeover = true
 		if attempts >= s.opt.MaxAttempts {
 			if _, err := tx.ExecContext(ctx, `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
-				next_attempt_at = 0, last_error = ? WHERE key = ?`, leaseExpired, key); err != nil {
+				next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`, leaseExpired, key); err != nil {
 				return sink.Claim{}, err
 			}
 			s.log.Warn("sqlite sink: lease expired on the last attempt; key is dead", "db", s.path, "key", key, "attempts", attempts)
@@ -250,7 +256,7 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 	}
 	until := now + int64(lease)
 	if _, err := tx.ExecContext(ctx, `UPDATE gemrecon_keys SET state = 'claimed', token = ?1, attempts = ?2,
-		lease_owner = ?3, lease_until = ?4, next_attempt_at = 0,
+		lease_owner = ?3, lease_until = ?4, due_at = ?4, next_attempt_at = 0,
 		last_error = CASE WHEN ?5 THEN ?6 ELSE last_error END
 		WHERE key = ?7`, token+1, attempts+1, owner, until, takeover, leaseExpired, key); err != nil {
 		return sink.Claim{}, err
@@ -335,8 +341,8 @@ func (s *Sink) fencedTx(tx *sql.Tx, what, key string, token int64) error {
 // Renew extends a claim's lease to now+lease while its token is current.
 func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Duration) error {
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET lease_until = ?
-			WHERE key = ? AND state = 'claimed' AND token = ?`, s.nowNS()+int64(lease), key, token)
+		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET lease_until = ?1, due_at = ?1
+			WHERE key = ?2 AND state = 'claimed' AND token = ?3`, s.nowNS()+int64(lease), key, token)
 		if err != nil {
 			return nil, err
 		}
@@ -352,12 +358,20 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		var info doneInfo
-		err := tx.QueryRowContext(context.Background(), `UPDATE gemrecon_keys SET state = 'done', done_at = ?,
+		bg := context.Background()
+		err := tx.QueryRowContext(bg, `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
 			lease_owner = '', lease_until = 0, next_attempt_at = 0
-			WHERE key = ? AND state = 'claimed' AND token = ?
-			RETURNING first_source, payload_sha`, s.nowNS(), key, token).Scan(&info.firstSource, &info.sha)
+			WHERE key = ?2 AND state = 'claimed' AND token = ?3
+			RETURNING first_source`, s.nowNS(), key, token).Scan(&info.firstSource)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, s.fencedTx(tx, "complete", key, token)
+		}
+		if err != nil {
+			return nil, err
+		}
+		err = tx.QueryRowContext(bg, `SELECT payload_sha FROM gemrecon_payloads WHERE key = ?`, key).Scan(&info.sha)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil
 		}
 		return info, err
 	}, func(v any) { s.done.add(key, v.(doneInfo)) })
@@ -381,7 +395,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		cause := sink.TruncateError(f.Cause)
 		if f.Permanent || attempts >= s.opt.MaxAttempts {
 			_, err := tx.ExecContext(bg, `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
-				next_attempt_at = 0, last_error = ? WHERE key = ?`, cause, key)
+				next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`, cause, key)
 			return sink.StateDead, err
 		}
 		now := s.opt.Now()
@@ -390,7 +404,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 			delay = max(delay, f.NotBefore.Sub(now))
 		}
 		_, err = tx.ExecContext(bg, `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
-			next_attempt_at = ?, last_error = ? WHERE key = ?`, now.Add(delay).UnixNano(), cause, key)
+			next_attempt_at = ?1, due_at = ?1, last_error = ?2 WHERE key = ?3`, now.Add(delay).UnixNano(), cause, key)
 		return sink.StatePending, err
 	}, nil)
 	st, _ := v.(sink.State)
@@ -403,8 +417,8 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 func (s *Sink) Retry(ctx context.Context, key string) error {
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET state = 'pending', attempts = 0,
-			retries = retries + 1, next_attempt_at = ?, lease_owner = '', lease_until = 0
-			WHERE key = ? AND state = 'dead'`, s.nowNS(), key)
+			retries = retries + 1, next_attempt_at = ?1, due_at = ?1, lease_owner = '', lease_until = 0
+			WHERE key = ?2 AND state = 'dead'`, s.nowNS(), key)
 		if err != nil {
 			return nil, err
 		}
@@ -427,8 +441,12 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 // Purge deletes done rows whose done time is before doneBefore.
 func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		res, err := tx.ExecContext(context.Background(), `DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < ?`,
-			toNS(doneBefore))
+		bg, before := context.Background(), toNS(doneBefore)
+		if _, err := tx.ExecContext(bg, `DELETE FROM gemrecon_payloads WHERE key IN
+			(SELECT key FROM gemrecon_keys WHERE state = 'done' AND due_at < ?)`, before); err != nil {
+			return nil, err
+		}
+		res, err := tx.ExecContext(bg, `DELETE FROM gemrecon_keys WHERE state = 'done' AND due_at < ?`, before)
 		if err != nil {
 			return nil, err
 		}

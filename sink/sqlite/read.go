@@ -21,8 +21,8 @@ type rowsQuerier interface {
 // (next attempt, or lease end for an expired claim), then first sighting.
 func dueKeys(ctx context.Context, q rowsQuerier, now int64, limit int) ([]string, error) {
 	rows, err := q.QueryContext(ctx, `SELECT key FROM gemrecon_keys
-		WHERE (state = 'pending' AND next_attempt_at <= ?1) OR (state = 'claimed' AND lease_until <= ?1)
-		ORDER BY CASE state WHEN 'pending' THEN next_attempt_at ELSE lease_until END, first_seen_at, key
+		WHERE state IN ('pending', 'claimed') AND due_at <= ?1
+		ORDER BY due_at, first_seen_at, key
 		LIMIT ?2`, now, limit)
 	if err != nil {
 		return nil, err
@@ -48,8 +48,10 @@ func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
 	return keys, s.fail(err)
 }
 
-const entryColumns = `key, state, attempts, token, first_source, sources, seen_count, first_seen_at, last_seen_at,
-	lease_owner, lease_until, next_attempt_at, done_at, last_error, conflicts, payload`
+const selectEntry = `SELECT k.key, k.state, k.attempts, k.token, k.first_source, k.sources, k.seen_count,
+	k.first_seen_at, k.last_seen_at, k.lease_owner, k.lease_until, k.next_attempt_at, k.done_at, k.last_error,
+	k.conflicts, p.payload
+	FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key `
 
 func scanEntry(sc interface{ Scan(...any) error }) (sink.Entry, error) {
 	var (
@@ -81,7 +83,7 @@ func splitSources(s string) []string {
 
 // Get returns one key's entry, including sightings not yet written.
 func (s *Sink) Get(ctx context.Context, key string) (sink.Entry, error) {
-	e, err := scanEntry(s.rdb.QueryRowContext(ctx, `SELECT `+entryColumns+` FROM gemrecon_keys WHERE key = ?`, key))
+	e, err := scanEntry(s.rdb.QueryRowContext(ctx, selectEntry+`WHERE k.key = ?`, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sink.Entry{}, fmt.Errorf("sqlite sink: %s: %w", key, sink.ErrNotFound)
 	}
@@ -123,8 +125,8 @@ func (s *Sink) List(ctx context.Context, opt sink.ListOptions) ([]sink.Entry, er
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.rdb.QueryContext(ctx, `SELECT `+entryColumns+` FROM gemrecon_keys
-		WHERE ?1 = '' OR state = ?1 ORDER BY first_seen_at, key LIMIT ?2`, string(opt.State), limit)
+	rows, err := s.rdb.QueryContext(ctx, selectEntry+`WHERE ?1 = '' OR k.state = ?1
+		ORDER BY k.first_seen_at, k.key LIMIT ?2`, string(opt.State), limit)
 	if err != nil {
 		return nil, s.fail(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,6 +78,7 @@ type Sink struct {
 	ops    chan *op
 	quit   chan struct{}
 	exited chan struct{}
+	commits atomic.Int64 // committed write transactions
 	// finalErr is the last batch's error, written by the writer goroutine
 	// before it closes exited.
 	finalErr error
@@ -310,6 +312,10 @@ func (s *Sink) fail(err error) error {
 	}
 	return fmt.Errorf("sqlite sink %s: %w", s.path, err)
 }
+
+// Commits returns how many write transactions this sink has committed: with
+// group commit, operations per commit shows how many share one disk sync.
+func (s *Sink) Commits() int64 { return s.commits.Load() }
 
 // Path is the database file.
 func (s *Sink) Path() string { return s.path }

@@ -162,6 +162,7 @@ func (s *Sink) runBatch(batch []*op) error {
 		}
 		return answerAll(s.fail(err))
 	}
+	s.commits.Add(1)
 	for i, o := range batch {
 		r := results[i]
 		if r.err == nil && o.onCommit != nil {
