@@ -336,7 +336,8 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 				}
 			}
 		}
-		if time.Now().Add(pause).After(deadline) {
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
 			// Durable and in someone's hands: the background workers or the
 			// holder will finish it.
 			if h.cfg.Dispatcher != nil {
@@ -345,7 +346,7 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
 			return
 		}
-		t := time.NewTimer(pause)
+		t := time.NewTimer(min(pause, remaining))
 		select {
 		case <-ctx.Done():
 			t.Stop()

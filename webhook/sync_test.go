@@ -1,0 +1,134 @@
+package webhook_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/webhook"
+)
+
+// syncServer runs a --sync receiver whose effect appends to a file and fails
+// for keys that fail() rejects.
+func syncServer(t *testing.T, fail func(string) error, wait time.Duration) (base string, s sink.Sink, effects string) {
+	t.Helper()
+	s = openSink(t, tempDB(t), sink.Options{RetryBase: time.Hour})
+	effects = filepath.Join(t.TempDir(), "effects")
+	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects, fail: fail}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: wait, Dispatcher: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ = serve(t, h, webhook.ServerOptions{})
+	return base, s, effects
+}
+
+func post(t *testing.T, base string, body []byte) reply {
+	t.Helper()
+	c := &http.Client{Timeout: 30 * time.Second}
+	return do(t, c, http.MethodPost, base+"/webhook", body, signed(t, testSecret, "msg_sync", time.Now(), body))
+}
+
+func TestSyncDone(t *testing.T) {
+	base, s, effects := syncServer(t, nil, time.Second)
+	if r := post(t, base, event("s1")); r.Code != 200 || r.Status != "done" || r.Key != "gemini:batches/s1" {
+		t.Fatalf("sync delivery = %d %q %q, want 200 done gemini:batches/s1", r.Code, r.Status, r.Key)
+	}
+	// Done before the answer: the row says so.
+	if e, err := s.Get(context.Background(), "gemini:batches/s1"); err != nil || e.State != sink.StateDone {
+		t.Errorf("after 200: %s, %v; want done", e.State, err)
+	}
+	// A redelivery answers done and runs nothing.
+	if r := post(t, base, event("s1")); r.Code != 200 || r.Status != "done" {
+		t.Errorf("sync redelivery = %d %q, want 200 done", r.Code, r.Status)
+	}
+	if got := effectLines(t, effects); !slices.Equal(got, []string{"gemini:batches/s1"}) {
+		t.Errorf("effect runs = %q, want one", got)
+	}
+	// Non-terminal events are still 200 ignored and run nothing.
+	if r := post(t, base, []byte(`{"name":"batches/s2","metadata":{"state":"BATCH_STATE_RUNNING"}}`)); r.Code != 200 || r.Status != "ignored" {
+		t.Errorf("sync non-terminal = %d %q, want 200 ignored", r.Code, r.Status)
+	}
+}
+
+func TestSyncEffectFailure(t *testing.T) {
+	base, s, _ := syncServer(t, func(string) error { return errors.New("downstream said no") }, time.Second)
+	r := post(t, base, event("f1"))
+	if r.Code != 500 || r.Status != "retry" || r.Error == "" {
+		t.Fatalf("sync delivery with a failing effect = %d %q %q, want 500 retry with an error", r.Code, r.Status, r.Error)
+	}
+	e, err := s.Get(context.Background(), "gemini:batches/f1")
+	if err != nil || e.State != sink.StatePending || e.Attempts != 1 {
+		t.Fatalf("after 500: %+v, %v; want pending after 1 attempt", e, err)
+	}
+	// The sender's retry finds the key backing off: durable, the background
+	// workers own it now, so 202 at once rather than another 500.
+	start := time.Now()
+	if r := post(t, base, event("f1")); r.Code != 202 || r.Status != "duplicate" {
+		t.Errorf("sync redelivery while backing off = %d %q, want 202 duplicate", r.Code, r.Status)
+	}
+	if el := time.Since(start); el > 900*time.Millisecond {
+		t.Errorf("redelivery while backing off took %v, want no SyncWait", el)
+	}
+}
+
+func TestSyncBusy(t *testing.T) {
+	base, s, effects := syncServer(t, nil, 300*time.Millisecond)
+	ctx := context.Background()
+	key := "gemini:batches/busy1"
+	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: event("busy1")}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, key, "another-process", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Held past SyncWait: 202.
+	start := time.Now()
+	r := post(t, base, event("busy1"))
+	if r.Code != 202 || r.Status != "duplicate" {
+		t.Errorf("sync delivery of a claimed key = %d %q, want 202 duplicate", r.Code, r.Status)
+	}
+	if el := time.Since(start); el < 300*time.Millisecond {
+		t.Errorf("202 after %v, want it after waiting SyncWait (300ms)", el)
+	}
+
+	// Held, then completed by its holder within SyncWait: 200.
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = s.Complete(ctx, key, c.Token)
+	}()
+	base2, _, _ := syncServerOn(t, s, effects, 5*time.Second)
+	if r := post(t, base2, event("busy1")); r.Code != 200 || r.Status != "done" {
+		t.Errorf("sync delivery while the holder finishes = %d %q, want 200 done", r.Code, r.Status)
+	}
+	if got := effectLines(t, effects); len(got) != 0 {
+		t.Errorf("effect runs = %q, want none here (the other holder ran it)", got)
+	}
+}
+
+// syncServerOn is syncServer on an existing sink.
+func syncServerOn(t *testing.T, s sink.Sink, effects string, wait time.Duration) (string, sink.Sink, string) {
+	t.Helper()
+	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: wait, Dispatcher: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := serve(t, h, webhook.ServerOptions{})
+	return base, s, effects
+}
