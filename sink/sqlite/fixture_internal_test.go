@@ -41,9 +41,9 @@ func TestWriteFixtureV1(t *testing.T) {
 	}
 	rows := []struct {
 		key, state, first, sources string
-		attempts, token, seen       int64
-		lease, next, done           int64
-		lastErr                     string
+		attempts, token, seen      int64
+		lease, next, done          int64
+		lastErr                    string
 	}{
 		{"gemini:batches/pending", "pending", "poll", ",poll,", 0, 0, 1, 0, t0, 0, ""},
 		{"gemini:batches/done", "done", "webhook", ",webhook,poll,", 1, 1, 3, 0, 0, t0 + int64(time.Minute), ""},

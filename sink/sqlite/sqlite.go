@@ -12,9 +12,9 @@ package sqlite
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -73,11 +73,11 @@ type Sink struct {
 	done  *doneCache
 	stats *statBuffer
 
-	mu     sync.RWMutex // guards closed against submissions
-	closed bool
-	ops    chan *op
-	quit   chan struct{}
-	exited chan struct{}
+	mu      sync.RWMutex // guards closed against submissions
+	closed  bool
+	ops     chan *op
+	quit    chan struct{}
+	exited  chan struct{}
 	commits atomic.Int64 // committed write transactions
 	// finalErr is the last batch's error, written by the writer goroutine
 	// before it closes exited.
