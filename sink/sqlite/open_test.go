@@ -320,6 +320,7 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	oneLine(t, "Open while locked", err, path, "locked by another process")
 	_, err = early.Record(ctx, sink.Sighting{Key: "k", Source: "poll"})
 	oneLine(t, "Record while locked", err, path, "locked by another process")
+	oneLine(t, "Ping while locked", early.Ping(ctx), path, "locked by another process")
 
 	stdin.Close()
 	if err := holder.Wait(); err != nil {
