@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 )
@@ -336,6 +338,41 @@ func TestDSNSchemes(t *testing.T) {
 			}
 			if n != 1 {
 				t.Fatalf("Open(%q): %s.gemrecon_keys has %d rows, want 1", scheme, schema, n)
+			}
+		})
+	}
+}
+
+// TestSessionSettings: every connection carries the timeouts, READ
+// COMMITTED and synchronous commits; a DSN setting wins over the default.
+func TestSessionSettings(t *testing.T) {
+	dsn, _ := testSchema(t)
+	tests := []struct {
+		name string
+		dsn  string
+		opt  sink.Options
+		opts []Option
+		want map[string]string
+	}{
+		{"defaults", dsn, sink.Options{}, nil, map[string]string{
+			"lock_timeout": "5s", "statement_timeout": "30s",
+			"default_transaction_isolation": "read committed", "synchronous_commit": "on"}},
+		{"options", dsn, sink.Options{BusyTimeout: 1500 * time.Millisecond}, []Option{WithStatementTimeout(7 * time.Second)},
+			map[string]string{"lock_timeout": "1500ms", "statement_timeout": "7s"}},
+		{"dsn wins", withParam(dsn, "lock_timeout", "2500"), sink.Options{BusyTimeout: time.Second}, nil,
+			map[string]string{"lock_timeout": "2500ms"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := openDSN(t, tt.dsn, tt.opt, tt.opts...)
+			for name, want := range tt.want {
+				var got string
+				err := s.withConn(context.Background(), func(c *pgx.Conn) error {
+					return c.QueryRow(context.Background(), `SELECT current_setting($1)`, name).Scan(&got)
+				})
+				if err != nil || got != want {
+					t.Errorf("current_setting(%q) = %q, %v; want %q", name, got, err, want)
+				}
 			}
 		})
 	}

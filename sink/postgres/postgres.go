@@ -156,6 +156,14 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	if _, ok := rp["lock_timeout"]; !ok {
 		rp["lock_timeout"] = strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10)
 	}
+	// Claims are single statements at READ COMMITTED and must be durable
+	// when they return, whatever the server's defaults say.
+	if _, ok := rp["default_transaction_isolation"]; !ok {
+		rp["default_transaction_isolation"] = "read committed"
+	}
+	if _, ok := rp["synchronous_commit"]; !ok {
+		rp["synchronous_commit"] = "on"
+	}
 	if _, ok := rp["application_name"]; !ok {
 		rp["application_name"] = "gemrecon/" + randomHex(4)
 	}
