@@ -128,3 +128,23 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A lease that would be expired when granted is refused, changing nothing.
+func TestNonPositiveLease(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t, sink.Options{})
+	if _, err := s.Record(ctx, sink.Sighting{Key: "k", Source: "poll"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, lease := range []time.Duration{0, -time.Second} {
+		if _, err := s.Claim(ctx, "k", "o", lease); err == nil || !strings.Contains(err.Error(), "must be positive") {
+			t.Fatalf("Claim(lease %v) error = %v, want a positive-lease error", lease, err)
+		}
+		if cs, err := s.ClaimDue(ctx, "o", lease, 0); err == nil || len(cs) != 0 {
+			t.Fatalf("ClaimDue(lease %v) = %d claims, %v; want an error", lease, len(cs), err)
+		}
+	}
+	if e, err := s.Get(ctx, "k"); err != nil || e.State != sink.StatePending || e.Token != 0 {
+		t.Fatalf("Get = %+v, %v; want untouched pending", e, err)
+	}
+}

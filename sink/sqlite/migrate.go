@@ -94,14 +94,14 @@ func (s *Sink) migrate(ctx context.Context) error {
 		m := ms[cur]
 		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("sqlite sink %s: migration %s: %w", s.path, m.name, s.fail(err))
+			return fmt.Errorf("migration %s: %w", m.name, s.fail(err))
 		}
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.version)); err != nil {
 			tx.Rollback()
 			return s.fail(err)
 		}
 		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("sqlite sink %s: migration %s: %w", s.path, m.name, s.fail(err))
+			return fmt.Errorf("migration %s: %w", m.name, s.fail(err))
 		}
 	}
 }

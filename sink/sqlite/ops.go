@@ -45,6 +45,14 @@ func hashPayload(p []byte) []byte {
 	return h[:]
 }
 
+// checkLease refuses a lease that would be expired when granted.
+func checkLease(what string, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("sqlite sink: %s: lease %v must be positive", what, lease)
+	}
+	return nil
+}
+
 func checkSighting(sg sink.Sighting) error {
 	if sg.Key == "" {
 		return errors.New("sqlite sink: record: empty key")
@@ -165,6 +173,9 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
+	if err := checkLease("record and claim "+sg.Key, lease); err != nil {
+		return sink.RecordResult{}, sink.Claim{}, err
+	}
 	if s.wdb == nil {
 		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
 	}
@@ -200,6 +211,9 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 
 // Claim takes the key for one attempt.
 func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration) (sink.Claim, error) {
+	if err := checkLease("claim "+key, lease); err != nil {
+		return sink.Claim{}, err
+	}
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		return s.claimTx(tx, key, owner, lease)
 	}, nil)
@@ -275,6 +289,9 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
 func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int) ([]sink.Claim, error) {
+	if err := checkLease("claim due", lease); err != nil {
+		return nil, err
+	}
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		var claims []sink.Claim
 		for {
@@ -340,6 +357,9 @@ func (s *Sink) fencedTx(tx *sql.Tx, what, key string, token int64) error {
 
 // Renew extends a claim's lease to now+lease while its token is current.
 func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Duration) error {
+	if err := checkLease("renew "+key, lease); err != nil {
+		return err
+	}
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET lease_until = ?1, due_at = ?1
 			WHERE key = ?2 AND state = 'claimed' AND token = ?3`, s.nowNS()+int64(lease), key, token)
