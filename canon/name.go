@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
 )
 
 // ErrEmptyName is wrapped by Key when a name is empty once normalised (blank,
@@ -40,25 +41,34 @@ func collection(seg string) string {
 	return ""
 }
 
-// canonName normalises s. Every step of the loop only removes text, so the
-// loop ends, and it runs until nothing more is removed: its result is a
-// fixed point, which is what makes canonName idempotent by construction.
+// canonName normalises s. It runs in time linear in len(s): each step either
+// removes what it looked at or ends its loop, and the one search that looks
+// further (for a URL's query) runs at most once. The result is a fixed point
+// of every step: it neither starts with white space, a key prefix or
+// "scheme://", nor ends with white space or "/", which is what makes
+// canonName idempotent.
 func canonName(s string) string {
+	s = strings.TrimRightFunc(s, isSpaceOrSlash)
+	queryCut := false
 	for {
-		prev := s
-		s = strings.TrimSpace(s)
-		s = trimPrefixFold(s, Prefix) // "GEMINI:x" is a key typed in capitals, not a name
-		s = stripURL(s)
-		s = strings.TrimRight(s, "/")
-		if s == prev {
+		s = strings.TrimLeftFunc(s, unicode.IsSpace)
+		if rest := trimPrefixFold(s, Prefix); len(rest) < len(s) {
+			s = rest // "GEMINI:x" is a key typed in capitals, not a name
+			continue
+		}
+		rest, ok := stripURL(s, &queryCut)
+		if !ok {
 			break
 		}
+		s = rest
 	}
 	if s == "" {
 		return ""
 	}
 	return lastPair(s)
 }
+
+func isSpaceOrSlash(r rune) bool { return r == '/' || unicode.IsSpace(r) }
 
 // lastPair keeps the trailing "<collection>/<id>" of s, dropping parents such
 // as projects/*/locations/*/ or models/*/, and writes the collection in its
@@ -81,45 +91,53 @@ func lastPair(s string) string {
 	}
 }
 
-// stripURL removes a URL's scheme, host, query, fragment and leading API
-// version segment ("https://host/v1beta/batches/x?alt=json" → "batches/x").
-// Anything that does not start with "scheme://" is returned unchanged.
-func stripURL(s string) string {
-	i := strings.Index(s, "://")
-	if i <= 0 || !isScheme(s[:i]) {
-		return s
+// stripURL removes a URL's scheme, host and leading API version segment
+// ("https://host/v1beta/batches/x" → "batches/x"); ok is false when s does
+// not start with "scheme://". The first time it meets a URL (*queryCut
+// false) it also cuts the query and fragment and the white space and slashes
+// before them; what is left then holds no '?' or '#', so the search is not
+// repeated.
+func stripURL(s string, queryCut *bool) (rest string, ok bool) {
+	i := schemeLen(s)
+	if i == 0 || !strings.HasPrefix(s[i:], "://") {
+		return s, false
 	}
-	rest := s[i+3:]
-	if q := strings.IndexAny(rest, "?#"); q >= 0 {
-		rest = rest[:q]
+	rest = s[i+len("://"):]
+	if !*queryCut {
+		*queryCut = true
+		if q := strings.IndexAny(rest, "?#"); q >= 0 {
+			rest = strings.TrimRightFunc(rest[:q], isSpaceOrSlash)
+		}
 	}
 	slash := strings.IndexByte(rest, '/')
 	if slash < 0 {
-		return "" // a host and nothing else names no operation
+		return "", true // a host and nothing else names no operation
 	}
 	path := strings.TrimLeft(rest[slash:], "/")
 	seg, after, found := strings.Cut(path, "/")
 	if isAPIVersion(seg) {
 		if !found {
-			return ""
+			return "", true
 		}
-		return after
+		return after, true
 	}
-	return path
+	return path, true
 }
 
-// isScheme reports whether s is a URL scheme (RFC 3986 §3.1).
-func isScheme(s string) bool {
+// schemeLen returns the length of the URL scheme (RFC 3986 §3.1) that s
+// starts with, 0 when there is none. It stops at the first byte that cannot
+// be part of a scheme.
+func schemeLen(s string) int {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
 		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
 		default:
-			return false
+			return i
 		}
 	}
-	return s != ""
+	return len(s)
 }
 
 // isAPIVersion reports whether seg is an API version path segment: v1, v1beta,
