@@ -33,13 +33,22 @@ type Event struct {
 // NoNameError is returned when a document has no name candidate.
 type NoNameError struct {
 	Fields []string // the top-level (and data.*) field names that were present, sorted
+	// Within says where the document without a name was found: "" for the
+	// body itself, "Pub/Sub message.data" for a Pub/Sub push payload.
+	Within string
 }
 
 // Error names the fields that were looked for and the ones that were present,
 // so that whoever sent the event can see what shape it had.
 func (e *NoNameError) Error() string {
 	var b strings.Builder
-	b.WriteString("canon: no operation name in event (want one of name, operation, operationName, resourceName, or data.id); ")
+	b.WriteString("canon: no operation name in ")
+	if e.Within != "" {
+		b.WriteString(e.Within)
+	} else {
+		b.WriteString("event")
+	}
+	b.WriteString(" (want one of name, operation, operationName, resourceName, or data.id); ")
 	if len(e.Fields) == 0 {
 		b.WriteString("the event has no fields")
 		return b.String()

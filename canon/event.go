@@ -58,6 +58,10 @@ func fromDoc(body []byte, depth int) (Event, error) {
 			return Event{}, fmt.Errorf("Pub/Sub envelopes nested more than %d deep", maxPubSubDepth)
 		}
 		ev, err := fromDoc(data, depth+1)
+		if nn, ok := err.(*NoNameError); ok {
+			nn.Within = "Pub/Sub message.data"
+			return Event{}, nn
+		}
 		if err != nil {
 			return Event{}, fmt.Errorf("Pub/Sub message.data: %w", err)
 		}

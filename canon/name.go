@@ -17,9 +17,19 @@ var ErrEmptyName = errors.New("empty operation name")
 func Key(name string) (string, error) {
 	c := canonName(name)
 	if c == "" {
-		return "", fmt.Errorf("canon: %w: %q", ErrEmptyName, name)
+		return "", fmt.Errorf("canon: %w: %q", ErrEmptyName, clip(name))
 	}
 	return Prefix + c, nil
+}
+
+// clip shortens s for an error message: a name comes from the network, and a
+// megabyte of it does not belong in a log line.
+func clip(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + "…"
 }
 
 // Name returns the canonical operation name of a key or a name: the key

@@ -33,7 +33,7 @@ func NormalizeState(s string) string {
 	return strings.ToUpper(s)
 }
 
-// trimPrefixFold removes prefix from s, ignoring ASCII case.
+// trimPrefixFold removes prefix from s, ignoring case.
 func trimPrefixFold(s, prefix string) string {
 	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
 		return s[len(prefix):]
