@@ -125,10 +125,11 @@ type Dispatcher struct {
 	log  *slog.Logger
 	kick chan struct{}
 
-	// outcomeMu orders a Drain's batch claims against outcome writes: a
-	// batch claim holds it exclusively, every outcome write shares it. So a
-	// batch claim never races a Fail that makes a key run in this Drain
-	// due again (see Drain).
+	// outcomeMu orders a Drain's batch claims against failures: a batch
+	// claim holds it exclusively, every Fail shares it. So a batch claim
+	// never races a Fail that makes a key run in this Drain due again (see
+	// drainState.redue). Completions do not take it: they share the sink's
+	// group commits with the batch claims.
 	outcomeMu sync.RWMutex
 }
 
@@ -361,8 +362,6 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 		}
 	}()
 
-	d.outcomeMu.RLock()
-	defer d.outcomeMu.RUnlock()
 	switch {
 	case renewFenced:
 		// The backend already counted the fenced renewal; writing the
@@ -372,6 +371,11 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 	case runErr == nil:
 		out, err = d.complete(ctx, log, c, elapsed)
 	default:
+		// Only a failure can make this key due again at once (a fenced
+		// key is another holder's): hold outcomeMu until mark has noted
+		// it, so that no batch claim of this Drain sees it due first.
+		d.outcomeMu.RLock()
+		defer d.outcomeMu.RUnlock()
 		out, err = d.fail(ctx, log, c, runCtx, effCtx, runErr, elapsed)
 	}
 	if mark != nil {

@@ -54,10 +54,13 @@ func record(t testing.TB, s sink.Sink, keys ...string) {
 	}
 }
 
-func keys(n int) []string {
+func keys(n int) []string { return keyRange(0, n) }
+
+// keyRange returns n keys numbered from first.
+func keyRange(first, n int) []string {
 	ks := make([]string, n)
 	for i := range ks {
-		ks[i] = fmt.Sprintf("gemini:batches/k%05d", i)
+		ks[i] = fmt.Sprintf("gemini:batches/k%05d", first+i)
 	}
 	return ks
 }

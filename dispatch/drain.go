@@ -16,7 +16,10 @@ type drainState struct {
 	errs []error
 	// seen holds every key this Drain attempted or tried to claim: none is
 	// attempted twice in one Drain, so a key whose retry comes due while
-	// the Drain runs waits for the next one instead of looping.
+	// the Drain runs waits for the next one instead of looping. (One
+	// exception, harmless: a holder stalled past its own lease may see the
+	// key again in a batch claim after another holder took it over and
+	// failed; that is a new attempt, and the stalled one is fenced.)
 	seen map[string]bool
 	// redue holds the seen keys that may be due again (failed with a retry
 	// scheduled, fenced, or not claimable when tried). While it is empty a
@@ -52,15 +55,25 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 		select {
 		case <-finished:
 			running--
-			return true
 		case <-ctx.Done():
 			return false
 		}
+		for { // and whatever else has finished meanwhile
+			select {
+			case <-finished:
+				running--
+			default:
+				return true
+			}
+		}
 	}
 	var claimErr error
-loop:
+	// Claim in batches of at least half the slots while effects run: each
+	// batch claim is one commit, and a claim per freed slot would cost a
+	// commit per key.
+	batch := max(1, d.cfg.Concurrency/2)
 	for ctx.Err() == nil {
-		if running == d.cfg.Concurrency {
+		if running > 0 && d.cfg.Concurrency-running < batch {
 			if !waitOne() {
 				break
 			}
@@ -80,7 +93,7 @@ loop:
 			// Whatever finishes may have freed the way for more (another
 			// holder's lease may expire meanwhile); look again after.
 			if !waitOne() {
-				break loop
+				break
 			}
 			continue
 		}
@@ -125,8 +138,9 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, free int) ([]job,
 		for i := range claims {
 			jobs[i] = job{claim: &claims[i]}
 			if st.seen[claims[i].Key] {
-				// Cannot happen while outcomeMu orders batch claims after
-				// outcomes; run it rather than strand a granted claim.
+				// Only after a stall past our own lease (see seen): a
+				// granted claim is a new attempt; run it rather than
+				// strand it.
 				d.log.Warn("dispatch: a key came due twice in one drain", "key", claims[i].Key)
 			}
 			st.seen[claims[i].Key] = true

@@ -124,6 +124,9 @@ func childMain() int {
 			total.Errors++
 			fmt.Fprintln(os.Stderr, "child: drain:", err)
 		}
+		if os.Getenv("GDT_VERBOSE") != "" {
+			fmt.Fprintf(os.Stderr, "%s drain %+v\n", time.Now().Format("15:04:05.000"), sum)
+		}
 		if cfg.Mode == "once" {
 			break
 		}
@@ -273,8 +276,14 @@ func (c *child) wait(t *testing.T, within time.Duration) childSummary {
 	select {
 	case <-c.done:
 	case <-time.After(within):
-		_ = c.cmd.Process.Kill()
-		<-c.done
+		// A goroutine dump says where it hung.
+		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-c.done:
+		case <-time.After(5 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
 		t.Fatalf("child did not finish within %v; stderr:\n%s", within, c.stderr.String())
 	}
 	if c.err != nil {

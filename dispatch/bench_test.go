@@ -1,0 +1,72 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite"
+)
+
+// rawSyncRate measures append+fdatasync per second in dir: the disk's own
+// bound on durable commits, for comparison with completions per second.
+func rawSyncRate(tb testing.TB, dir string, n int) float64 {
+	tb.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, "rawsync"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	line := []byte("gemini:batches/xxxxxxxxxxxxxxxx 1\n")
+	start := time.Now()
+	for range n {
+		if _, err := f.Write(line); err != nil {
+			tb.Fatal(err)
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// BenchmarkDispatch measures Drain over b.N pre-recorded keys on a fresh
+// SQLite file with the Print effect into io.Discard, so the sink's commits
+// are the cost. Run with a fixed N, e.g. -benchtime 2000x.
+func BenchmarkDispatch(b *testing.B) {
+	for _, conc := range []int{1, 4, 16} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			dir := b.TempDir()
+			s, err := sqlite.Open(context.Background(), filepath.Join(dir, "gemrecon.db"), sink.Options{}, sqlite.WithLogger(quietLogger()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			recordMany(b, s, keys(b.N))
+			d, err := New(Config{Sink: s, Effect: effect.NewPrint(io.Discard), Concurrency: conc, Logger: quietLogger()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			sum, err := d.Drain(context.Background())
+			elapsed := time.Since(start)
+			b.StopTimer()
+			if err != nil || sum.OK != b.N {
+				b.Fatalf("Drain() = %+v, %v, want %d done", sum, err, b.N)
+			}
+			perSec := float64(sum.OK) / elapsed.Seconds()
+			raw := rawSyncRate(b, dir, 1000)
+			b.ReportMetric(perSec, "completions/s")
+			b.ReportMetric(raw, "rawsyncs/s")
+			b.ReportMetric(perSec/raw, "completions/sync")
+		})
+	}
+}
