@@ -37,8 +37,8 @@ import (
 // arranges for it to be closed when the test ends.
 type Opener func(t *testing.T, opt sink.Options) sink.Sink
 
-// Start is the suite's clock origin.
-var Start = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+// start is the suite's clock origin.
+func start() time.Time { return time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC) }
 
 // env is one test's sink and clock.
 type env struct {
@@ -50,7 +50,7 @@ type env struct {
 
 func newEnv(t *testing.T, open Opener, mod func(*sink.Options)) *env {
 	t.Helper()
-	clk := NewClock(Start)
+	clk := NewClock(start())
 	opt := sink.Options{Now: clk.Now, Rand: FixedRand(0.5), RetryBase: 10 * time.Second, RetryMax: time.Hour, MaxAttempts: 5}
 	if mod != nil {
 		mod(&opt)
@@ -161,8 +161,8 @@ func testRecordNew(t *testing.T, open Opener) {
 		!slices.Equal(en.Sources, []string{sink.SourceWebhook}) || en.Attempts != 0 || en.Token != 0 {
 		t.Fatalf("Get = %+v, want pending seen once from webhook", en)
 	}
-	if !en.FirstSeenAt.Equal(Start) || !en.LastSeenAt.Equal(Start) || en.NextAttemptAt.After(Start) {
-		t.Fatalf("Get times first=%v last=%v next=%v, want %v and due now", en.FirstSeenAt, en.LastSeenAt, en.NextAttemptAt, Start)
+	if !en.FirstSeenAt.Equal(start()) || !en.LastSeenAt.Equal(start()) || en.NextAttemptAt.After(start()) {
+		t.Fatalf("Get times first=%v last=%v next=%v, want %v and due now", en.FirstSeenAt, en.LastSeenAt, en.NextAttemptAt, start())
 	}
 	if string(en.Payload) != `{"name":"batches/a"}` {
 		t.Fatalf("Payload = %q", en.Payload)
@@ -187,8 +187,8 @@ func testRecordDuplicate(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	en := e.get("k")
-	if en.SeenCount != 3 || en.FirstSource != sink.SourcePoll || !en.LastSeenAt.Equal(last) || !en.FirstSeenAt.Equal(Start) {
-		t.Fatalf("Get = seen %d first %q last %v firstSeen %v, want 3 poll %v %v", en.SeenCount, en.FirstSource, en.LastSeenAt, en.FirstSeenAt, last, Start)
+	if en.SeenCount != 3 || en.FirstSource != sink.SourcePoll || !en.LastSeenAt.Equal(last) || !en.FirstSeenAt.Equal(start()) {
+		t.Fatalf("Get = seen %d first %q last %v firstSeen %v, want 3 poll %v %v", en.SeenCount, en.FirstSource, en.LastSeenAt, en.FirstSeenAt, last, start())
 	}
 	if got := slices.Sorted(slices.Values(en.Sources)); !slices.Equal(got, []string{"poll", "webhook"}) {
 		t.Fatalf("Sources = %q, want poll and webhook", en.Sources)
@@ -223,8 +223,8 @@ func testClaim(t *testing.T, open Opener) {
 	e.record("k", sink.SourcePoll, "p")
 	c := e.claim("k", time.Minute)
 	if c.Token != 1 || c.Attempt != 1 || c.Takeover || c.Key != "k" || c.Owner != "owner-k" ||
-		!c.LeaseUntil.Equal(Start.Add(time.Minute)) || string(c.Payload) != "p" || c.FirstSource != sink.SourcePoll {
-		t.Fatalf("Claim = %+v, want token 1 attempt 1 lease until %v", c, Start.Add(time.Minute))
+		!c.LeaseUntil.Equal(start().Add(time.Minute)) || string(c.Payload) != "p" || c.FirstSource != sink.SourcePoll {
+		t.Fatalf("Claim = %+v, want token 1 attempt 1 lease until %v", c, start().Add(time.Minute))
 	}
 	en := e.get("k")
 	if en.State != sink.StateClaimed || en.Token != 1 || en.Attempts != 1 || en.LeaseOwner != "owner-k" || !en.LeaseUntil.Equal(c.LeaseUntil) {
@@ -316,13 +316,13 @@ func testLeaseBoundary(t *testing.T, open Opener) {
 	e.record("k", sink.SourcePoll, "p")
 	lease := 30 * time.Second
 	c := e.claim("k", lease)
-	e.clk.Set(Start.Add(lease - time.Millisecond))
+	e.clk.Set(start().Add(lease - time.Millisecond))
 	_, err := e.s.Claim(e.ctx, "k", "x", lease)
 	e.wantErr("Claim at lease-1ms", err, sink.ErrNotClaimable)
 	if got := e.due(0); len(got) != 0 {
 		t.Fatalf("Due at lease-1ms = %q, want none", got)
 	}
-	e.clk.Set(Start.Add(lease))
+	e.clk.Set(start().Add(lease))
 	if got := e.due(0); !slices.Equal(got, []string{"k"}) {
 		t.Fatalf("Due at lease = %q, want [k]", got)
 	}
@@ -340,10 +340,10 @@ func testRenew(t *testing.T, open Opener) {
 	if err := e.s.Renew(e.ctx, "k", c.Token, 10*time.Second); err != nil {
 		t.Fatalf("Renew: %v", err)
 	}
-	if en := e.get("k"); !en.LeaseUntil.Equal(Start.Add(19 * time.Second)) {
-		t.Fatalf("LeaseUntil = %v, want %v", en.LeaseUntil, Start.Add(19*time.Second))
+	if en := e.get("k"); !en.LeaseUntil.Equal(start().Add(19 * time.Second)) {
+		t.Fatalf("LeaseUntil = %v, want %v", en.LeaseUntil, start().Add(19*time.Second))
 	}
-	e.clk.Set(Start.Add(19*time.Second - time.Millisecond))
+	e.clk.Set(start().Add(19*time.Second - time.Millisecond))
 	_, err := e.s.Claim(e.ctx, "k", "x", time.Second)
 	e.wantErr("Claim before the renewed lease ends", err, sink.ErrNotClaimable)
 	e.wantErr("Renew(unknown)", e.s.Renew(e.ctx, "nope", 1, time.Second), sink.ErrNotFound)
@@ -541,7 +541,7 @@ func testDueOrder(t *testing.T, open Opener) {
 	e.record("k4", sink.SourcePoll, "p") // t0+3s
 	c4 := e.claim("k4", time.Second)     // expires t0+4s
 	c1 := e.claim("k1", time.Minute)
-	if _, err := e.s.Fail(e.ctx, "k1", c1.Token, sink.Failure{Cause: "later", NotBefore: Start.Add(10 * time.Second)}); err != nil {
+	if _, err := e.s.Fail(e.ctx, "k1", c1.Token, sink.Failure{Cause: "later", NotBefore: start().Add(10 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	e.record("k5", sink.SourcePoll, "p") // t0+3s, claimed, then done: never due
@@ -550,14 +550,14 @@ func testDueOrder(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	_ = c4
-	e.clk.Set(Start.Add(time.Minute))
+	e.clk.Set(start().Add(time.Minute))
 	if got, want := e.due(0), []string{"k2", "k3", "k4", "k1"}; !slices.Equal(got, want) {
 		t.Fatalf("Due(0) = %q, want %q", got, want)
 	}
 	if got, want := e.due(2), []string{"k2", "k3"}; !slices.Equal(got, want) {
 		t.Fatalf("Due(2) = %q, want %q", got, want)
 	}
-	e.clk.Set(Start.Add(5 * time.Second))
+	e.clk.Set(start().Add(5 * time.Second))
 	if got, want := e.due(0), []string{"k2", "k3", "k4"}; !slices.Equal(got, want) {
 		t.Fatalf("Due(0) at t0+5s = %q, want %q", got, want)
 	}
@@ -612,7 +612,7 @@ func testPurge(t *testing.T, open Opener) {
 	if err := e.s.Complete(e.ctx, "new", c.Token); err != nil {
 		t.Fatal(err)
 	}
-	n, err := e.s.Purge(e.ctx, Start.Add(30*time.Minute))
+	n, err := e.s.Purge(e.ctx, start().Add(30*time.Minute))
 	if err != nil || n != 1 {
 		t.Fatalf("Purge = %d, %v; want 1", n, err)
 	}
@@ -621,7 +621,7 @@ func testPurge(t *testing.T, open Opener) {
 	for _, k := range []string{"new", "pending"} {
 		e.get(k)
 	}
-	if n, err := e.s.Purge(e.ctx, Start.Add(2*time.Hour)); err != nil || n != 1 {
+	if n, err := e.s.Purge(e.ctx, start().Add(2*time.Hour)); err != nil || n != 1 {
 		t.Fatalf("second Purge = %d, %v; want 1 (pending rows stay)", n, err)
 	}
 	if st := e.stats(); st.ByState[sink.StatePending] != 1 || st.ByState[sink.StateDone] != 0 {
@@ -701,8 +701,8 @@ func testListAndStats(t *testing.T, open Opener) {
 	if st.FirstSource["poll"] != 2 || st.FirstSource["webhook"] != 2 || st.DuplicatesSuppressed != 1 {
 		t.Fatalf("Stats = %+v, want 2/2 first sources and 1 duplicate", st)
 	}
-	if st.OldestPendingAge != now.Sub(Start) {
-		t.Fatalf("OldestPendingAge = %v, want %v", st.OldestPendingAge, now.Sub(Start))
+	if st.OldestPendingAge != now.Sub(start()) {
+		t.Fatalf("OldestPendingAge = %v, want %v", st.OldestPendingAge, now.Sub(start()))
 	}
 }
 
@@ -710,10 +710,10 @@ func testLatency(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
 	for i := 1; i <= 100; i++ {
 		k := fmt.Sprintf("k%03d", i)
-		e.clk.Set(Start)
+		e.clk.Set(start())
 		e.record(k, sink.SourcePoll, "p")
 		c := e.claim(k, time.Hour)
-		e.clk.Set(Start.Add(time.Duration(i) * time.Second))
+		e.clk.Set(start().Add(time.Duration(i) * time.Second))
 		if err := e.s.Complete(e.ctx, k, c.Token); err != nil {
 			t.Fatal(err)
 		}

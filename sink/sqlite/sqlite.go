@@ -105,7 +105,7 @@ var processSetup = sync.OnceValue(func() error {
 })
 
 // sqliteHeader starts every SQLite database file.
-var sqliteHeader = []byte("SQLite format 3\x00")
+const sqliteHeader = "SQLite format 3\x00"
 
 // Open opens (and, unless opt.ReadOnly, creates and migrates) the sink stored
 // in the SQLite file at path.
@@ -206,7 +206,7 @@ func checkFile(path string, readOnly bool) error {
 		head := make([]byte, 100)
 		_, err = io.ReadFull(f, head)
 		f.Close()
-		if err != nil || !bytes.Equal(head[:len(sqliteHeader)], sqliteHeader) {
+		if err != nil || string(head[:len(sqliteHeader)]) != sqliteHeader {
 			return fmt.Errorf("sqlite sink %s: file is not a database (no SQLite header): refusing to touch it", path)
 		}
 		// Refuse a newer schema or another application's database before
