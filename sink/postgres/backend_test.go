@@ -377,3 +377,36 @@ func TestSessionSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestDroppedIdleConnection: a pooled connection the server terminated is
+// replaced before use, so the next call succeeds.
+func TestDroppedIdleConnection(t *testing.T) {
+	for _, check := range []bool{true, false} {
+		t.Run(fmt.Sprint("check=", check), func(t *testing.T) {
+			dsn, _ := testSchema(t)
+			ctx := context.Background()
+			s := openDSN(t, dsn, sink.Options{}, WithMaxConns(1))
+			if !check {
+				s.pool.checkIdleAfter = time.Hour
+			} else {
+				s.pool.checkIdleAfter = 0
+			}
+			if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
+				t.Fatal(err)
+			}
+			admin := adminConn(t, baseDSN(t))
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+				WHERE application_name = $1`, s.appName).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("terminated %d backends, %v; want 1", n, err)
+			}
+			_, err := s.Get(ctx, "gemini:batches/a")
+			if check && err != nil {
+				t.Fatalf("Get after the idle connection was dropped: %v", err)
+			}
+			if !check && err == nil {
+				t.Fatal("Get without the idle check succeeded on a dropped connection; the test no longer shows what the check is for")
+			}
+		})
+	}
+}

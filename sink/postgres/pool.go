@@ -21,17 +21,30 @@ var errPoolClosed = errors.New("postgres: sink is closed")
 type pool struct {
 	cfg *pgx.ConnConfig
 	sem chan struct{} // one slot per connection in use
+	// checkIdleAfter: a connection idle longer than this is pinged before
+	// use, so that one the server or the network dropped is replaced rather
+	// than failing (or, for a write, leaving its outcome unknown).
+	checkIdleAfter time.Duration
 
 	mu     sync.Mutex
-	idle   []*pgx.Conn
+	idle   []idleConn
 	closed bool
 }
+
+// idleConn is a pooled connection and when it was last given back.
+type idleConn struct {
+	c     *pgx.Conn
+	since time.Time
+}
+
+// defaultCheckIdleAfter is pool.checkIdleAfter unless a test changes it.
+const defaultCheckIdleAfter = 30 * time.Second
 
 func newPool(cfg *pgx.ConnConfig, maxConns int) *pool {
 	if maxConns < 1 {
 		maxConns = 1
 	}
-	return &pool{cfg: cfg, sem: make(chan struct{}, maxConns)}
+	return &pool{cfg: cfg, sem: make(chan struct{}, maxConns), checkIdleAfter: defaultCheckIdleAfter}
 }
 
 // acquire returns an idle connection or dials a new one, waiting for a free
@@ -48,14 +61,17 @@ func (p *pool) acquire(ctx context.Context) (*pgx.Conn, error) {
 		<-p.sem
 		return nil, errPoolClosed
 	}
-	var c *pgx.Conn
+	var ic idleConn
 	if n := len(p.idle); n > 0 {
-		c = p.idle[n-1]
+		ic = p.idle[n-1]
 		p.idle = p.idle[:n-1]
 	}
 	p.mu.Unlock()
-	if c != nil {
-		return c, nil
+	if ic.c != nil {
+		if time.Since(ic.since) < p.checkIdleAfter || ic.c.Ping(ctx) == nil {
+			return ic.c, nil
+		}
+		closeConn(ic.c)
 	}
 	c, err := pgx.ConnectConfig(ctx, p.cfg)
 	if err != nil {
@@ -78,7 +94,7 @@ func (p *pool) release(c *pgx.Conn) {
 		closeConn(c)
 		return
 	}
-	p.idle = append(p.idle, c)
+	p.idle = append(p.idle, idleConn{c: c, since: time.Now()})
 	p.mu.Unlock()
 }
 
@@ -89,8 +105,8 @@ func (p *pool) close() {
 	p.idle = nil
 	p.closed = true
 	p.mu.Unlock()
-	for _, c := range idle {
-		closeConn(c)
+	for _, ic := range idle {
+		closeConn(ic.c)
 	}
 }
 
