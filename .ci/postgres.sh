@@ -82,6 +82,20 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
 fi
 BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
 [ -x "$BIN/initdb" ] || die "initdb not found under /usr/lib/postgresql"
+VER=$(basename "$(dirname "$BIN")")
+
+# The package may have started Debian's own cluster on our port; its TCP
+# logins want passwords, so use it only if a role gets in without one, and
+# otherwise stop it to make room for the trust-auth cluster below.
+if ready; then
+	if pick_user >/dev/null; then
+		log "using the cluster the postgresql package started"
+		emit
+		exit 0
+	fi
+	log "stopping Debian's cluster $VER/main (password auth) to start a trust-auth one"
+	as_root pg_ctlcluster --skip-systemctl-redirect "$VER" main stop >&2 || true
+fi
 
 if [ ! -f "$DATA/PG_VERSION" ]; then
 	log "initialising a cluster in $DATA (trust auth, $HOST only)"
