@@ -28,6 +28,8 @@ func TestMain(m *testing.M) {
 		os.Exit(holdChild(os.Args[len(os.Args)-1]))
 	case "open":
 		os.Exit(openChild(os.Args[len(os.Args)-1]))
+	case "crash":
+		os.Exit(crashChild(os.Args[len(os.Args)-1]))
 	default:
 		fmt.Fprintln(os.Stderr, "unknown child role", os.Getenv(childEnv))
 		os.Exit(2)

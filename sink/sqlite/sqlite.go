@@ -91,10 +91,13 @@ var (
 
 // processSetup enables OFD locks (so that closing any other descriptor of the
 // file in this process cannot drop SQLite's locks) and fdatasync commits, once
-// per process, before the first database is opened.
+// per process, before the first database is opened. Where OFD locks do not
+// exist, or another part of the process opened an SQLite file first (the
+// mode is then fixed), the sink keeps SQLite's POSIX locks: every connection
+// of one process must use the same kind.
 var processSetup = sync.OnceValue(func() error {
 	if _, err := msqlite.OFDLocking(true); err != nil &&
-		!errors.Is(err, msqlite.ErrOFDLockingUnavailable) {
+		!errors.Is(err, msqlite.ErrOFDLockingUnavailable) && !errors.Is(err, msqlite.ErrOFDLockingTooLate) {
 		return err
 	}
 	if _, err := msqlite.Fdatasync(true); err != nil &&
