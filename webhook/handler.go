@@ -296,10 +296,14 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 // past SyncWait.
 func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
 	ctx := r.Context()
+	// The effect is not cancelled when the sender hangs up (its own request
+	// timeout): a half-run effect is worse than an unread answer, and the
+	// sender's retry finds the key done. dispatch's effect timeout bounds it.
+	runCtx := context.WithoutCancel(ctx)
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
 	for {
-		out, err := h.cfg.Dispatcher.RunKey(ctx, key)
+		out, err := h.cfg.Dispatcher.RunKey(runCtx, key)
 		if err != nil {
 			h.log.Warn("webhook sync: dispatch failed", "key", key, "err", err)
 			w.Header().Set("Retry-After", h.retryAfter())

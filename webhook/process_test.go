@@ -42,13 +42,13 @@ func TestMain(m *testing.M) {
 // line per run, so that runs can be counted across processes.
 type appendEffect struct {
 	path string
-	fail func(key string) error // nil: always succeed
+	fail func(ctx context.Context, key string) error // nil: always succeed
 	mu   sync.Mutex
 }
 
-func (e *appendEffect) Run(_ context.Context, ev effect.Event) error {
+func (e *appendEffect) Run(ctx context.Context, ev effect.Event) error {
 	if e.fail != nil {
-		if err := e.fail(ev.Key); err != nil {
+		if err := e.fail(ctx, ev.Key); err != nil {
 			return err
 		}
 	}

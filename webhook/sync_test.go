@@ -1,6 +1,7 @@
 package webhook_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -17,11 +18,11 @@ import (
 
 // syncServer runs a --sync receiver whose effect appends to a file and fails
 // for keys that fail() rejects.
-func syncServer(t *testing.T, fail func(string) error, wait time.Duration) (base string, s sink.Sink, effects string) {
+func syncServer(t *testing.T, fail func(context.Context, string) error, wait time.Duration) (base string, s sink.Sink, effects string) {
 	t.Helper()
 	s = openSink(t, tempDB(t), sink.Options{RetryBase: time.Hour})
 	effects = filepath.Join(t.TempDir(), "effects")
-	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects, fail: fail}, Logger: slog.New(slog.DiscardHandler)})
+	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects, fail: fail}, Logger: slog.New(slog.DiscardHandler), Grace: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestSyncDone(t *testing.T) {
 }
 
 func TestSyncEffectFailure(t *testing.T) {
-	base, s, _ := syncServer(t, func(string) error { return errors.New("downstream said no") }, time.Second)
+	base, s, _ := syncServer(t, func(context.Context, string) error { return errors.New("downstream said no") }, time.Second)
 	r := post(t, base, event("f1"))
 	if r.Code != 500 || r.Status != "retry" || r.Error == "" {
 		t.Fatalf("sync delivery with a failing effect = %d %q %q, want 500 retry with an error", r.Code, r.Status, r.Error)
@@ -131,4 +132,37 @@ func syncServerOn(t *testing.T, s sink.Sink, effects string, wait time.Duration)
 	}
 	base, _ := serve(t, h, webhook.ServerOptions{})
 	return base, s, effects
+}
+
+func TestSyncSenderHangsUp(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	// The effect honours its context, and dispatch gives no grace: only a
+	// context that survives the sender's hang-up lets it finish.
+	base, s, effects := syncServer(t, func(ctx context.Context, _ string) error {
+		started <- struct{}{}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}, time.Second)
+	body := event("hangup1")
+	c := &http.Client{Timeout: 200 * time.Millisecond} // the sender gives up first
+	req, _ := http.NewRequest(http.MethodPost, base+"/webhook", bytes.NewReader(body))
+	req.Header = signed(t, testSecret, "msg_h", time.Now(), body)
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("slow sync delivery answered %d before the client timeout", resp.StatusCode)
+	}
+	<-started
+	close(release) // the effect finishes after the sender has gone
+	waitDone(t, s, "gemini:batches/hangup1")
+	if r := post(t, base, body); r.Code != 200 || r.Status != "done" {
+		t.Errorf("retry after hang-up = %d %q, want 200 done", r.Code, r.Status)
+	}
+	if got := effectLines(t, effects); !slices.Equal(got, []string{"gemini:batches/hangup1"}) {
+		t.Errorf("effect runs = %q, want one", got)
+	}
 }
