@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -267,6 +268,9 @@ func TestR3StoppedHolderIsFenced(t *testing.T) {
 	as := a.wait(t, 30*time.Second)
 	if as.Summary != (Summary{Claimed: 1, Fenced: 1}) {
 		t.Errorf("A = %+v, want one claim, fenced; stderr:\n%s", as, a.stderr.String())
+	}
+	if !strings.Contains(a.stderr.String(), "FENCED") {
+		t.Errorf("A's log does not report the fenced outcome loudly; stderr:\n%s", a.stderr.String())
 	}
 	e, err = s.Get(context.Background(), key)
 	if err != nil || e.State != sink.StateDone || e.Token != 2 || e.Attempts != 2 {

@@ -406,13 +406,13 @@ func (d *Dispatcher) complete(ctx context.Context, log *slog.Logger, c sink.Clai
 		err = d.cfg.Sink.Complete(wctx, c.Key, c.Token)
 		cancel()
 		if err == nil {
-			log.Info("dispatch: effect done", "duration", elapsed)
+			log.Debug("dispatch: effect done", "duration", elapsed)
 			return OutcomeDone, nil
 		}
 		if errors.Is(err, sink.ErrFenced) {
 			if try > 0 && d.doneWith(ctx, c) {
 				// The earlier, failed-looking write had committed.
-				log.Info("dispatch: effect done", "duration", elapsed)
+				log.Debug("dispatch: effect done", "duration", elapsed)
 				return OutcomeDone, nil
 			}
 			log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)

@@ -173,8 +173,8 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, free int) ([]job,
 // runJob claims (when needed) and runs one job, and accounts for it.
 func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) {
 	if j.claim == nil {
-		if runCtx.Err() != nil {
-			return
+		if ctx.Err() != nil {
+			return // shutting down: claim nothing more
 		}
 		wctx, cancel := writeContext(ctx)
 		c, err := d.cfg.Sink.Claim(wctx, j.key, d.cfg.Owner, d.cfg.Lease)
