@@ -55,6 +55,7 @@ func run(args []string, stdout io.Writer) error {
 		*dir = d
 	}
 	ctx := context.Background()
+	loadBefore := loadAverage()
 
 	raw, err := loadgen.SyncRate(*dir, *syncDur, 0)
 	if err != nil {
@@ -110,8 +111,8 @@ func run(args []string, stdout io.Writer) error {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "Measured %s on %s/%s, %d CPUs (GOMAXPROCS %d), %s; directory %s.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), *dir)
+	fmt.Fprintf(&b, "Measured %s on %s/%s, %d CPUs (GOMAXPROCS %d), %s; load average before the run %s (other work on the machine); directory %s.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), loadBefore, *dir)
 	fmt.Fprintf(&b, "| workload | senders | requests | req/s | p50 | p99 | non-202 | goal | met |\n")
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---|---|\n")
 	fmt.Fprintf(&b, "| raw append+fdatasync (same directory) | 1 | %d syncs | %.0f | | | | (reference) | |\n", raw.Syncs, raw.Rate())
@@ -145,6 +146,19 @@ func run(args []string, stdout io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // markDone records key and completes it through the sink, as a finished
