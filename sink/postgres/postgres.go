@@ -376,6 +376,10 @@ func unknownOutcome(err error) bool {
 	if errors.As(err, &pe) {
 		return false // an error reply: the autocommit statement rolled back
 	}
+	var nc notCommitted
+	if errors.As(err, &nc) {
+		return false // raised inside a transaction before COMMIT was sent
+	}
 	if pgconn.SafeToRetry(err) || errors.Is(err, errPoolClosed) {
 		return false // nothing was sent
 	}
