@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,14 +113,7 @@ func (s *Sink) bufferLocked(key, source string, same bool) {
 			b.last = t
 		}
 	}
-	found := false
-	for _, src := range b.sources {
-		if src == source {
-			found = true
-			break
-		}
-	}
-	if !found {
+	if !slices.Contains(b.sources, source) {
 		b.sources = append(b.sources, source)
 	}
 	if !same {
@@ -219,11 +213,7 @@ func (s *Sink) mergeLocked(key string, b *sighting) {
 		cur.last = b.last
 	}
 	for _, src := range b.sources {
-		found := false
-		for _, have := range cur.sources {
-			found = found || have == src
-		}
-		if !found {
+		if !slices.Contains(cur.sources, src) {
 			cur.sources = append(cur.sources, src)
 		}
 	}

@@ -1,0 +1,72 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"strings"
+	"testing"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// These tests need no server.
+
+func TestSameDoc(t *testing.T) {
+	sum := func(s string) []byte { h := sha256.Sum256([]byte(s)); return h[:] }
+	tests := []struct {
+		source, payload, firstSource, firstPayload string
+		want                                       bool
+	}{
+		{"webhook", "a", "webhook", "a", true},
+		{"webhook", "b", "webhook", "a", false}, // same source, different bytes: a conflict
+		{"poll", "b", "webhook", "a", true},     // another source: another document
+		{"webhook", "", "webhook", "a", true},   // no payload: nothing to compare
+		{"webhook", "b", "webhook", "", true},   // no first payload
+	}
+	for _, tt := range tests {
+		var sha, first []byte
+		if tt.payload != "" {
+			sha = sum(tt.payload)
+		}
+		if tt.firstPayload != "" {
+			first = sum(tt.firstPayload)
+		}
+		if got := sameDoc(tt.source, sha, tt.firstSource, first); got != tt.want {
+			t.Errorf("sameDoc(%q, %q, %q, %q) = %v, want %v", tt.source, tt.payload, tt.firstSource, tt.firstPayload, got, tt.want)
+		}
+	}
+}
+
+func TestMigrationsEmbedded(t *testing.T) {
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) == 0 || SchemaVersion() != len(ms) {
+		t.Fatalf("migrations() = %d, SchemaVersion() = %d; want the same, > 0", len(ms), SchemaVersion())
+	}
+	for i, m := range ms {
+		if m.version != i+1 {
+			t.Errorf("migration %d = %s, version %d, want %d", i, m.name, m.version, i+1)
+		}
+	}
+	if !strings.Contains(ms[0].sql, "CREATE TABLE gemrecon_keys") {
+		t.Errorf("migration %s does not create gemrecon_keys", ms[0].name)
+	}
+}
+
+func TestOpenBadDSN(t *testing.T) {
+	tests := []struct {
+		dsn, want string
+	}{
+		{"postgres://u@127.0.0.1:1/db?pool_max_conns=zero", "pool_max_conns"},
+		{"postgres://u@127.0.0.1:1/db?pool_max_conns=0", "pool_max_conns"},
+		{"postgres://%zz", "parse DSN"},
+	}
+	for _, tt := range tests {
+		_, err := Open(context.Background(), tt.dsn, sink.Options{})
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Open(%q) error = %v, want one mentioning %q", tt.dsn, err, tt.want)
+		}
+	}
+}
