@@ -38,7 +38,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		err = tx.QueryRow(ctx, `UPDATE gemrecon_keys
-			SET state = 'done', done_at = `+now(3)+`, lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
+			SET state = 'done', done_at = `+now3+`, lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
 			WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256`,
 			key, token, s.nowArg()).Scan(&info.firstSource, &info.sha)
 		if errors.Is(err, pgx.ErrNoRows) {

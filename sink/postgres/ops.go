@@ -16,8 +16,13 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// now is coalesce($n::timestamptz, now()) for the parameter number n.
-func now(n int) string { return fmt.Sprintf("coalesce($%d::timestamptz, now())", n) }
+// nowN is the current time for a statement whose parameter $N is the
+// injected clock's reading, or NULL for the database clock (see nowArg).
+const (
+	now1 = `coalesce($1::timestamptz, now())`
+	now2 = `coalesce($2::timestamptz, now())`
+	now3 = `coalesce($3::timestamptz, now())`
+)
 
 func payloadHash(p []byte) []byte {
 	if len(p) == 0 {
@@ -30,11 +35,11 @@ func payloadHash(p []byte) []byte {
 // recordSQL inserts a new key, or reads the known one without writing (a
 // duplicate costs no commit). Zero rows means another transaction inserted
 // the key after this statement's snapshot: run it again.
-var recordSQL = `
+const recordSQL = `
 WITH ins AS (
 	INSERT INTO gemrecon_keys (key, state, first_source, sources, seen_count,
 		first_seen_at, last_seen_at, next_attempt_at, payload, payload_sha256)
-	VALUES ($1, 'pending', $2, ARRAY[$2::text], 1, ` + now(3) + `, ` + now(3) + `, ` + now(3) + `, $4, $5)
+	VALUES ($1, 'pending', $2, ARRAY[$2::text], 1, ` + now3 + `, ` + now3 + `, ` + now3 + `, $4, $5)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING state, first_source, payload_sha256
 )
@@ -219,13 +224,13 @@ func (s *Sink) mergeLocked(key string, b *sighting) {
 	}
 }
 
-// claimSQL claims the rows chosen by the CTE "old" (which must lock them):
+// claimTail ends a statement that begins with a CTE "old" choosing and
+// locking rows (claimOneSQL, claimDueSQL), and claims those rows:
 // pending → claimed, or an expired lease taken over (the expired attempt
 // counts as failed, "lease expired"; if it was the last allowed attempt the
 // key goes dead instead). Parameters: $1 now, $2 lease µs, $3 owner, $4 max
 // attempts, $5 nonce, $6 the key or the limit (NULL: no limit).
-const claimSQL = `
-WITH old AS (%s),
+const claimTail = `),
 upd AS (
 	UPDATE gemrecon_keys k SET
 		state           = CASE WHEN o.takeover AND k.attempts >= $4 THEN 'dead' ELSE 'claimed' END,
@@ -233,7 +238,7 @@ upd AS (
 		attempts        = CASE WHEN o.takeover AND k.attempts >= $4 THEN k.attempts ELSE k.attempts + 1 END,
 		lease_owner     = CASE WHEN o.takeover AND k.attempts >= $4 THEN NULL ELSE $3 END,
 		lease_until     = CASE WHEN o.takeover AND k.attempts >= $4 THEN NULL
-		                       ELSE coalesce($1::timestamptz, now()) + $2 * interval '1 microsecond' END,
+		                       ELSE ` + now1 + ` + $2 * interval '1 microsecond' END,
 		claim_nonce     = $5,
 		took_over       = o.takeover,
 		next_attempt_at = NULL,
@@ -248,8 +253,8 @@ FROM upd ORDER BY due_at, first_seen_at, key`
 
 // claimableWhere: pending and due, or claimed under an expired lease (a
 // lease is live while now < lease_until). $1 is now.
-const claimableWhere = `((state = 'pending' AND next_attempt_at <= coalesce($1::timestamptz, now()))
-	OR (state = 'claimed' AND lease_until <= coalesce($1::timestamptz, now())))`
+const claimableWhere = `((state = 'pending' AND next_attempt_at <= ` + now1 + `)
+	OR (state = 'claimed' AND lease_until <= ` + now1 + `))`
 
 // dueOrder is "oldest first": by the time a key became due (its next
 // attempt, or its lease's end), then by first sighting — as sink/sqlite.
@@ -258,14 +263,14 @@ const (
 	dueOrder = dueAt + `, first_seen_at, key`
 )
 
-var (
-	claimOneSQL = fmt.Sprintf(claimSQL, `SELECT key, state = 'claimed' AS takeover, `+dueAt+` AS due_at
-		FROM gemrecon_keys WHERE key = $6 AND `+claimableWhere+` FOR UPDATE`)
-	claimDueSQL = fmt.Sprintf(claimSQL, `SELECT key, state = 'claimed' AS takeover, `+dueAt+` AS due_at
-		FROM gemrecon_keys WHERE `+claimableWhere+` ORDER BY `+dueOrder+` LIMIT $6 FOR UPDATE SKIP LOCKED`)
+const (
+	claimOneSQL = `WITH old AS (SELECT key, state = 'claimed' AS takeover, ` + dueAt + ` AS due_at
+		FROM gemrecon_keys WHERE key = $6 AND ` + claimableWhere + ` FOR UPDATE` + claimTail
+	claimDueSQL = `WITH old AS (SELECT key, state = 'claimed' AS takeover, ` + dueAt + ` AS due_at
+		FROM gemrecon_keys WHERE ` + claimableWhere + ` ORDER BY ` + dueOrder + ` LIMIT $6 FOR UPDATE SKIP LOCKED` + claimTail
 )
 
-// claimRow is one row of claimSQL.
+// claimRow is one row of claimTail.
 type claimRow struct {
 	claim sink.Claim
 	state string
@@ -415,42 +420,46 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 	return out, nil
 }
 
-// fencedSQL wraps a fenced update (CTE "upd", which returns its rows) so
+// fencedHead + UPDATE … RETURNING + fencedMid + upd columns + fencedTail
+// wraps a fenced update (CTE "upd", which returns its rows) so
 // that a miss increments the durable fenced counter in the same statement.
 // The result: whether upd matched, the upd columns, and the key's state and
 // token as the statement found them (NULL: no such key).
-const fencedSQL = `
-WITH upd AS (%s),
+const (
+	fencedHead = `WITH upd AS (`
+	fencedMid  = `),
 fenced AS (
 	UPDATE gemrecon_counters SET value = value + 1
 	WHERE name = 'fenced' AND NOT EXISTS (SELECT 1 FROM upd)
 		AND EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)
 	RETURNING value
 )
-SELECT EXISTS (SELECT 1 FROM upd), %s, cur.state, cur.token
+SELECT EXISTS (SELECT 1 FROM upd), `
+	fencedTail = `, cur.state, cur.token
 FROM (SELECT 1) AS one LEFT JOIN upd ON true LEFT JOIN gemrecon_keys cur ON cur.key = $1`
+)
 
-var (
-	renewSQL = fmt.Sprintf(fencedSQL, `UPDATE gemrecon_keys
-		SET lease_until = coalesce($3::timestamptz, now()) + $4 * interval '1 microsecond'
-		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING lease_until`,
-		`upd.lease_until`)
-	completeSQL = fmt.Sprintf(fencedSQL, `UPDATE gemrecon_keys
-		SET state = 'done', done_at = coalesce($3::timestamptz, now()),
+const (
+	renewSQL = fencedHead + `UPDATE gemrecon_keys
+		SET lease_until = ` + now3 + ` + $4 * interval '1 microsecond'
+		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING lease_until` +
+		fencedMid + `upd.lease_until` + fencedTail
+	completeSQL = fencedHead + `UPDATE gemrecon_keys
+		SET state = 'done', done_at = ` + now3 + `,
 			lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
-		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256`,
-		`upd.first_source, upd.payload_sha256`)
+		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256` +
+		fencedMid + `upd.first_source, upd.payload_sha256` + fencedTail
 	// $4 permanent, $5 max attempts, $6 backoff µs per attempt (1-based,
 	// the last element serves any later attempt), $7 not-before, $8 cause.
-	failSQL = fmt.Sprintf(fencedSQL, `UPDATE gemrecon_keys SET
+	failSQL = fencedHead + `UPDATE gemrecon_keys SET
 			state = CASE WHEN $4 OR attempts >= $5 THEN 'dead' ELSE 'pending' END,
 			next_attempt_at = CASE WHEN $4 OR attempts >= $5 THEN NULL ELSE
-				greatest(coalesce($3::timestamptz, now())
+				greatest(` + now3 + `
 					+ ($6::bigint[])[least(greatest(attempts, 1), cardinality($6::bigint[]))] * interval '1 microsecond',
 					$7::timestamptz) END,
 			last_error = $8, lease_owner = NULL, lease_until = NULL
-		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING state`,
-		`upd.state`)
+		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING state` +
+		fencedMid + `upd.state` + fencedTail
 )
 
 // current is a key's state and token as a fenced statement found them.
@@ -608,7 +617,7 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		return c.QueryRow(ctx, `
 			WITH upd AS (
-				UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now(2)+`,
+				UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now2+`,
 					attempts = 0, retries = retries + 1, lease_owner = NULL, lease_until = NULL
 				WHERE key = $1 AND state = 'dead' RETURNING key)
 			SELECT EXISTS (SELECT 1 FROM upd), (SELECT state FROM gemrecon_keys WHERE key = $1)`,
@@ -801,7 +810,7 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 				coalesce(sum(seen_count - 1), 0)::bigint,
 				coalesce(sum(conflicts), 0)::bigint,
 				(SELECT value FROM gemrecon_counters WHERE name = 'fenced'),
-				extract(epoch FROM `+now(1)+` - min(first_seen_at) FILTER (WHERE state = 'pending')) * 1e6,
+				extract(epoch FROM `+now1+` - min(first_seen_at) FILTER (WHERE state = 'pending')) * 1e6,
 				percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
 					FILTER (WHERE state = 'done'),
 				percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
@@ -908,20 +917,20 @@ func (s *Sink) Ping(ctx context.Context) error {
 // recordClaimSQL inserts a new key already claimed (one commit for record
 // and claim), or reads a known key without writing, with whether it can be
 // claimed now. Parameters as recordSQL, then $6 owner, $7 lease µs, $8 nonce.
-var recordClaimSQL = `
+const recordClaimSQL = `
 WITH ins AS (
 	INSERT INTO gemrecon_keys (key, state, first_source, sources, seen_count,
 		first_seen_at, last_seen_at, payload, payload_sha256,
 		attempts, token, lease_owner, lease_until, claim_nonce)
-	VALUES ($1, 'claimed', $2, ARRAY[$2::text], 1, ` + now(3) + `, ` + now(3) + `, $4, $5,
-		1, 1, $6, ` + now(3) + ` + $7 * interval '1 microsecond', $8)
+	VALUES ($1, 'claimed', $2, ARRAY[$2::text], 1, ` + now3 + `, ` + now3 + `, $4, $5,
+		1, 1, $6, ` + now3 + ` + $7 * interval '1 microsecond', $8)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING state, first_source, payload_sha256, lease_until
 )
 SELECT true, state, first_source, payload_sha256, lease_until, false FROM ins
 UNION ALL
 SELECT false, state, first_source, payload_sha256, lease_until,
-	(state = 'pending' AND next_attempt_at <= ` + now(3) + `) OR (state = 'claimed' AND lease_until <= ` + now(3) + `)
+	(state = 'pending' AND next_attempt_at <= ` + now3 + `) OR (state = 'claimed' AND lease_until <= ` + now3 + `)
 FROM gemrecon_keys
 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
 
