@@ -172,6 +172,7 @@ func TestDatabaseClock(t *testing.T) {
 // never arrives and the context ends; Complete reads the row back and
 // reports the truth (done) instead of an error.
 func TestCompleteOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	dsn, _ := testSchema(t)
 	p, pdsn := startProxy(t, dsn)
 	ctx := context.Background()
@@ -211,6 +212,7 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 // TestClaimOutcomeUnknown: a claim whose reply is lost is found again by its
 // nonce, so the caller holds the claim the database granted.
 func TestClaimOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	dsn, _ := testSchema(t)
 	p, pdsn := startProxy(t, dsn)
 	ctx := context.Background()
@@ -287,6 +289,7 @@ func TestCompleteCancelledWhileBlocked(t *testing.T) {
 // TestClaimDueOutcomeUnknown: a ClaimDue whose reply is lost returns the
 // claims the database granted, found by the statement's nonce.
 func TestClaimDueOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	dsn, _ := testSchema(t)
 	p, pdsn := startProxy(t, dsn)
 	ctx := context.Background()
@@ -408,5 +411,65 @@ func TestDroppedIdleConnection(t *testing.T) {
 				t.Fatal("Get without the idle check succeeded on a dropped connection; the test no longer shows what the check is for")
 			}
 		})
+	}
+}
+
+// TestFailOutcomeUnknown: a Fail whose reply is lost is read back: the key
+// is pending under the same token with this failure's cause.
+func TestFailOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	dsn, _ := testSchema(t)
+	p, pdsn := startProxy(t, dsn)
+	ctx := context.Background()
+	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
+	key := "gemini:batches/fail-unknown"
+	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, key, "w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
+	if _, err := s.Fail(ctx, key, c.Token+100, sink.Failure{Cause: "warm-up"}); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("warm-up Fail = %v, want ErrFenced", err)
+	}
+	p.blackhole()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	st, err := s.Fail(cctx, key, c.Token, sink.Failure{Cause: "exit status 3"})
+	if err != nil || st != sink.StatePending {
+		t.Fatalf("Fail with a lost reply = %v, %v; want pending (read back)", st, err)
+	}
+	if p.dropped.Load() == 0 {
+		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
+	}
+	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StatePending || e.LastError != "exit status 3" {
+		t.Fatalf("Get = %+v, %v; want pending with the cause", e, err)
+	}
+}
+
+// TestRecordAndClaimOutcomeUnknown: a new key inserted already claimed,
+// whose reply is lost, is found by the statement's nonce.
+func TestRecordAndClaimOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	dsn, _ := testSchema(t)
+	p, pdsn := startProxy(t, dsn)
+	ctx := context.Background()
+	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
+	sg := sink.Sighting{Key: "gemini:batches/rc-unknown", Source: sink.SourceWebhook, Payload: []byte(`{"a":1}`)}
+	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
+	if _, _, err := s.RecordAndClaim(ctx, sink.Sighting{Key: sg.Key + "-warm-up", Source: sg.Source}, "w", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	p.blackhole()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	r, c, err := s.RecordAndClaim(cctx, sg, "w", time.Minute)
+	if err != nil || !r.New || r.State != sink.StateClaimed || c.Token != 1 || string(c.Payload) != `{"a":1}` {
+		t.Fatalf("RecordAndClaim with a lost reply = %+v, %+v, %v; want new and claimed, read back", r, c, err)
+	}
+	if p.dropped.Load() == 0 {
+		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 }
