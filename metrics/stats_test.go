@@ -2,12 +2,14 @@ package metrics
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
@@ -51,19 +53,31 @@ func TestStatsCollector(t *testing.T) {
 	}
 
 	m := NewWithOptions(s, Options{NoRuntime: true, Now: clk.now, StatsTTL: 5 * time.Second})
-	out := scrape(t, m)
-	for _, want := range []string{
-		"gemrecon_db_up 1",
-		`gemrecon_keys{state="pending"} 2`,
-		`gemrecon_keys{state="done"} 1`,
-		`gemrecon_keys{state="dead"} 0`,
-		"gemrecon_oldest_pending_age_seconds 90",
-		`gemrecon_completion_to_done_seconds{quantile="1"} 90`,
-		"gemrecon_db_duplicates_suppressed_total 1",
-		`gemrecon_keys_by_first_source{source="webhook"} 3`,
+	e := scrape(t, m)
+	e.expect(t, []check{
+		{"gemrecon_db_up", nil, 1},
+		{"gemrecon_keys", []string{"state=pending"}, 2},
+		{"gemrecon_keys", []string{"state=claimed"}, 0},
+		{"gemrecon_keys", []string{"state=done"}, 1},
+		{"gemrecon_keys", []string{"state=dead"}, 0},
+		{"gemrecon_oldest_pending_age_seconds", nil, 90},
+		{"gemrecon_completion_to_done_seconds", []string{"quantile=1"}, 90},
+		{"gemrecon_completion_to_done_seconds", []string{"quantile=0.5"}, 90},
+		{"gemrecon_db_duplicates_suppressed_total", nil, 1},
+		{"gemrecon_db_fenced_total", nil, 0},
+		{"gemrecon_db_conflicts_total", nil, 0},
+		{"gemrecon_keys_by_first_source", []string{"source=webhook"}, 3},
+	})
+	for name, want := range map[string]dto.MetricType{
+		"gemrecon_db_up":                          dto.MetricType_GAUGE,
+		"gemrecon_keys":                           dto.MetricType_GAUGE,
+		"gemrecon_completion_to_done_seconds":     dto.MetricType_GAUGE,
+		"gemrecon_db_duplicates_suppressed_total": dto.MetricType_COUNTER,
+		"gemrecon_db_fenced_total":                dto.MetricType_COUNTER,
+		"gemrecon_db_conflicts_total":             dto.MetricType_COUNTER,
 	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("scrape lacks %q; got:\n%s", want, out)
+		if got := e.typeOf(name); got != want {
+			t.Errorf("type of %s = %v, want %v", name, got, want)
 		}
 	}
 
@@ -72,17 +86,22 @@ func TestStatsCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.add(4 * time.Second)
-	out = scrape(t, m)
-	if !strings.Contains(out, `gemrecon_keys{state="pending"} 2`) {
-		t.Errorf("scrape within the TTL re-queried: %s", out)
-	}
+	scrape(t, m).expect(t, []check{{"gemrecon_keys", []string{"state=pending"}, 2}})
 	if queries(m) != 1 {
 		t.Errorf("Stats queries after two scrapes within the TTL = %d, want 1", queries(m))
 	}
+	// WriteTo gathers through the same collector and cache.
+	if _, err := m.WriteTo(io.Discard); err != nil || queries(m) != 1 {
+		t.Errorf("WriteTo within the TTL: err %v, queries = %d, want nil, 1", err, queries(m))
+	}
 	clk.add(2 * time.Second)
-	out = scrape(t, m)
-	if !strings.Contains(out, `gemrecon_keys{state="pending"} 3`) || queries(m) != 2 {
-		t.Errorf("scrape after the TTL: queries = %d, want 2; pending 3 in:\n%s", queries(m), out)
+	e = scrape(t, m)
+	e.expect(t, []check{
+		{"gemrecon_keys", []string{"state=pending"}, 3},
+		{"gemrecon_keys_by_first_source", []string{"source=poll"}, 1},
+	})
+	if queries(m) != 2 {
+		t.Errorf("Stats queries after the TTL = %d, want 2", queries(m))
 	}
 
 	// A TTL under the minimum is raised to it.
@@ -93,13 +112,26 @@ func TestStatsCollector(t *testing.T) {
 	if queries(m2) != 1 {
 		t.Errorf("Stats queries with a 1ms TTL within 999ms = %d, want 1 (MinStatsTTL)", queries(m2))
 	}
+	clk.add(time.Millisecond)
+	scrape(t, m2)
+	if queries(m2) != 2 {
+		t.Errorf("Stats queries with a 1ms TTL after 1s = %d, want 2", queries(m2))
+	}
 
-	// A closed database reports db_up 0 and no database gauges.
+	// A closed database reports db_up 0 and no database series, and the
+	// scrape itself still succeeds (200).
 	s.Close()
 	clk.add(time.Minute)
-	out = scrape(t, m)
-	if !strings.Contains(out, "gemrecon_db_up 0") || strings.Contains(out, "gemrecon_keys{") {
-		t.Errorf("scrape of a closed sink = %s, want db_up 0 and no key gauges", out)
+	e = scrape(t, m)
+	e.expect(t, []check{{"gemrecon_db_up", nil, 0}})
+	for _, name := range []string{"gemrecon_keys", "gemrecon_oldest_pending_age_seconds", "gemrecon_completion_to_done_seconds",
+		"gemrecon_db_duplicates_suppressed_total", "gemrecon_db_fenced_total", "gemrecon_db_conflicts_total", "gemrecon_keys_by_first_source"} {
+		if e.fams[name] != nil {
+			t.Errorf("scrape of a closed sink has %s:\n%s", name, e.raw)
+		}
+	}
+	if _, ok := e.value("gemrecon_fenced_total"); !ok {
+		t.Errorf("scrape of a closed sink lacks the process metrics")
 	}
 }
 

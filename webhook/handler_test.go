@@ -226,11 +226,11 @@ func TestBadInput(t *testing.T) {
 	// /metrics saw the outcomes.
 	r := do(t, client, http.MethodGet, base+"/metrics", nil, nil)
 	for _, want := range []string{
-		`gemrecon_deliveries_total{source="webhook",outcome="accepted"} 2`,
-		`gemrecon_deliveries_total{source="webhook",outcome="unverified"} 7`,
-		`gemrecon_deliveries_total{source="webhook",outcome="unavailable"} 1`,
-		`gemrecon_deliveries_total{source="webhook",outcome="too_large"} 1`,
-		`gemrecon_deliveries_total{source="webhook",outcome="ignored"} 2`,
+		`gemrecon_deliveries_total{outcome="accepted",source="webhook"} 2`,
+		`gemrecon_deliveries_total{outcome="unverified",source="webhook"} 7`,
+		`gemrecon_deliveries_total{outcome="unavailable",source="webhook"} 1`,
+		`gemrecon_deliveries_total{outcome="too_large",source="webhook"} 1`,
+		`gemrecon_deliveries_total{outcome="ignored",source="webhook"} 2`,
 		`gemrecon_keys{state="done"} 2`,
 		"gemrecon_db_up 1",
 	} {

@@ -1,0 +1,119 @@
+package metrics
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// statsCollector is a prometheus.Collector that turns sink.Stats into
+// gauges and counters at scrape time, reusing one result for ttl so that
+// frequent scrapes cost at most one query per ttl.
+type statsCollector struct {
+	s       sink.Sink
+	ttl     time.Duration
+	timeout time.Duration
+	now     func() time.Time
+
+	mu      sync.Mutex
+	at      time.Time
+	stats   sink.Stats
+	err     error
+	fetched bool
+	queries int // Stats calls made (tests)
+
+	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource *prometheus.Desc
+}
+
+func newStatsCollector(s sink.Sink, opt Options) *statsCollector {
+	if opt.StatsTTL <= 0 {
+		opt.StatsTTL = DefaultStatsTTL
+	}
+	if opt.StatsTTL < MinStatsTTL {
+		opt.StatsTTL = MinStatsTTL
+	}
+	if opt.StatsTimeout <= 0 {
+		opt.StatsTimeout = 5 * time.Second
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	return &statsCollector{
+		s: s, ttl: opt.StatsTTL, timeout: opt.StatsTimeout, now: opt.Now,
+		dbUp: prometheus.NewDesc("gemrecon_db_up",
+			"1 if the last sink.Stats query succeeded, else 0 (the database-wide metrics are then absent).", nil, nil),
+		keys: prometheus.NewDesc("gemrecon_keys",
+			"Keys in the database by state (pending, claimed, done, dead), across every process.", []string{"state"}, nil),
+		oldestPending: prometheus.NewDesc("gemrecon_oldest_pending_age_seconds",
+			"Age of the oldest pending key (0 when none): how far behind dispatch is.", nil, nil),
+		latency: prometheus.NewDesc("gemrecon_completion_to_done_seconds",
+			"Completion-to-done latency (first sighting to done) over done keys in the database, at quantile 0.5, 0.99 and 1 (the maximum).", []string{"quantile"}, nil),
+		dbDuplicates: prometheus.NewDesc("gemrecon_db_duplicates_suppressed_total",
+			"Sightings of known keys recorded in the database, across every process.", nil, nil),
+		dbFenced: prometheus.NewDesc("gemrecon_db_fenced_total",
+			"Fenced Complete/Fail/Renew calls recorded in the database, across every process.", nil, nil),
+		dbConflicts: prometheus.NewDesc("gemrecon_db_conflicts_total",
+			"Sightings whose payload differed from the stored first payload.", nil, nil),
+		firstSource: prometheus.NewDesc("gemrecon_keys_by_first_source",
+			"Keys by the source that saw them first; keys first seen by poll are webhooks that were missed.", []string{"source"}, nil),
+	}
+}
+
+// get returns the cached Stats result, querying the sink when it is older
+// than ttl (or from the future: a clock that went back).
+func (c *statsCollector) get() (sink.Stats, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if age := now.Sub(c.at); c.fetched && age >= 0 && age < c.ttl {
+		return c.stats, c.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	c.stats, c.err = c.s.Stats(ctx)
+	c.queries++
+	c.at, c.fetched = now, true
+	return c.stats, c.err
+}
+
+// Describe implements prometheus.Collector.
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.dbUp, c.keys, c.oldestPending, c.latency,
+		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: gemrecon_db_up always, the rest
+// only when the Stats query succeeded. (The registry sorts the output.)
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	st, err := c.get()
+	if err != nil {
+		gauge(c.dbUp, 0)
+		return
+	}
+	gauge(c.dbUp, 1)
+	for _, state := range []sink.State{sink.StatePending, sink.StateClaimed, sink.StateDone, sink.StateDead} {
+		gauge(c.keys, float64(st.ByState[state]), string(state))
+	}
+	gauge(c.oldestPending, st.OldestPendingAge.Seconds())
+	gauge(c.latency, st.LatencyP50.Seconds(), "0.5")
+	gauge(c.latency, st.LatencyP99.Seconds(), "0.99")
+	gauge(c.latency, st.LatencyMax.Seconds(), "1")
+	counter(c.dbDuplicates, float64(st.DuplicatesSuppressed))
+	counter(c.dbFenced, float64(st.Fenced))
+	counter(c.dbConflicts, float64(st.Conflicts))
+	for src, n := range st.FirstSource {
+		gauge(c.firstSource, float64(n), src)
+	}
+}
