@@ -381,6 +381,36 @@ func TestSessionSettings(t *testing.T) {
 	}
 }
 
+// TestMaxConns: the pool's bound comes from WithMaxConns, or from the DSN's
+// pool_max_conns, which wins; other pool_* parameters are the pool's, not
+// sent to the server (which would refuse an unknown setting).
+func TestMaxConns(t *testing.T) {
+	dsn, _ := testSchema(t)
+	tests := []struct {
+		name string
+		dsn  string
+		opts []Option
+		want int32
+	}{
+		{"default", dsn, nil, DefaultMaxConns},
+		{"option", dsn, []Option{WithMaxConns(3)}, 3},
+		{"option below one", dsn, []Option{WithMaxConns(0)}, 1},
+		{"dsn wins", withParam(dsn, "pool_max_conns", "5"), []Option{WithMaxConns(3)}, 5},
+		{"other pool params", withParam(dsn, "pool_max_conn_lifetime", "10m"), nil, DefaultMaxConns},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := openDSN(t, tt.dsn, sink.Options{}, tt.opts...)
+			if got := s.pool.Stat().MaxConns(); got != tt.want {
+				t.Errorf("Open(%q) MaxConns = %d, want %d", tt.dsn, got, tt.want)
+			}
+			if _, err := s.Get(context.Background(), "gemini:batches/none"); !errors.Is(err, sink.ErrNotFound) {
+				t.Errorf("Get on a fresh sink = %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
 // TestDroppedIdleConnection: a pooled connection the server terminated is
 // replaced before use, so the next call succeeds.
 func TestDroppedIdleConnection(t *testing.T) {
@@ -388,12 +418,11 @@ func TestDroppedIdleConnection(t *testing.T) {
 		t.Run(fmt.Sprint("check=", check), func(t *testing.T) {
 			dsn, _ := testSchema(t)
 			ctx := context.Background()
-			s := openDSN(t, dsn, sink.Options{}, WithMaxConns(1))
-			if !check {
-				s.pool.checkIdleAfter = time.Hour
-			} else {
-				s.pool.checkIdleAfter = 0
+			pingAfter := time.Hour
+			if check {
+				pingAfter = 0
 			}
+			s := openDSN(t, dsn, sink.Options{}, WithMaxConns(1), withPingIdleAfter(pingAfter))
 			if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
 				t.Fatal(err)
 			}

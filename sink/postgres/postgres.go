@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -53,6 +54,13 @@ const (
 	maxRetries = 5
 	// settleTimeout bounds settling an unknown outcome.
 	settleTimeout = 10 * time.Second
+	// pingIdleAfter: a pooled connection idle at least this long is pinged
+	// before use, so that one the server or the network dropped is replaced
+	// rather than failing (or, for a write, leaving its outcome unknown).
+	// pgxpool's own default is 1 s; 30 s spares busy-but-bursty callers a
+	// round trip per burst, and keeps the lost-reply tests (whose reply
+	// stream is cut after a warm-up) from depending on machine speed.
+	pingIdleAfter = 30 * time.Second
 )
 
 // Option adjusts how Open connects; sink.Options carries the contract's knobs.
@@ -63,6 +71,7 @@ type config struct {
 	schema           string
 	statementTimeout time.Duration
 	maxConns         int
+	pingIdleAfter    time.Duration // see the constant; tests change it
 }
 
 // WithLogger sets where payload conflicts, fenced outcomes and settled
@@ -80,12 +89,17 @@ func WithStatementTimeout(d time.Duration) Option {
 }
 
 // WithMaxConns bounds the connections the Sink opens (default
-// DefaultMaxConns; the DSN parameter pool_max_conns also sets it).
+// DefaultMaxConns; values below 1 mean 1). The DSN parameter pool_max_conns,
+// when present, wins.
 func WithMaxConns(n int) Option { return func(c *config) { c.maxConns = n } }
+
+// withPingIdleAfter changes how long a pooled connection may idle before it
+// is pinged on acquire (default pingIdleAfter; 0 pings every time).
+func withPingIdleAfter(d time.Duration) Option { return func(c *config) { c.pingIdleAfter = d } }
 
 // Sink is the PostgreSQL implementation of sink.Sink.
 type Sink struct {
-	pool    *pool
+	pool    *pgxpool.Pool
 	opt     sink.Options
 	dbClock bool   // time decisions use now() (opt.Now was nil at Open)
 	appName string // application_name of our connections, to find orphans
@@ -118,13 +132,14 @@ type doneInfo struct {
 var _ sink.Sink = (*Sink)(nil)
 
 // Open connects to the database named by dsn (postgres://, postgresql:// or
-// key=value; a search_path parameter is passed to the server), applies
+// key=value; a search_path parameter is passed to the server, and pgxpool's
+// pool_* parameters such as pool_max_conns configure the pool), applies
 // pending migrations under an advisory lock, and returns the sink. With
 // opt.ReadOnly it never creates or migrates, and missing tables are
 // sink.ErrNoDatabase. If opt.Now is nil the database clock decides every
 // time; otherwise opt.Now does.
 func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*Sink, error) {
-	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns}
+	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns, pingIdleAfter: pingIdleAfter}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -134,19 +149,22 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	dbClock := opt.Now == nil
 	opt = opt.WithDefaults()
 
-	cfg, err := pgx.ParseConfig(dsn)
+	// pgxpool.ParseConfig takes the pool_* parameters (pool_max_conns,
+	// pool_max_conn_lifetime, …) out of the DSN; the rest are sent to the
+	// server as run-time parameters.
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: parse DSN: %w", err)
 	}
-	rp := cfg.RuntimeParams
-	if v, ok := rp["pool_max_conns"]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("postgres: pool_max_conns=%q: want a positive integer", v)
-		}
-		c.maxConns = n
-		delete(rp, "pool_max_conns")
+	// pool_max_conns in the DSN wins over WithMaxConns; ParseConfig does not
+	// say whether it was there, so look at the unparsed parameters.
+	if raw, err := pgx.ParseConfig(dsn); err != nil || raw.RuntimeParams["pool_max_conns"] == "" {
+		cfg.MaxConns = int32(max(1, min(c.maxConns, 1<<20)))
 	}
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration >= c.pingIdleAfter
+	}
+	rp := cfg.ConnConfig.RuntimeParams
 	if c.schema != "" {
 		rp["search_path"] = pgx.Identifier{c.schema}.Sanitize()
 	}
@@ -173,12 +191,16 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	// Ask the server to cancel a statement whose context ends, so that most
 	// cancellations get a definite answer; the deadline is the fallback,
 	// after which the outcome is unknown and settled by reading back.
-	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+	cfg.ConnConfig.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Second}
 	}
 
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
 	s := &Sink{
-		pool:    newPool(cfg, c.maxConns),
+		pool:    pool,
 		opt:     opt,
 		dbClock: dbClock,
 		appName: rp["application_name"],
@@ -193,7 +215,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		err = s.migrate(ctx, c.schema)
 	}
 	if err != nil {
-		s.pool.close()
+		s.pool.Close()
 		return nil, err
 	}
 	if !opt.ReadOnly {
@@ -337,13 +359,15 @@ func (s *Sink) checkSchema(ctx context.Context) error {
 func (s *Sink) withConn(ctx context.Context, fn func(c *pgx.Conn) error) error {
 	var err error
 	for try := 0; ; try++ {
-		var c *pgx.Conn
-		c, err = s.pool.acquire(ctx)
+		var pc *pgxpool.Conn
+		pc, err = s.pool.Acquire(ctx)
 		if err != nil {
-			return err
+			return acquireError{err}
 		}
-		err = fn(c)
-		s.pool.release(c)
+		err = fn(pc.Conn())
+		// Release destroys the connection instead if it is closed, busy or
+		// still inside a transaction.
+		pc.Release()
 		if err == nil || try >= maxRetries || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
@@ -365,6 +389,14 @@ func retryable(err error) bool {
 	return pgconn.SafeToRetry(err)
 }
 
+// acquireError wraps an error getting a pooled connection (the pool is
+// closed, the context ended while waiting, the server refused a new
+// connection): no statement was sent, so the outcome is known.
+type acquireError struct{ err error }
+
+func (e acquireError) Error() string { return "postgres: acquire a connection: " + e.err.Error() }
+func (e acquireError) Unwrap() error { return e.err }
+
 // unknownOutcome reports an error after which the statement may or may not
 // have committed: the request may have reached the server, and no reply
 // (neither success nor an error) came back.
@@ -380,7 +412,8 @@ func unknownOutcome(err error) bool {
 	if errors.As(err, &nc) {
 		return false // raised inside a transaction before COMMIT was sent
 	}
-	if pgconn.SafeToRetry(err) || errors.Is(err, errPoolClosed) {
+	var ae acquireError
+	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
 		return false // nothing was sent
 	}
 	return true
@@ -456,7 +489,8 @@ func (s *Sink) flusher() {
 	}
 }
 
-// Close flushes buffered statistics and closes the connections.
+// Close flushes buffered statistics and closes the connections, waiting for
+// any still in use by other calls to be given back.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
@@ -466,7 +500,7 @@ func (s *Sink) Close() error {
 			s.closeErr = s.Flush(ctx)
 			cancel()
 		}
-		s.pool.close()
+		s.pool.Close()
 	})
 	return s.closeErr
 }
