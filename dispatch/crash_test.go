@@ -43,6 +43,23 @@ func integrityCheck(t *testing.T, path string) {
 	}
 }
 
+// writeLockFree reports whether a write transaction can begin on the
+// database now (within 200ms).
+func writeLockFree(t *testing.T, path string) bool {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(200)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.Begin()
+	if err != nil {
+		return false
+	}
+	_ = tx.Rollback()
+	return true
+}
+
 // TestR1EightProcessesOneEffectPerKey: eight dispatcher processes drain the
 // same 200 keys through an exec effect; each key's effect runs exactly once.
 func TestR1EightProcessesOneEffectPerKey(t *testing.T) {
@@ -225,15 +242,28 @@ func TestR3StoppedHolderIsFenced(t *testing.T) {
 	recordMany(t, s, []string{key})
 
 	// A: claims, writes its effect line, announces it and holds for 1s.
-	// Concurrency 1, so that A issues no write while it is stopped (a
-	// stopped process holding SQLite's write lock would stall B).
 	a := startChild(t, childConfig{DB: db, Effect: "append", Log: logPath, Lease: lease, Timeout: lease - 500*time.Millisecond,
 		Concurrency: 1, Hold: time.Second, Mode: "once"})
 	if _, ok := a.waitLine(t, "EFFECT-STARTED", 30*time.Second); !ok {
 		t.Fatalf("A never started its effect; stderr:\n%s", a.stderr.String())
 	}
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	// Stop A at a moment it does not hold SQLite's write lock (a batch
+	// claim or a renewal may be in flight): a stopped process holding it
+	// would stall every other writer, B included.
+	for i := 0; ; i++ {
+		if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		if writeLockFree(t, db) {
+			break
+		}
+		if i == 100 {
+			t.Fatal("A held the write lock at every one of 100 stops")
+		}
+		if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	stoppedAt := time.Now()
 	defer a.cmd.Process.Signal(syscall.SIGCONT)

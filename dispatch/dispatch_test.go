@@ -30,7 +30,12 @@ var t0 = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 // openSink opens a fresh SQLite sink in t.TempDir().
 func openSink(t testing.TB, opt sink.Options) *sqlite.Sink {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "gemrecon.db")
+	return openSinkAt(t, filepath.Join(t.TempDir(), "gemrecon.db"), opt)
+}
+
+// openSinkAt opens the sink at path, closed when the test ends.
+func openSinkAt(t testing.TB, path string, opt sink.Options) *sqlite.Sink {
+	t.Helper()
 	s, err := sqlite.Open(context.Background(), path, opt, sqlite.WithLogger(quietLogger()))
 	if err != nil {
 		t.Fatalf("sqlite.Open(%q): %v", path, err)
@@ -308,10 +313,11 @@ func TestDrainShutdownGrace(t *testing.T) {
 	})
 	t.Run("killed after grace", func(t *testing.T) {
 		s := openSink(t, sink.Options{})
-		record(t, s, "gemini:batches/stuck")
+		// Concurrency 1: one key runs, one is claimed ahead, one waits.
+		record(t, s, "gemini:batches/stuck1", "gemini:batches/stuck2", "gemini:batches/stuck3")
 		dir := t.TempDir()
 		ctx, cancel := context.WithCancel(context.Background())
-		d := newDispatcher(t, Config{Sink: s, Grace: 200 * time.Millisecond,
+		d := newDispatcher(t, Config{Sink: s, Grace: 200 * time.Millisecond, Concurrency: 1,
 			Effect: effect.NewExec(`touch started; sleep 30`, effect.ExecDir(dir), effect.ExecOutput(nil))})
 		go func() {
 			deadline := time.Now().Add(20 * time.Second)
@@ -331,12 +337,28 @@ func TestDrainShutdownGrace(t *testing.T) {
 		if el := time.Since(start); el > 15*time.Second {
 			t.Errorf("Drain() took %v: the effect was not killed after grace", el)
 		}
-		if sum.Failed != 1 || sum.OK != 0 {
-			t.Errorf("Drain() = %+v, want one retryable failure", sum)
+		if sum != (Summary{Claimed: 2, Failed: 2}) {
+			t.Errorf("Drain() = %+v, want two claimed, both retryable failures", sum)
 		}
-		e, err := s.Get(context.Background(), "gemini:batches/stuck")
-		if err != nil || e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
-			t.Errorf("Get() = %s %q, %v, want pending with \"interrupted by shutdown\"", e.State, e.LastError, err)
+		es, err := s.List(context.Background(), sink.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var killed, givenBack, untouched int
+		for _, e := range es {
+			switch {
+			case e.State != sink.StatePending:
+				t.Errorf("%s is %s after the drain, want pending", e.Key, e.State)
+			case strings.Contains(e.LastError, "interrupted by shutdown before the effect started"):
+				givenBack++
+			case strings.Contains(e.LastError, "interrupted by shutdown"):
+				killed++
+			case e.Attempts == 0:
+				untouched++
+			}
+		}
+		if killed != 1 || givenBack != 1 || untouched != 1 {
+			t.Errorf("killed %d, given back %d, untouched %d; want 1 each", killed, givenBack, untouched)
 		}
 	})
 }
@@ -414,14 +436,17 @@ func TestFenced(t *testing.T) {
 	for _, viaRenew := range []bool{false, true} {
 		t.Run(fmt.Sprintf("via renew %v", viaRenew), func(t *testing.T) {
 			clock := sinktest.NewClock(t0)
-			s := openSink(t, sink.Options{Now: clock.Now})
+			path := filepath.Join(t.TempDir(), "gemrecon.db")
+			s := openSinkAt(t, path, sink.Options{Now: clock.Now})
+			// Another process, an hour later by its clock: our lease has
+			// expired for it, not for us.
+			other := openSinkAt(t, path, sink.Options{Now: func() time.Time { return t0.Add(time.Hour) }})
 			key := "gemini:batches/taken"
 			record(t, s, key)
 			lease := 900 * time.Millisecond
 			var cause error
 			eff := effectFunc(func(ctx context.Context, ev effect.Event) error {
-				clock.Advance(time.Hour) // our lease has expired
-				if _, err := s.Claim(context.Background(), ev.Key, "other", time.Hour); err != nil {
+				if _, err := other.Claim(context.Background(), ev.Key, "other", time.Hour); err != nil {
 					return fmt.Errorf("takeover: %w", err)
 				}
 				if !viaRenew {
@@ -436,10 +461,8 @@ func TestFenced(t *testing.T) {
 				}
 			})
 			var obs observerLog
-			// Concurrency 1: the jump of the clock would otherwise let this
-			// very Drain's next batch claim take the key over from itself.
 			d := newDispatcher(t, Config{Sink: s, Effect: eff, Lease: lease, EffectTimeout: lease - 100*time.Millisecond,
-				Now: clock.Now, Observer: &obs, Concurrency: 1})
+				Now: clock.Now, Observer: &obs})
 			sum, err := d.Drain(context.Background())
 			if err != nil {
 				t.Fatalf("Drain: %v", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -30,8 +31,9 @@ type drainState struct {
 
 // job is one unit of work: a granted claim, or a key to claim first.
 type job struct {
-	claim *sink.Claim
-	key   string
+	claim     *sink.Claim
+	claimedAt time.Time // by Config.Now, for a claim granted ahead of its slot
+	key       string
 }
 
 // Drain claims and runs every key that is due now, up to Concurrency at a
@@ -40,6 +42,12 @@ type job struct {
 // finish, then are cancelled and recorded as retryable failures; Drain
 // then returns ctx's error, wrapped. A sink error stops claiming too and is
 // returned once the running effects have finished.
+//
+// Batch claims run ahead of the effects by up to Concurrency keys, so that
+// the claim's commit overlaps the running effects' completions (they share
+// the sink's group commits) instead of alternating with them. A claim
+// granted ahead holds its key but has not started its effect: a crash then
+// costs a takeover, never a duplicate effect.
 func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	if err := ctx.Err(); err != nil {
 		return Summary{}, fmt.Errorf("dispatch: drain not started: %w", err)
@@ -47,10 +55,12 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	runCtx, release := d.graceContext(ctx)
 	defer release()
 
+	conc := d.cfg.Concurrency
 	st := &drainState{seen: map[string]bool{}, redue: map[string]bool{}}
-	finished := make(chan struct{}, d.cfg.Concurrency)
+	finished := make(chan struct{}, conc)
 	var wg sync.WaitGroup
 	running := 0
+	var ready []job // granted ahead, waiting for a slot
 	waitOne := func() bool {
 		select {
 		case <-finished:
@@ -67,42 +77,66 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 			}
 		}
 	}
+	startReady := func() {
+		for running < conc && len(ready) > 0 {
+			j := ready[0]
+			ready = ready[1:]
+			running++
+			wg.Go(func() {
+				defer func() { finished <- struct{}{} }()
+				d.runJob(ctx, runCtx, st, j)
+			})
+		}
+	}
 	var claimErr error
-	// Claim in batches of at least half the slots while effects run: each
-	// batch claim is one commit, and a claim per freed slot would cost a
-	// commit per key.
-	batch := max(1, d.cfg.Concurrency/2)
-	for ctx.Err() == nil {
-		if running > 0 && d.cfg.Concurrency-running < batch {
+	// Claim in batches of at least half the slots: each batch claim is one
+	// commit, and a claim per freed slot would cost a commit per key.
+	batch := max(1, conc/2)
+	ahead := conc // not more: a claim held ahead is a key other processes cannot run
+	for {
+		startReady()
+		if ctx.Err() != nil {
+			break
+		}
+		want := conc + ahead - running - len(ready)
+		if running > 0 && want < batch {
 			if !waitOne() {
 				break
 			}
 			continue
 		}
-		jobs, err := d.next(ctx, st, d.cfg.Concurrency-running)
+		jobs, err := d.next(ctx, st, want, conc-running-len(ready))
 		if err != nil {
 			if ctx.Err() == nil {
 				claimErr = err
 			}
 			break
 		}
+		ready = append(ready, jobs...)
 		if len(jobs) == 0 {
-			if running == 0 {
+			if running == 0 && len(ready) == 0 {
 				break
+			}
+			if running == 0 {
+				continue // start what is ready
 			}
 			// Whatever finishes may have freed the way for more (another
 			// holder's lease may expire meanwhile); look again after.
 			if !waitOne() {
 				break
 			}
-			continue
 		}
-		for _, j := range jobs {
-			running++
-			wg.Go(func() {
-				defer func() { finished <- struct{}{} }()
-				d.runJob(ctx, runCtx, st, j)
-			})
+	}
+	// A sink error: run what was claimed already. Shutdown: hand it back.
+	for len(ready) > 0 && ctx.Err() == nil {
+		if running == conc && !waitOne() {
+			break
+		}
+		startReady()
+	}
+	for _, j := range ready {
+		if j.claim != nil {
+			d.giveBack(ctx, st, *j.claim)
 		}
 	}
 	wg.Wait()
@@ -118,8 +152,31 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	return st.sum, errors.Join(st.errs...)
 }
 
-// next returns up to free jobs.
-func (d *Dispatcher) next(ctx context.Context, st *drainState, free int) ([]job, error) {
+// giveBack records a claim granted ahead whose effect never started
+// (shutdown) as a retryable failure, so the key does not wait for its lease.
+func (d *Dispatcher) giveBack(ctx context.Context, st *drainState, c sink.Claim) {
+	wctx, cancel := writeContext(ctx)
+	defer cancel()
+	state, err := d.cfg.Sink.Fail(wctx, c.Key, c.Token, sink.Failure{Cause: "interrupted by shutdown before the effect started"})
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.sum.Claimed++
+	switch {
+	case errors.Is(err, sink.ErrFenced):
+		st.sum.Fenced++
+	case err != nil:
+		st.sum.Failed++
+		st.errs = append(st.errs, fmt.Errorf("dispatch: give back %s: %w", c.Key, err))
+	case state == sink.StateDead:
+		st.sum.Dead++
+	default:
+		st.sum.Failed++
+	}
+}
+
+// next returns up to claims granted claims (batch mode), or up to keys
+// keys to claim when their effect starts (listing mode, see redue).
+func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int) ([]job, error) {
 	d.outcomeMu.Lock()
 	defer d.outcomeMu.Unlock()
 	st.mu.Lock()
@@ -129,36 +186,43 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, free int) ([]job,
 	wctx, cancel := writeContext(ctx)
 	defer cancel()
 	if nRedue == 0 {
-		claims, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, free)
+		if claims <= 0 {
+			return nil, nil
+		}
+		granted, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, claims)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: claim due keys: %w", err)
 		}
-		jobs := make([]job, len(claims))
+		now := d.cfg.Now()
+		jobs := make([]job, len(granted))
 		st.mu.Lock()
-		for i := range claims {
-			jobs[i] = job{claim: &claims[i]}
-			if st.seen[claims[i].Key] {
+		for i := range granted {
+			jobs[i] = job{claim: &granted[i], claimedAt: now}
+			if st.seen[granted[i].Key] {
 				// Only after a stall past our own lease (see seen): a
 				// granted claim is a new attempt; run it rather than
 				// strand it.
-				d.log.Warn("dispatch: a key came due twice in one drain", "key", claims[i].Key)
+				d.log.Warn("dispatch: a key came due twice in one drain", "key", granted[i].Key)
 			}
-			st.seen[claims[i].Key] = true
+			st.seen[granted[i].Key] = true
 		}
 		st.mu.Unlock()
 		return jobs, nil
 	}
+	if keys <= 0 {
+		return nil, nil
+	}
 	// Every seen key that may be due again could come first in the listing:
 	// ask for that many more than there are free slots.
-	keys, err := d.cfg.Sink.Due(wctx, free+nRedue)
+	due, err := d.cfg.Sink.Due(wctx, keys+nRedue)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: list due keys: %w", err)
 	}
 	var jobs []job
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for _, k := range keys {
-		if len(jobs) == free {
+	for _, k := range due {
+		if len(jobs) == keys {
 			break
 		}
 		if st.seen[k] {
@@ -189,6 +253,28 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 			return
 		}
 		j.claim = &c
+	} else if d.cfg.Now().Sub(j.claimedAt) > d.cfg.Lease/3 {
+		// Granted ahead and kept waiting for a slot: renew before the
+		// effect starts, so it gets its whole lease.
+		wctx, cancel := writeContext(ctx)
+		err := d.cfg.Sink.Renew(wctx, j.claim.Key, j.claim.Token, d.cfg.Lease)
+		cancel()
+		if err != nil {
+			st.mu.Lock()
+			st.sum.Claimed++
+			if errors.Is(err, sink.ErrFenced) {
+				st.sum.Fenced++
+				d.log.Error("dispatch: FENCED: a claim waiting for a slot was taken over; its effect was not started", "key", j.claim.Key, "token", j.claim.Token)
+			} else {
+				// Not started: its lease will run out and another
+				// attempt take over.
+				st.sum.Failed++
+				st.errs = append(st.errs, fmt.Errorf("dispatch: renew %s before its effect: %w", j.claim.Key, err))
+			}
+			st.redue[j.claim.Key] = true
+			st.mu.Unlock()
+			return
+		}
 	}
 	st.mu.Lock()
 	st.sum.Claimed++
