@@ -173,6 +173,7 @@ type tailBuffer struct {
 	truncated bool
 }
 
+// Write keeps the last max bytes of everything written.
 func (t *tailBuffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

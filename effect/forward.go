@@ -147,6 +147,7 @@ type StatusError struct {
 	Body string // the start of the response body, bounded
 }
 
+// Error says the status and the start of the body.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("forward: HTTP %d %s", e.Code, http.StatusText(e.Code))
 	if e.Body != "" {
