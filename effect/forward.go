@@ -46,7 +46,8 @@ type Forward struct {
 
 // NewForward returns a Forward effect. secret is a Standard Webhooks secret
 // ("whsec_" + base64), or "" to send unsigned. A nil client means
-// http.DefaultClient (the effect's context bounds every request).
+// http.DefaultClient (the effect's context bounds every request). Redirects
+// are not followed: a 3xx answer is a permanent failure.
 func NewForward(rawURL, secret string, client *http.Client) (*Forward, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -55,10 +56,15 @@ func NewForward(rawURL, secret string, client *http.Client) (*Forward, error) {
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return nil, fmt.Errorf("forward: URL %q must be http:// or https:// with a host", u.Redacted())
 	}
-	f := &Forward{url: rawURL, client: client}
-	if f.client == nil {
-		f.client = http.DefaultClient
+	if client == nil {
+		client = http.DefaultClient
 	}
+	// Never follow redirects: a 302 or 303 would turn the POST into a GET
+	// whose 2xx would pass for a delivered event. A 3xx is answered as
+	// permanent (fix the URL).
+	c := *client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	f := &Forward{url: rawURL, client: &c}
 	if secret != "" {
 		if !strings.HasPrefix(secret, "whsec_") {
 			return nil, errors.New("forward: the signing secret must start with whsec_ (a Standard Webhooks secret)")
@@ -127,7 +133,7 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
-	ferr := &StatusError{Code: resp.StatusCode, Body: clip(snippet)}
+	ferr := &StatusError{Code: resp.StatusCode, Body: clip(snippet), Location: resp.Header.Get("Location")}
 	if !retryableStatus(resp.StatusCode) {
 		return Permanent(ferr)
 	}
@@ -143,13 +149,17 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 
 // StatusError is a forward target's non-2xx answer.
 type StatusError struct {
-	Code int
-	Body string // the start of the response body, bounded
+	Code     int
+	Body     string // the start of the response body, bounded
+	Location string // a redirect's target, which is not followed
 }
 
 // Error says the status and the start of the body.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("forward: HTTP %d %s", e.Code, http.StatusText(e.Code))
+	if e.Location != "" {
+		s += " (redirect to " + e.Location + ", not followed: point the forward URL at it)"
+	}
 	if e.Body != "" {
 		s += ": " + e.Body
 	}

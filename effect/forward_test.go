@@ -42,6 +42,8 @@ func TestForwardStatusMapping(t *testing.T) {
 		{404, "", true, true, 0},
 		{410, "", true, true, 0},
 		{422, "", true, true, 0},
+		{302, "", true, true, 0},
+		{307, "", true, true, 0},
 		{408, "", true, false, 0},
 		{409, "", true, false, 0},
 		{425, "", true, false, 0},
@@ -57,6 +59,13 @@ func TestForwardStatusMapping(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if tt.retryAfter != "" {
 				w.Header().Set("Retry-After", tt.retryAfter)
+			}
+			if tt.status/100 == 3 {
+				if r.URL.Path == "/moved" {
+					w.WriteHeader(http.StatusOK) // a redirect followed would end here
+					return
+				}
+				w.Header().Set("Location", "/moved")
 			}
 			w.WriteHeader(tt.status)
 			io.WriteString(w, "reason-"+strconv.Itoa(tt.status))
