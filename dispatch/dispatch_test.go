@@ -404,23 +404,24 @@ func TestRunKeyOutcomes(t *testing.T) {
 func TestRenewExtendsLease(t *testing.T) {
 	s := openSink(t, sink.Options{})
 	record(t, s, "gemini:batches/long")
-	lease := 600 * time.Millisecond
+	const lease = 3 * time.Second // renewed every second
 	var first, later time.Time
 	eff := effectFunc(func(ctx context.Context, ev effect.Event) error {
 		e, err := s.Get(ctx, ev.Key)
 		if err != nil {
 			return err
 		}
-		first = e.LeaseUntil
-		time.Sleep(lease/3 + 250*time.Millisecond)
-		e, err = s.Get(ctx, ev.Key)
-		if err != nil {
-			return err
+		first, later = e.LeaseUntil, e.LeaseUntil
+		for !later.After(first) && ctx.Err() == nil {
+			time.Sleep(50 * time.Millisecond)
+			if e, err = s.Get(ctx, ev.Key); err != nil {
+				return err
+			}
+			later = e.LeaseUntil
 		}
-		later = e.LeaseUntil
 		return nil
 	})
-	d := newDispatcher(t, Config{Sink: s, Effect: eff, Lease: lease, EffectTimeout: lease - 50*time.Millisecond})
+	d := newDispatcher(t, Config{Sink: s, Effect: eff, Lease: lease, EffectTimeout: lease - 500*time.Millisecond})
 	if sum, err := d.Drain(context.Background()); err != nil || sum.OK != 1 {
 		t.Fatalf("Drain() = %+v, %v", sum, err)
 	}
@@ -443,7 +444,7 @@ func TestFenced(t *testing.T) {
 			other := openSinkAt(t, path, sink.Options{Now: func() time.Time { return t0.Add(time.Hour) }})
 			key := "gemini:batches/taken"
 			record(t, s, key)
-			lease := 900 * time.Millisecond
+			lease := 3 * time.Second // renewed every second
 			var cause error
 			eff := effectFunc(func(ctx context.Context, ev effect.Event) error {
 				if _, err := other.Claim(context.Background(), ev.Key, "other", time.Hour); err != nil {
