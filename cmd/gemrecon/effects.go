@@ -100,13 +100,17 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*d
 	if err != nil {
 		return nil, err
 	}
+	grace := f.grace
+	if grace == 0 {
+		grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
+	}
 	d, err := dispatch.New(dispatch.Config{
 		Sink:          s,
 		Effect:        eff,
 		Lease:         f.lease,
 		EffectTimeout: f.effectTimeout,
 		Concurrency:   f.concurrency,
-		Grace:         f.grace,
+		Grace:         grace,
 		Logger:        a.logger,
 		Observer:      obs,
 	})
