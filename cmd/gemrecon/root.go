@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,6 +33,10 @@ type app struct {
 
 // execute builds the command tree, runs args and returns the exit status.
 func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// Effects, workers and the logger write to stderr concurrently. (stdout
+	// is left as it is: only the print effect writes there, under its own
+	// lock, and it must see an *os.File to sync each line.)
+	stderr = &syncWriter{w: stderr}
 	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
 	root := a.rootCommand()
 	root.SetArgs(args)
@@ -111,6 +116,18 @@ line) runs until it succeeds, and never again once it is done.`,
 		a.versionCommand(),
 	)
 	return root
+}
+
+// syncWriter serialises writes to one stream.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 func envOr(name, def string) string {
