@@ -1,0 +1,371 @@
+package effect
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"unicode/utf8"
+)
+
+// SQLParamNames returns the names of the parameters a --sql script may use
+// (without the @), in the order of spec §4. Params binds all of them.
+func SQLParamNames() []string {
+	return []string{"key", "name", "state", "source", "token", "attempt", "operation"}
+}
+
+// SQL is the --sql effect of spec §4: a script that the sink runs inside the
+// very transaction that marks the key done (sink.SQLCompleter). It is not an
+// Effect: the dispatcher hands Script and Params to the sink instead of
+// calling Run.
+type SQL struct {
+	path       string
+	script     string
+	statements []string
+	uses       []string
+}
+
+// LoadSQL reads and checks a --sql file at start-up. Errors name the file
+// and say what is wrong: an unreadable or empty file, an unterminated
+// literal or comment, a parameter other than @key, @name, @state, @source,
+// @token, @attempt and @operation (an @ inside a string literal, a quoted
+// identifier or a comment is not a parameter), a positional or other-style
+// parameter (?, ?1, :name, $1, $name), or a statement that would end the
+// transaction (BEGIN, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE,
+// START TRANSACTION, PREPARE TRANSACTION).
+func LoadSQL(path string) (*SQL, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--sql %s: %w", path, err)
+	}
+	if !utf8.Valid(b) {
+		return nil, fmt.Errorf("--sql %s: not UTF-8 text", path)
+	}
+	q, err := ParseSQL(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("--sql %s: %w", path, err)
+	}
+	q.path = path
+	return q, nil
+}
+
+// ParseSQL checks a script as LoadSQL does, without a file.
+func ParseSQL(script string) (*SQL, error) {
+	stmts, uses, err := lexSQL(script)
+	if err != nil {
+		return nil, err
+	}
+	if len(stmts) == 0 {
+		return nil, errors.New("no SQL statements (the script is empty or only comments)")
+	}
+	return &SQL{script: script, statements: stmts, uses: uses}, nil
+}
+
+// Path is the file the script was loaded from ("" for ParseSQL).
+func (q *SQL) Path() string { return q.path }
+
+// Script is the script as written; the sink runs it as a whole.
+func (q *SQL) Script() string { return q.script }
+
+// Statements are the script's statements as LoadSQL split them (for
+// messages and tests; the sink runs Script).
+func (q *SQL) Statements() []string { return append([]string(nil), q.statements...) }
+
+// Uses lists the parameters the script uses, without the @, in the order of
+// their first use.
+func (q *SQL) Uses() []string { return append([]string(nil), q.uses...) }
+
+// Params returns the named parameters for one attempt: key, name, state,
+// source (text), token and attempt (integers), and operation: the
+// operation's JSON text as the API or the webhook gave it, or NULL when none
+// was recorded (cast it on PostgreSQL: @operation::jsonb; on SQLite use the
+// JSON functions, json_extract(@operation, '$.name')).
+func (q *SQL) Params(ev Event) map[string]any {
+	var op any
+	if len(ev.Operation) > 0 {
+		op = string(ev.Operation)
+	}
+	return map[string]any{
+		"key":       ev.Key,
+		"name":      ev.Name,
+		"state":     ev.State,
+		"source":    ev.Source,
+		"token":     ev.Token,
+		"attempt":   int64(ev.Attempt),
+		"operation": op,
+	}
+}
+
+func knownParam(name string) bool {
+	for _, p := range SQLParamNames() {
+		if p == name {
+			return true
+		}
+	}
+	return false
+}
+
+func knownList() string {
+	var b strings.Builder
+	for i, p := range SQLParamNames() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("@" + p)
+	}
+	return b.String()
+}
+
+func isIdentStart(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
+}
+
+func isIdentChar(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' || c == '$' }
+
+func isParamChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= '0' && c <= '9'
+}
+
+// dollarTag returns the length of a PostgreSQL dollar-quote opening at
+// s[0] == '$' ("$$" or "$tag$"), or 0.
+func dollarTag(s string) int {
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		if c == '$' {
+			return i + 1
+		}
+		if !(isIdentStart(c) || i > 1 && c >= '0' && c <= '9') {
+			return 0
+		}
+	}
+	return 0
+}
+
+// stmtState follows one statement's words: its first two (transaction
+// control) and, in a CREATE statement, a BEGIN … END body (a SQLite trigger,
+// a PostgreSQL BEGIN ATOMIC function) whose semicolons do not end it.
+type stmtState struct {
+	start     int
+	first     int      // where the first word starts
+	words     []string // the first two words, upper case
+	create    bool
+	inBody    bool
+	bodyDone  bool
+	caseDepth int
+	nonEmpty  bool
+}
+
+func (st *stmtState) word(w string) {
+	st.nonEmpty = true
+	u := strings.ToUpper(w)
+	if len(st.words) < 2 {
+		st.words = append(st.words, u)
+		if len(st.words) == 1 && u == "CREATE" {
+			st.create = true
+		}
+	}
+	if !st.create || st.bodyDone {
+		return
+	}
+	switch u {
+	case "BEGIN":
+		st.inBody = true
+	case "CASE":
+		if st.inBody {
+			st.caseDepth++
+		}
+	case "END":
+		if st.inBody {
+			if st.caseDepth > 0 {
+				st.caseDepth--
+			} else {
+				st.bodyDone = true
+			}
+		}
+	}
+}
+
+// endsHere reports whether a semicolon ends the statement.
+func (st *stmtState) endsHere() bool { return !st.inBody || st.bodyDone }
+
+// txControl names a statement that would end or split the transaction.
+func (st *stmtState) txControl() string {
+	if len(st.words) == 0 {
+		return ""
+	}
+	switch st.words[0] {
+	case "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE":
+		return st.words[0]
+	case "START", "PREPARE":
+		if len(st.words) > 1 && st.words[1] == "TRANSACTION" {
+			return st.words[0] + " TRANSACTION"
+		}
+	}
+	return ""
+}
+
+// lexSQL splits script into statements and collects the parameters it uses.
+// It knows the lexical rules the two backends share: '…' strings (” inside),
+// E'…' strings (backslash escapes), "…" and `…` identifiers, -- and /* */
+// comments (nested, as PostgreSQL and pgx read them), and PostgreSQL
+// $tag$…$tag$ strings.
+func lexSQL(s string) (stmts, uses []string, err error) {
+	lineOf := func(i int) int { return 1 + strings.Count(s[:i], "\n") }
+	seen := map[string]bool{}
+	st := &stmtState{}
+	finish := func(end int) error {
+		if st.nonEmpty {
+			if tc := st.txControl(); tc != "" {
+				return fmt.Errorf("line %d: %s: the script runs inside gemrecon's transaction and must not control it", lineOf(st.first), tc)
+			}
+			stmts = append(stmts, strings.TrimSpace(s[st.start:end]))
+		}
+		st = &stmtState{start: end + 1}
+		return nil
+	}
+	i := 0
+	for i < len(s) {
+		c := s[i]
+		switch {
+		case c == '\'':
+			j, err := skipQuoted(s, i, '\'', false)
+			if err != nil {
+				return nil, nil, err
+			}
+			st.nonEmpty, i = true, j
+		case (c == 'e' || c == 'E') && i+1 < len(s) && s[i+1] == '\'':
+			j, err := skipQuoted(s, i+1, '\'', true)
+			if err != nil {
+				return nil, nil, err
+			}
+			st.nonEmpty, i = true, j
+		case c == '"' || c == '`':
+			j, err := skipQuoted(s, i, c, false)
+			if err != nil {
+				return nil, nil, err
+			}
+			st.nonEmpty, i = true, j
+		case c == '-' && strings.HasPrefix(s[i:], "--"):
+			j := strings.IndexByte(s[i:], '\n')
+			if j < 0 {
+				i = len(s)
+			} else {
+				i += j + 1
+			}
+		case c == '/' && strings.HasPrefix(s[i:], "/*"):
+			depth, j := 1, i+2
+			for depth > 0 {
+				if j >= len(s) {
+					return nil, nil, fmt.Errorf("line %d: unterminated /* comment", lineOf(i))
+				}
+				switch {
+				case strings.HasPrefix(s[j:], "/*"):
+					depth, j = depth+1, j+2
+				case strings.HasPrefix(s[j:], "*/"):
+					depth, j = depth-1, j+2
+				default:
+					j++
+				}
+			}
+			i = j
+		case c == '$':
+			if n := dollarTag(s[i:]); n > 0 {
+				tag := s[i : i+n]
+				k := strings.Index(s[i+n:], tag)
+				if k < 0 {
+					return nil, nil, fmt.Errorf("line %d: unterminated %s string", lineOf(i), tag)
+				}
+				st.nonEmpty, i = true, i+n+k+n
+				continue
+			}
+			j := i + 1
+			for j < len(s) && isParamChar(s[j]) {
+				j++
+			}
+			if j > i+1 {
+				return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:j], knownList())
+			}
+			st.nonEmpty, i = true, i+1
+		case c == '?':
+			j := i + 1
+			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+				j++
+			}
+			return nil, nil, fmt.Errorf("line %d: positional parameter %s: use the named parameters %s (on PostgreSQL, write the jsonb operators ?, ?| and ?& as jsonb_exists, jsonb_exists_any and jsonb_exists_all)", lineOf(i), s[i:j], knownList())
+		case c == ':' && i+1 < len(s) && isIdentStart(s[i+1]) && s[i+1] < 0x80 && (i == 0 || s[i-1] != ':'):
+			j := i + 1
+			for j < len(s) && isParamChar(s[j]) {
+				j++
+			}
+			return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:j], knownList())
+		case c == '@' && i+1 < len(s) && (s[i+1] == '_' || s[i+1] < 0x80 && isIdentStart(s[i+1])):
+			j := i + 1
+			for j < len(s) && isParamChar(s[j]) {
+				j++
+			}
+			name := s[i+1 : j]
+			if !knownParam(name) {
+				return nil, nil, fmt.Errorf("unknown parameter @%s at line %d (known: %s)", name, lineOf(i), knownList())
+			}
+			if !seen[name] {
+				seen[name] = true
+				uses = append(uses, name)
+			}
+			st.nonEmpty, i = true, j
+		case isIdentStart(c):
+			j := i + 1
+			for j < len(s) && isIdentChar(s[j]) {
+				j++
+			}
+			if len(st.words) == 0 {
+				st.first = i
+			}
+			st.word(s[i:j])
+			i = j
+		case c == ';':
+			if st.endsHere() {
+				if err := finish(i); err != nil {
+					return nil, nil, err
+				}
+			}
+			i++
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
+			i++
+		default:
+			st.nonEmpty = true
+			i++
+		}
+	}
+	if st.inBody && !st.bodyDone {
+		return nil, nil, fmt.Errorf("line %d: BEGIN without its END", lineOf(st.start))
+	}
+	if err := finish(len(s)); err != nil {
+		return nil, nil, err
+	}
+	return stmts, uses, nil
+}
+
+// skipQuoted returns the index just past the literal or quoted identifier
+// that opens at s[i] == q; a doubled q stands for itself, and with
+// backslash a backslash escapes the next byte.
+func skipQuoted(s string, i int, q byte, backslash bool) (int, error) {
+	for j := i + 1; j < len(s); j++ {
+		switch s[j] {
+		case '\\':
+			if backslash {
+				j++
+			}
+		case q:
+			if j+1 < len(s) && s[j+1] == q {
+				j++
+				continue
+			}
+			return j + 1, nil
+		}
+	}
+	what := "string literal"
+	if q != '\'' {
+		what = "quoted identifier"
+	}
+	return 0, fmt.Errorf("line %d: unterminated %s", 1+strings.Count(s[:i], "\n"), what)
+}
