@@ -2,7 +2,8 @@ package dispatch
 
 // The multi-process harness: TestMain re-executes this test binary as a
 // dispatcher process when GDT_CHILD is set, so the crash and concurrency
-// tests (R1–R3) run real processes against one SQLite file.
+// tests (R1–R3) run real processes against one database: a SQLite file, or
+// (R1, R3) a PostgreSQL schema, whichever GDT_DB names.
 
 import (
 	"bufio"
@@ -23,7 +24,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/dial"
 )
 
 func TestMain(m *testing.M) {
@@ -36,7 +37,7 @@ func TestMain(m *testing.M) {
 // childConfig is what a child dispatcher process is told through its
 // environment.
 type childConfig struct {
-	DB          string        // GDT_DB
+	DB          string        // GDT_DB: a SQLite path or a postgres:// DSN (sink/dial)
 	Effect      string        // GDT_EFFECT: "append" (appendEffect on GDT_LOG) or "exec" (GDT_EXEC)
 	Log         string        // GDT_LOG
 	Exec        string        // GDT_EXEC
@@ -81,8 +82,11 @@ func childMain() int {
 		Concurrency: conc, Hold: dur("GDT_HOLD"), Mode: os.Getenv("GDT_MODE"),
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	// dial.Open takes no logger: the backends log to slog.Default, which in
+	// this child process (not the test binary's parent) is the quiet logger.
+	slog.SetDefault(logger)
 	ctx := context.Background()
-	s, err := sqlite.Open(ctx, cfg.DB, sink.Options{BusyTimeout: 30 * time.Second}, sqlite.WithLogger(logger))
+	s, err := dial.Open(ctx, cfg.DB, sink.Options{BusyTimeout: 30 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: open:", err)
 		return 1
