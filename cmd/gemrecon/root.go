@@ -160,7 +160,7 @@ func (a *app) setup() error {
 
 // openSink opens the configured database. Read-only opens never create it.
 func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error) {
-	s, err := dial.Open(ctx, a.db, opt)
+	s, err := dial.OpenWithLogger(ctx, a.db, opt, a.logger)
 	if err != nil {
 		return nil, err
 	}
