@@ -46,21 +46,21 @@ func TestMultiInstancePostgres(t *testing.T) {
 
 	var servers []*exec.Cmd
 	var urls []string
-	var serverErr []*bytes.Buffer
+	var serverErr []*safeBuffer
 	for i := 0; i < 2; i++ {
 		addr := freeAddr(t)
 		cmd := child(t, "--db", dsn, "--log-level", "warn", "serve", "--listen", addr, "--concurrency", "8", effectFlag)
 		cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+secret)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
+		stderr := &safeBuffer{}
+		cmd.Stderr = stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		servers = append(servers, cmd)
-		serverErr = append(serverErr, &stderr)
+		serverErr = append(serverErr, stderr)
 		urls = append(urls, "http://"+addr)
-		waitHealthy(t, "http://"+addr+"/healthz", &stderr)
+		waitHealthy(t, "http://"+addr+"/healthz", stderr)
 	}
 
 	// Pollers and webhook deliveries run at the same time.
@@ -172,7 +172,7 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-func waitHealthy(t *testing.T, url string, stderr *bytes.Buffer) {
+func waitHealthy(t *testing.T, url string, stderr fmt.Stringer) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
