@@ -63,11 +63,11 @@ func checkSighting(sg sink.Sighting) error {
 	return nil
 }
 
-func readKeyRow(ctx context.Context, q rowQuerier, key string) (keyRow, bool, error) {
+// scanKeyRow reads the result of qKeyRow.
+func scanKeyRow(row *sql.Row) (keyRow, bool, error) {
 	var r keyRow
 	var st string
-	err := q.QueryRowContext(ctx, `SELECT k.state, k.first_source, p.payload_sha, k.next_attempt_at, k.lease_until
-		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`, key).Scan(&st, &r.firstSource, &r.sha, &r.nextAttempt, &r.leaseUntil)
+	err := row.Scan(&st, &r.firstSource, &r.sha, &r.nextAttempt, &r.leaseUntil)
 	if errors.Is(err, sql.ErrNoRows) {
 		return keyRow{}, false, nil
 	}
@@ -104,7 +104,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 		s.noteDuplicate(sg, info.firstSource, info.sha)
 		return sink.RecordResult{State: sink.StateDone}, nil
 	}
-	r, found, err := readKeyRow(ctx, s.rdb, sg.Key)
+	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
 	if err != nil {
 		return sink.RecordResult{}, s.fail(err)
 	}
@@ -134,26 +134,21 @@ func (s *Sink) knownRow(sg sink.Sighting, r keyRow) {
 // recordTx inserts a new key as pending and due now, or (another writer got
 // there first) notes a duplicate.
 func (s *Sink) recordTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
-	ctx := context.Background()
 	now := s.nowNS()
-	res, err := tx.ExecContext(ctx, `INSERT INTO gemrecon_keys
-		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at)
-		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3)
-		ON CONFLICT (key) DO NOTHING`, sg.Key, sg.Source, now)
+	res, err := s.txExec(tx, qInsertKey, sg.Key, sg.Source, now)
 	if err != nil {
 		return sink.RecordResult{}, keyRow{}, err
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
 		if len(sg.Payload) > 0 {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`,
-				sg.Key, sg.Payload, sha); err != nil {
+			if _, err := s.txExec(tx, qInsertPayload, sg.Key, sg.Payload, sha); err != nil {
 				return sink.RecordResult{}, keyRow{}, err
 			}
 		}
 		return sink.RecordResult{New: true, State: sink.StatePending},
 			keyRow{state: sink.StatePending, firstSource: sg.Source, sha: sha, nextAttempt: now}, nil
 	}
-	r, _, err := readKeyRow(ctx, tx, sg.Key)
+	r, _, err := scanKeyRow(s.txQueryRow(tx, qKeyRow, sg.Key))
 	if err != nil {
 		return sink.RecordResult{}, keyRow{}, err
 	}
@@ -184,7 +179,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{State: sink.StateDone}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
 	}
-	r, found, err := readKeyRow(ctx, s.rdb, sg.Key)
+	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
 	if err != nil {
 		return sink.RecordResult{}, sink.Claim{}, s.fail(err)
 	}
@@ -228,7 +223,6 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 // failed with "lease expired", and when it was the last allowed attempt the
 // key goes dead instead.
 func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink.Claim, error) {
-	ctx := context.Background()
 	now := s.nowNS()
 	var (
 		st                        string
@@ -237,8 +231,7 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 		payload                   []byte
 		firstSource               string
 	)
-	err := tx.QueryRowContext(ctx, `SELECT k.state, k.attempts, k.token, k.lease_until, k.next_attempt_at, p.payload, k.first_source
-		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource)
+	err := s.txQueryRow(tx, qClaimRow, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %w", key, sink.ErrNotFound)
 	}
@@ -251,8 +244,7 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 	case st == string(sink.StateClaimed) && leaseUntil <= now:
 		takeover = true
 		if attempts >= s.opt.MaxAttempts {
-			if _, err := tx.ExecContext(ctx, `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
-				next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`, leaseExpired, key); err != nil {
+			if _, err := s.txExec(tx, qDeadExpired, leaseExpired, key); err != nil {
 				return sink.Claim{}, err
 			}
 			s.log.Warn("sqlite sink: lease expired on the last attempt; key is dead", "db", s.path, "key", key, "attempts", attempts)
@@ -269,10 +261,7 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %s: %w", key, st, sink.ErrNotClaimable)
 	}
 	until := now + int64(lease)
-	if _, err := tx.ExecContext(ctx, `UPDATE gemrecon_keys SET state = 'claimed', token = ?1, attempts = ?2,
-		lease_owner = ?3, lease_until = ?4, due_at = ?4, next_attempt_at = 0,
-		last_error = CASE WHEN ?5 THEN ?6 ELSE last_error END
-		WHERE key = ?7`, token+1, attempts+1, owner, until, takeover, leaseExpired, key); err != nil {
+	if _, err := s.txExec(tx, qClaim, token+1, attempts+1, owner, until, takeover, leaseExpired, key); err != nil {
 		return sink.Claim{}, err
 	}
 	return sink.Claim{
@@ -302,7 +291,7 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 					break
 				}
 			}
-			keys, err := dueKeys(context.Background(), tx, s.nowNS(), want)
+			keys, err := scanKeys(s.txQuery(tx, qDueKeys, s.nowNS(), want))
 			if err != nil {
 				return nil, err
 			}
@@ -336,18 +325,16 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 // fencedTx explains why a token-checked write matched no row: ErrNotFound when
 // the key is unknown, else ErrFenced, counted durably and logged.
 func (s *Sink) fencedTx(tx *sql.Tx, what, key string, token int64) error {
-	ctx := context.Background()
 	var st string
 	var cur int64
-	err := tx.QueryRowContext(ctx, `SELECT state, token FROM gemrecon_keys WHERE key = ?`, key).Scan(&st, &cur)
+	err := s.txQueryRow(tx, qFencedRow, key).Scan(&st, &cur)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("sqlite sink: %s %s: %w", what, key, sink.ErrNotFound)
 	}
 	if err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 1)
-		ON CONFLICT (name) DO UPDATE SET value = value + 1`); err != nil {
+	if _, err := s.txExec(tx, qFencedInc); err != nil {
 		return err
 	}
 	s.log.Error("sqlite sink: fenced outcome discarded: the claim's token is no longer current",
@@ -361,8 +348,7 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 		return err
 	}
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET lease_until = ?1, due_at = ?1
-			WHERE key = ?2 AND state = 'claimed' AND token = ?3`, s.nowNS()+int64(lease), key, token)
+		res, err := s.txExec(tx, qRenew, s.nowNS()+int64(lease), key, token)
 		if err != nil {
 			return nil, err
 		}
@@ -378,18 +364,14 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		var info doneInfo
-		bg := context.Background()
-		err := tx.QueryRowContext(bg, `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
-			lease_owner = '', lease_until = 0, next_attempt_at = 0
-			WHERE key = ?2 AND state = 'claimed' AND token = ?3
-			RETURNING first_source`, s.nowNS(), key, token).Scan(&info.firstSource)
+		err := s.txQueryRow(tx, qComplete, s.nowNS(), key, token).Scan(&info.firstSource)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, s.fencedTx(tx, "complete", key, token)
 		}
 		if err != nil {
 			return nil, err
 		}
-		err = tx.QueryRowContext(bg, `SELECT payload_sha FROM gemrecon_payloads WHERE key = ?`, key).Scan(&info.sha)
+		err = s.txQueryRow(tx, qPayloadSHA, key).Scan(&info.sha)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil
 		}
@@ -402,10 +384,8 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 // f.NotBefore), or dead when permanent or the attempts are exhausted.
 func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure) (sink.State, error) {
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		bg := context.Background()
 		var attempts int
-		err := tx.QueryRowContext(bg, `SELECT attempts FROM gemrecon_keys WHERE key = ? AND state = 'claimed' AND token = ?`,
-			key, token).Scan(&attempts)
+		err := s.txQueryRow(tx, qFailRow, key, token).Scan(&attempts)
 		if errors.Is(err, sql.ErrNoRows) {
 			return sink.State(""), s.fencedTx(tx, "fail", key, token)
 		}
@@ -414,8 +394,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		}
 		cause := sink.TruncateError(f.Cause)
 		if f.Permanent || attempts >= s.opt.MaxAttempts {
-			_, err := tx.ExecContext(bg, `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
-				next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`, cause, key)
+			_, err := s.txExec(tx, qFailDead, cause, key)
 			return sink.StateDead, err
 		}
 		now := s.opt.Now()
@@ -423,8 +402,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		if !f.NotBefore.IsZero() {
 			delay = max(delay, f.NotBefore.Sub(now))
 		}
-		_, err = tx.ExecContext(bg, `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
-			next_attempt_at = ?1, due_at = ?1, last_error = ?2 WHERE key = ?3`, now.Add(delay).UnixNano(), cause, key)
+		_, err = s.txExec(tx, qFailPending, now.Add(delay).UnixNano(), cause, key)
 		return sink.StatePending, err
 	}, nil)
 	st, _ := v.(sink.State)
@@ -504,7 +482,7 @@ func (s *Sink) NoteLookback(ctx context.Context, lookback time.Duration) error {
 // locked by another process beyond the busy timeout fails here).
 func (s *Sink) Ping(ctx context.Context) error {
 	var n int64
-	if err := s.rdb.QueryRowContext(ctx, `SELECT count(*) FROM gemrecon_meta`).Scan(&n); err != nil {
+	if err := s.readQueryRow(ctx, qPing).Scan(&n); err != nil {
 		return s.fail(err)
 	}
 	if s.wdb == nil {

@@ -17,21 +17,25 @@ type rowsQuerier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// dueKeys lists claimable keys, oldest first: by the time they became due
-// (next attempt, or lease end for an expired claim), then first sighting.
-func dueKeys(ctx context.Context, q rowsQuerier, now int64, limit int) ([]string, error) {
-	rows, err := q.QueryContext(ctx, `SELECT key FROM gemrecon_keys
-		WHERE state IN ('pending', 'claimed') AND due_at <= ?1
-		ORDER BY due_at, first_seen_at, key
-		LIMIT ?2`, now, limit)
+// scanKeys reads the keys of qDueKeys (the first column).
+func scanKeys(rows *sql.Rows, err error) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	dest := make([]any, len(cols))
+	var k string
+	dest[0] = &k
+	for i := 1; i < len(dest); i++ {
+		dest[i] = new(any)
+	}
 	var keys []string
 	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		keys = append(keys, k)
@@ -44,7 +48,7 @@ func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
 	if limit <= 0 {
 		limit = -1
 	}
-	keys, err := dueKeys(ctx, s.rdb, s.nowNS(), limit)
+	keys, err := scanKeys(s.readQuery(ctx, qDueKeys, s.nowNS(), limit))
 	return keys, s.fail(err)
 }
 
@@ -83,7 +87,7 @@ func splitSources(s string) []string {
 
 // Get returns one key's entry, including sightings not yet written.
 func (s *Sink) Get(ctx context.Context, key string) (sink.Entry, error) {
-	e, err := scanEntry(s.rdb.QueryRowContext(ctx, selectEntry+`WHERE k.key = ?`, key))
+	e, err := scanEntry(s.readQueryRow(ctx, qGet, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sink.Entry{}, fmt.Errorf("sqlite sink: %s: %w", key, sink.ErrNotFound)
 	}

@@ -70,6 +70,14 @@ type Sink struct {
 	rdb *sql.DB // reader pool
 	wdb *sql.DB // one writer connection; nil when read-only
 
+	rprep prepared // readerQueries on rdb
+	wprep prepared // writerQueries on wdb; nil when read-only
+	// batchTx is the writer's current transaction and batchStmts its
+	// statements bound to it; only the writer goroutine touches them.
+	batchTx    *sql.Tx
+	batchStmts map[string]*sql.Stmt
+	unprepared atomic.Int64 // queries run without a prepared statement
+
 	done  *doneCache
 	stats *statBuffer
 
@@ -141,9 +149,14 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 			return nil, s.fail(err)
 		}
 		s.rdb.SetMaxOpenConns(4)
+		s.rdb.SetMaxIdleConns(4)
 		if err := s.checkReadable(ctx); err != nil {
 			s.rdb.Close()
 			return nil, err
+		}
+		if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
+			s.rdb.Close()
+			return nil, s.fail(err)
 		}
 		return s, nil
 	}
@@ -164,7 +177,21 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 		s.wdb.Close()
 		return nil, s.fail(err)
 	}
+	// Every reader connection stays open, with its prepared statements.
 	s.rdb.SetMaxOpenConns(4)
+	s.rdb.SetMaxIdleConns(4)
+	if s.wprep, err = prepare(ctx, s.wdb, writerQueries()); err != nil {
+		s.rdb.Close()
+		s.wdb.Close()
+		return nil, s.fail(err)
+	}
+	if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
+		s.wprep.close()
+		s.rdb.Close()
+		s.wdb.Close()
+		return nil, s.fail(err)
+	}
+	s.batchStmts = make(map[string]*sql.Stmt)
 	s.ops = make(chan *op, maxBatch)
 	s.quit = make(chan struct{})
 	s.exited = make(chan struct{})
@@ -340,9 +367,9 @@ func (s *Sink) Close() error {
 		if err := s.flushErr(); err != nil {
 			errs = append(errs, err)
 		}
-		errs = append(errs, s.wdb.Close())
+		errs = append(errs, s.wprep.close(), s.wdb.Close())
 	}
-	errs = append(errs, s.rdb.Close())
+	errs = append(errs, s.rprep.close(), s.rdb.Close())
 	return errors.Join(errs...)
 }
 

@@ -121,6 +121,11 @@ func (s *Sink) runBatch(batch []*op) error {
 	if err != nil {
 		return answerAll(s.fail(err))
 	}
+	s.batchTx = tx
+	defer func() {
+		s.batchTx = nil
+		clear(s.batchStmts)
+	}()
 	results := make([]opResult, len(batch))
 	for i, o := range batch {
 		if o.fn == nil {
@@ -130,19 +135,19 @@ func (s *Sink) runBatch(batch []*op) error {
 			results[i].err = err // the caller left before its turn: do nothing
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT op"); err != nil {
+		if _, err := s.txExec(tx, qSavepoint); err != nil {
 			tx.Rollback()
 			return answerAll(s.fail(err))
 		}
 		v, err := o.fn(tx)
 		if err != nil && !domainError(err) {
-			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO op"); rerr != nil {
+			if _, rerr := s.txExec(tx, qRollbackTo); rerr != nil {
 				tx.Rollback()
 				return answerAll(s.fail(rerr))
 			}
 			err = s.fail(err)
 		}
-		if _, err := tx.ExecContext(ctx, "RELEASE op"); err != nil {
+		if _, err := s.txExec(tx, qRelease); err != nil {
 			tx.Rollback()
 			return answerAll(s.fail(err))
 		}
@@ -150,7 +155,7 @@ func (s *Sink) runBatch(batch []*op) error {
 	}
 	deltas := s.stats.take()
 	if len(deltas) > 0 {
-		if err := s.applyDeltas(ctx, tx, deltas); err != nil {
+		if err := s.applyDeltas(tx, deltas); err != nil {
 			s.log.Warn("sqlite sink: writing sighting statistics failed; kept in memory", "db", s.path, "err", err)
 			s.stats.putBack(deltas)
 			deltas = nil
@@ -174,34 +179,17 @@ func (s *Sink) runBatch(batch []*op) error {
 }
 
 // applyDeltas writes buffered sighting statistics inside tx, all or nothing.
-func (s *Sink) applyDeltas(ctx context.Context, tx *sql.Tx, deltas map[string]*delta) error {
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT stats"); err != nil {
+func (s *Sink) applyDeltas(tx *sql.Tx, deltas map[string]*delta) error {
+	if _, err := s.txExec(tx, qSavepointStats); err != nil {
 		return err
 	}
 	err := func() error {
-		up, err := tx.PrepareContext(ctx, `UPDATE gemrecon_keys SET
-			seen_count = seen_count + ?1,
-			last_seen_at = max(last_seen_at, ?2),
-			conflicts = conflicts + ?3,
-			sources = CASE WHEN instr(sources, ',' || ?4 || ',') > 0 THEN sources ELSE sources || ?4 || ',' END
-			WHERE key = ?5`)
-		if err != nil {
-			return err
-		}
-		defer up.Close()
-		src, err := tx.PrepareContext(ctx, `UPDATE gemrecon_keys SET
-			sources = CASE WHEN instr(sources, ',' || ?1 || ',') > 0 THEN sources ELSE sources || ?1 || ',' END
-			WHERE key = ?2`)
-		if err != nil {
-			return err
-		}
-		defer src.Close()
 		for k, d := range deltas {
-			if _, err := up.ExecContext(ctx, d.seen, d.last, d.conflicts, d.sources[0], k); err != nil {
+			if _, err := s.txExec(tx, qStatsSeen, d.seen, d.last, d.conflicts, d.sources[0], k); err != nil {
 				return err
 			}
 			for _, extra := range d.sources[1:] {
-				if _, err := src.ExecContext(ctx, extra, k); err != nil {
+				if _, err := s.txExec(tx, qStatsSource, extra, k); err != nil {
 					return err
 				}
 			}
@@ -209,11 +197,11 @@ func (s *Sink) applyDeltas(ctx context.Context, tx *sql.Tx, deltas map[string]*d
 		return nil
 	}()
 	if err != nil {
-		tx.ExecContext(ctx, "ROLLBACK TO stats")
-		tx.ExecContext(ctx, "RELEASE stats")
+		s.txExec(tx, qRollbackToStats)
+		s.txExec(tx, qReleaseStats)
 		return err
 	}
-	_, err = tx.ExecContext(ctx, "RELEASE stats")
+	_, err = s.txExec(tx, qReleaseStats)
 	return err
 }
 

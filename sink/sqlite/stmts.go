@@ -1,0 +1,190 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// The SQL of the hot paths. Each text is prepared once per connection (see
+// prepared) instead of being parsed again on every call: parsing and planning
+// cost as much CPU as the rest of a completion on the writer.
+const (
+	qSavepoint  = `SAVEPOINT op`
+	qRollbackTo = `ROLLBACK TO op`
+	qRelease    = `RELEASE op`
+
+	qSavepointStats  = `SAVEPOINT stats`
+	qRollbackToStats = `ROLLBACK TO stats`
+	qReleaseStats    = `RELEASE stats`
+
+	qKeyRow = `SELECT k.state, k.first_source, p.payload_sha, k.next_attempt_at, k.lease_until
+		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`
+
+	qInsertKey = `INSERT INTO gemrecon_keys
+		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at)
+		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3)
+		ON CONFLICT (key) DO NOTHING`
+	qInsertPayload = `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`
+
+	qClaimRow = `SELECT k.state, k.attempts, k.token, k.lease_until, k.next_attempt_at, p.payload, k.first_source
+		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`
+	qDeadExpired = `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
+		next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`
+	qClaim = `UPDATE gemrecon_keys SET state = 'claimed', token = ?1, attempts = ?2,
+		lease_owner = ?3, lease_until = ?4, due_at = ?4, next_attempt_at = 0,
+		last_error = CASE WHEN ?5 THEN ?6 ELSE last_error END
+		WHERE key = ?7`
+
+	// qDueKeys lists claimable keys oldest first.
+	qDueKeys = `SELECT key FROM gemrecon_keys
+		WHERE state IN ('pending', 'claimed') AND due_at <= ?1
+		ORDER BY due_at, first_seen_at, key
+		LIMIT ?2`
+
+	qFencedRow = `SELECT state, token FROM gemrecon_keys WHERE key = ?`
+	qFencedInc = `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 1)
+		ON CONFLICT (name) DO UPDATE SET value = value + 1`
+
+	qRenew = `UPDATE gemrecon_keys SET lease_until = ?1, due_at = ?1
+		WHERE key = ?2 AND state = 'claimed' AND token = ?3`
+
+	qComplete = `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
+		lease_owner = '', lease_until = 0, next_attempt_at = 0
+		WHERE key = ?2 AND state = 'claimed' AND token = ?3
+		RETURNING first_source`
+	qPayloadSHA = `SELECT payload_sha FROM gemrecon_payloads WHERE key = ?`
+
+	qFailRow  = `SELECT attempts FROM gemrecon_keys WHERE key = ? AND state = 'claimed' AND token = ?`
+	qFailDead = `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
+		next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`
+	qFailPending = `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
+		next_attempt_at = ?1, due_at = ?1, last_error = ?2 WHERE key = ?3`
+
+	qStatsSeen = `UPDATE gemrecon_keys SET
+		seen_count = seen_count + ?1,
+		last_seen_at = max(last_seen_at, ?2),
+		conflicts = conflicts + ?3,
+		sources = CASE WHEN instr(sources, ',' || ?4 || ',') > 0 THEN sources ELSE sources || ?4 || ',' END
+		WHERE key = ?5`
+	qStatsSource = `UPDATE gemrecon_keys SET
+		sources = CASE WHEN instr(sources, ',' || ?1 || ',') > 0 THEN sources ELSE sources || ?1 || ',' END
+		WHERE key = ?2`
+
+	qGet = selectEntry + `WHERE k.key = ?`
+
+	qPing = `SELECT count(*) FROM gemrecon_meta`
+)
+
+// writerQueries are prepared on the writer connection at Open.
+func writerQueries() []string {
+	return []string{
+		qSavepoint, qRollbackTo, qRelease,
+		qSavepointStats, qRollbackToStats, qReleaseStats,
+		qKeyRow, qInsertKey, qInsertPayload,
+		qClaimRow, qDeadExpired, qClaim, qDueKeys,
+		qFencedRow, qFencedInc, qRenew, qComplete, qPayloadSHA,
+		qFailRow, qFailDead, qFailPending,
+		qStatsSeen, qStatsSource,
+	}
+}
+
+// readerQueries are prepared on the reader pool at Open (database/sql
+// prepares them again, once, on each further connection of the pool).
+func readerQueries() []string {
+	return []string{qKeyRow, qDueKeys, qGet, qPing}
+}
+
+// prepared is a set of statements prepared once on one pool.
+type prepared map[string]*sql.Stmt
+
+// prepare prepares queries on db.
+func prepare(ctx context.Context, db *sql.DB, queries []string) (prepared, error) {
+	p := make(prepared, len(queries))
+	for _, q := range queries {
+		if _, ok := p[q]; ok {
+			continue
+		}
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("prepare %.40q…: %w", q, err)
+		}
+		p[q] = st
+	}
+	return p, nil
+}
+
+func (p prepared) close() error {
+	var errs []error
+	for q, st := range p {
+		errs = append(errs, st.Close())
+		delete(p, q)
+	}
+	return errors.Join(errs...)
+}
+
+// txStmt returns q, prepared on the writer connection, for use inside tx;
+// nil when q was not prepared (the caller then runs the text). Inside the
+// batch transaction each statement is bound to tx once (Tx.StmtContext
+// finds the driver statement already prepared on the one connection).
+// Only the writer goroutine calls it.
+func (s *Sink) txStmt(tx *sql.Tx, q string) *sql.Stmt {
+	ps, ok := s.wprep[q]
+	if !ok {
+		s.unprepared.Add(1)
+		return nil
+	}
+	if tx != s.batchTx {
+		return tx.StmtContext(context.Background(), ps)
+	}
+	if st, ok := s.batchStmts[q]; ok {
+		return st
+	}
+	st := tx.StmtContext(context.Background(), ps)
+	s.batchStmts[q] = st
+	return st
+}
+
+// txExec runs q inside tx with the prepared statement.
+func (s *Sink) txExec(tx *sql.Tx, q string, args ...any) (sql.Result, error) {
+	if st := s.txStmt(tx, q); st != nil {
+		return st.ExecContext(context.Background(), args...)
+	}
+	return tx.ExecContext(context.Background(), q, args...)
+}
+
+// txQueryRow runs q inside tx with the prepared statement.
+func (s *Sink) txQueryRow(tx *sql.Tx, q string, args ...any) *sql.Row {
+	if st := s.txStmt(tx, q); st != nil {
+		return st.QueryRowContext(context.Background(), args...)
+	}
+	return tx.QueryRowContext(context.Background(), q, args...)
+}
+
+// txQuery runs q inside tx with the prepared statement.
+func (s *Sink) txQuery(tx *sql.Tx, q string, args ...any) (*sql.Rows, error) {
+	if st := s.txStmt(tx, q); st != nil {
+		return st.QueryContext(context.Background(), args...)
+	}
+	return tx.QueryContext(context.Background(), q, args...)
+}
+
+// readQueryRow runs q on the reader pool with the prepared statement.
+func (s *Sink) readQueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	if st, ok := s.rprep[q]; ok {
+		return st.QueryRowContext(ctx, args...)
+	}
+	s.unprepared.Add(1)
+	return s.rdb.QueryRowContext(ctx, q, args...)
+}
+
+// readQuery runs q on the reader pool with the prepared statement.
+func (s *Sink) readQuery(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if st, ok := s.rprep[q]; ok {
+		return st.QueryContext(ctx, args...)
+	}
+	s.unprepared.Add(1)
+	return s.rdb.QueryContext(ctx, q, args...)
+}
