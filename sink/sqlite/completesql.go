@@ -26,10 +26,15 @@ import (
 //     discards the done mark and every earlier statement of the script, and
 //     nothing of the other operations in the same group commit.
 //
-// The script is never interrupted (ctx only bounds the wait for the writer):
-// SQLite may roll back a whole transaction that is interrupted mid-write,
-// which would take the other callers' operations of the group commit with it.
-// A slow script holds the database's write lock for as long as it runs.
+// The outcome is always known when CompleteSQL returns: it waits for the
+// writer even when ctx ends (a caller that stopped waiting could not tell
+// whether the done mark committed). A ctx that ended before the operation's
+// turn makes it a no-op: the token is still checked (ErrFenced wins), then
+// the done mark is rolled back and ctx's error returned. The script itself
+// is never interrupted: SQLite may roll back a whole transaction that is
+// interrupted mid-write, which would take the other callers' operations of
+// the group commit with it. A slow script holds the database's write lock
+// (and this process's writer) for as long as it runs.
 // A script whose own conflict clause rolls back the whole transaction (OR
 // ROLLBACK, RAISE(ROLLBACK)) fails every operation of its group commit with
 // an error: none of them is committed, and each caller is told so.
@@ -47,7 +52,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		}
 		args = append(args, sql.Named(k, v))
 	}
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(context.WithoutCancel(ctx), func(tx *sql.Tx) (any, error) {
 		var info doneInfo
 		bg := context.Background()
 		err := tx.QueryRowContext(bg, `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
@@ -59,6 +64,9 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		}
 		if err != nil {
 			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("complete %s: --sql script not started: %w", key, err)
 		}
 		if _, err := tx.ExecContext(bg, script, args...); err != nil {
 			return nil, fmt.Errorf("complete %s: --sql script: %w", key, err)

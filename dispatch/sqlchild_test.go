@@ -1,0 +1,237 @@
+package dispatch
+
+// A child dispatcher process for the --sql tests: the parent re-executes
+// this test binary with -test.run=^TestSQLChild$ and GDT_SQL_CHILD set to a
+// role. The child prints protocol lines starting with "SQLCHILD " on stdout
+// and exits without returning to the test framework.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/dial"
+)
+
+// sqlChildEnv is what a --sql child is told.
+type sqlChildEnv struct {
+	Role    string        // "drain": drain until no key is pending or claimed; "stale": RunKey(Key), stopping itself before CompleteSQL
+	DB      string        // sink/dial DSN or path
+	File    string        // the --sql file
+	Lease   time.Duration // lease
+	Timeout time.Duration // effect timeout
+	Conc    int           // concurrency
+	Key     string        // stale: the key
+}
+
+func (e sqlChildEnv) environ() []string {
+	return append(os.Environ(),
+		"GDT_SQL_CHILD="+e.Role, "GDT_SQL_DB="+e.DB, "GDT_SQL_FILE="+e.File,
+		"GDT_SQL_LEASE="+e.Lease.String(), "GDT_SQL_TIMEOUT="+e.Timeout.String(),
+		"GDT_SQL_CONC="+strconv.Itoa(e.Conc), "GDT_SQL_KEY="+e.Key)
+}
+
+// TestSQLChild is the child's entry point; it skips in a normal run.
+func TestSQLChild(t *testing.T) {
+	role := os.Getenv("GDT_SQL_CHILD")
+	if role == "" {
+		t.Skip("helper process for the --sql tests")
+	}
+	lease, _ := time.ParseDuration(os.Getenv("GDT_SQL_LEASE"))
+	timeout, _ := time.ParseDuration(os.Getenv("GDT_SQL_TIMEOUT"))
+	conc, _ := strconv.Atoi(os.Getenv("GDT_SQL_CONC"))
+	e := sqlChildEnv{Role: role, DB: os.Getenv("GDT_SQL_DB"), File: os.Getenv("GDT_SQL_FILE"),
+		Lease: lease, Timeout: timeout, Conc: conc, Key: os.Getenv("GDT_SQL_KEY")}
+	os.Exit(sqlChildMain(e))
+}
+
+func sqlChildMain(e sqlChildEnv) int {
+	say := func(format string, args ...any) { fmt.Printf("SQLCHILD "+format+"\n", args...) }
+	ctx := context.Background()
+	q, err := effect.LoadSQL(e.File)
+	if err != nil {
+		say("ERROR %v", err)
+		return 1
+	}
+	s, err := dial.Open(ctx, e.DB, sink.Options{BusyTimeout: 30 * time.Second, RetryBase: time.Millisecond, RetryMax: time.Millisecond})
+	if err != nil {
+		say("ERROR %v", err)
+		return 1
+	}
+	defer s.Close()
+	var sk sink.Sink = s
+	if e.Role == "stale" {
+		sk = &stoppingSink{Sink: s, inner: s.(sink.SQLCompleter), say: say}
+	}
+	d, err := New(Config{Sink: sk, SQL: q, Lease: e.Lease, EffectTimeout: e.Timeout, Concurrency: e.Conc, Logger: quietLogger()})
+	if err != nil {
+		say("ERROR %v", err)
+		return 1
+	}
+	say("READY")
+	switch e.Role {
+	case "drain":
+		for {
+			sum, err := d.Drain(ctx)
+			if err != nil {
+				say("DRAINERR %v", err)
+			}
+			if sum.Claimed > 0 {
+				say("DRAINED %d", sum.OK)
+			}
+			st, err := s.Stats(ctx)
+			if err != nil {
+				say("ERROR %v", err)
+				return 1
+			}
+			if st.ByState[sink.StatePending]+st.ByState[sink.StateClaimed] == 0 {
+				say("DONE")
+				return 0
+			}
+			time.Sleep(50 * time.Millisecond) // waiting for leases of killed children to run out
+		}
+	case "stale":
+		out, err := d.RunKey(ctx, e.Key)
+		say("OUTCOME %s %v", out, err)
+		return 0
+	}
+	say("ERROR unknown role %q", e.Role)
+	return 1
+}
+
+// stoppingSink stops its own process (SIGSTOP) when CompleteSQL is called,
+// after the claim and before the transaction begins, so that it holds no
+// lock of any database while stopped (on SQLite a stopped process holding
+// the write lock would block everyone, the takeover included). After SIGCONT
+// it runs the real CompleteSQL. Its context is detached: the stop outlives
+// the effect timeout on purpose, and the test wants to see the fence, not
+// the deadline.
+type stoppingSink struct {
+	sink.Sink
+	inner sink.SQLCompleter
+	say   func(string, ...any)
+}
+
+func (s *stoppingSink) CompleteSQL(ctx context.Context, key string, token int64, script string, params map[string]any) error {
+	s.say("STOPPING %s %d", key, token)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	err := s.inner.CompleteSQL(context.WithoutCancel(ctx), key, token, script, params)
+	s.say("COMPLETESQL %v", err)
+	return err
+}
+
+// sqlChild is a running child process.
+type sqlChild struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	done   chan struct{}
+	mu     sync.Mutex
+	stderr strings.Builder
+}
+
+func (c *sqlChild) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stderr.Write(p)
+}
+
+func (c *sqlChild) errText() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stderr.String()
+}
+
+func startSQLChild(t *testing.T, e sqlChildEnv) *sqlChild {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSQLChild$")
+	cmd.Env = e.environ()
+	c := &sqlChild{cmd: cmd, lines: make(chan string, 4096), done: make(chan struct{})}
+	cmd.Stderr = c
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if l, ok := strings.CutPrefix(sc.Text(), "SQLCHILD "); ok {
+				select {
+				case c.lines <- l:
+				default:
+				}
+			}
+		}
+		_ = cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// waitFor waits (bounded) for a protocol line with the prefix.
+func (c *sqlChild) waitFor(t *testing.T, prefix string, within time.Duration) string {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		select {
+		case l := <-c.lines:
+			if strings.HasPrefix(l, "ERROR") {
+				t.Fatalf("child: %s; stderr:\n%s", l, c.errText())
+			}
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		case <-c.done:
+			select {
+			case l := <-c.lines:
+				if strings.HasPrefix(l, prefix) {
+					return l
+				}
+				continue
+			default:
+			}
+			t.Fatalf("child exited before printing %q; stderr:\n%s", prefix, c.errText())
+		case <-deadline:
+			t.Fatalf("child did not print %q within %v; stderr:\n%s", prefix, within, c.errText())
+		}
+	}
+}
+
+// kill9 kills the child with SIGKILL and waits for it.
+func (c *sqlChild) kill9(t *testing.T) {
+	t.Helper()
+	_ = c.cmd.Process.Kill()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("killed child did not exit")
+	}
+}
+
+// stopped reports whether the child is in the stopped state (T in
+// /proc/PID/stat).
+func (c *sqlChild) stopped() bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
+}
