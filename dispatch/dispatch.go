@@ -68,8 +68,11 @@ type Observer interface {
 type Config struct {
 	// Sink holds the keys (required).
 	Sink sink.Sink
-	// Effect runs once per attempt (required).
+	// Effect runs once per attempt (required unless SQL is set).
 	Effect effect.Effect
+	// SQL, when set, replaces Effect: the sink runs the script and marks
+	// the key done in one transaction (--sql; see sql.go).
+	SQL *effect.SQL
 	// Owner names this holder in leases (default hostname:pid:random).
 	Owner string
 	// Lease is how long a claim holds before another process may take it
@@ -138,8 +141,11 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("dispatch: no sink")
 	}
-	if cfg.Effect == nil {
+	if cfg.Effect == nil && cfg.SQL == nil {
 		return nil, errors.New("dispatch: no effect")
+	}
+	if err := checkSQL(cfg); err != nil { // --sql (sql.go)
+		return nil, err
 	}
 	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
 		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
@@ -363,6 +369,8 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 	}()
 
 	switch {
+	case d.cfg.SQL != nil && (runErr == nil || errors.Is(runErr, sink.ErrFenced)): // --sql (sql.go)
+		out = d.sqlOutcome(log, runErr, elapsed)
 	case renewFenced:
 		// The backend already counted the fenced renewal; writing the
 		// outcome would only be fenced (and counted) again.
@@ -391,6 +399,9 @@ func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error)
 			err = fmt.Errorf("effect panicked: %v", p)
 		}
 	}()
+	if d.cfg.SQL != nil { // --sql (sql.go)
+		return d.runSQL(ctx, ev)
+	}
 	return d.cfg.Effect.Run(ctx, ev)
 }
 
