@@ -20,6 +20,8 @@ import (
 type effectFlags struct {
 	exec          string
 	forward       string
+	sql           string      // --sql FILE
+	sqlScript     *effect.SQL // loaded by validate
 	concurrency   int
 	lease         time.Duration
 	effectTimeout time.Duration
@@ -32,6 +34,7 @@ type effectFlags struct {
 func (f *effectFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.exec, "exec", "", "effect: run this /bin/sh -c command per completion (event document on stdin, GEMRECON_* env)")
 	fs.StringVar(&f.forward, "forward", "", "effect: POST the event document to this URL (signed when GEMRECON_FORWARD_SECRET is set)")
+	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @key @name @state @source @token @attempt @operation)")
 	fs.IntVar(&f.concurrency, "concurrency", 4, "effects run at once")
 	fs.DurationVar(&f.lease, "lease", 10*time.Minute, "claim lease; renewed every third of it while the effect runs")
 	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long; must be shorter than --lease")
@@ -43,8 +46,15 @@ func (f *effectFlags) register(fs *pflag.FlagSet) {
 
 // validate checks the flags before anything is opened (exit 2 on error).
 func (f *effectFlags) validate() error {
-	if f.exec != "" && f.forward != "" {
-		return usageError("--exec and --forward are exclusive: choose one effect")
+	if n := btoi(f.exec != "") + btoi(f.forward != "") + btoi(f.sql != ""); n > 1 {
+		return usageError("--exec, --forward and --sql are exclusive: choose one effect")
+	}
+	if f.sql != "" { // --sql: checked at start-up (unreadable file, unknown parameter)
+		q, err := effect.LoadSQL(f.sql)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		f.sqlScript = q
 	}
 	if f.concurrency < 1 {
 		return usageError("--concurrency %d: must be at least 1", f.concurrency)
@@ -104,9 +114,13 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*d
 	if grace == 0 {
 		grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
 	}
+	if f.sqlScript != nil { // --sql replaces the effect
+		eff = nil
+	}
 	d, err := dispatch.New(dispatch.Config{
 		Sink:          s,
 		Effect:        eff,
+		SQL:           f.sqlScript,
 		Lease:         f.lease,
 		EffectTimeout: f.effectTimeout,
 		Concurrency:   f.concurrency,
@@ -167,4 +181,11 @@ scheduled or the key went dead), 1 a fatal error.`,
 	}
 	ef.register(cmd.Flags())
 	return cmd
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
