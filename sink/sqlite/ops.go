@@ -291,7 +291,8 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 					break
 				}
 			}
-			keys, err := scanKeys(s.txQuery(tx, qDueKeys, s.nowNS(), want))
+			rows, err := s.txQuery(tx, qDueKeys, s.nowNS())
+			keys, err := scanKeys(rows, err, want)
 			if err != nil {
 				return nil, err
 			}

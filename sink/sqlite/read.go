@@ -17,25 +17,17 @@ type rowsQuerier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// scanKeys reads the keys of qDueKeys (the first column).
-func scanKeys(rows *sql.Rows, err error) ([]string, error) {
+// scanKeys reads up to limit keys (limit < 0: all) of qDueKeys.
+func scanKeys(rows *sql.Rows, err error, limit int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
-	dest := make([]any, len(cols))
-	var k string
-	dest[0] = &k
-	for i := 1; i < len(dest); i++ {
-		dest[i] = new(any)
-	}
 	var keys []string
-	for rows.Next() {
-		if err := rows.Scan(dest...); err != nil {
+	for (limit < 0 || len(keys) < limit) && rows.Next() {
+		var k string
+		var due, first int64
+		if err := rows.Scan(&k, &due, &first); err != nil {
 			return nil, err
 		}
 		keys = append(keys, k)
@@ -48,7 +40,8 @@ func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
 	if limit <= 0 {
 		limit = -1
 	}
-	keys, err := scanKeys(s.readQuery(ctx, qDueKeys, s.nowNS(), limit))
+	rows, err := s.readQuery(ctx, qDueKeys, s.nowNS())
+	keys, err := scanKeys(rows, err, limit)
 	return keys, s.fail(err)
 }
 

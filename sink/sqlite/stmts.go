@@ -37,11 +37,19 @@ const (
 		last_error = CASE WHEN ?5 THEN ?6 ELSE last_error END
 		WHERE key = ?7`
 
-	// qDueKeys lists claimable keys oldest first.
-	qDueKeys = `SELECT key FROM gemrecon_keys
-		WHERE state IN ('pending', 'claimed') AND due_at <= ?1
-		ORDER BY due_at, first_seen_at, key
-		LIMIT ?2`
+	// qDueKeys lists claimable keys oldest first: by the time they became
+	// due (next attempt, or lease end for an expired claim), then first
+	// sighting, then key. It reads one ordered range of the due index per
+	// state and merges the two (MERGE (UNION ALL) in the plan): rows come
+	// out one by one, and the caller stops reading after its limit. The
+	// plain "state IN (...) ORDER BY due_at" went through a sorter instead.
+	// There is no LIMIT parameter on purpose: SQLite plans with the bound
+	// LIMIT value, so binding another limit (a dispatcher asks for 1 to
+	// --concurrency keys) would re-prepare the statement every time.
+	qDueKeys = `SELECT key, due_at, first_seen_at FROM gemrecon_keys WHERE state = 'pending' AND due_at <= ?1
+		UNION ALL
+		SELECT key, due_at, first_seen_at FROM gemrecon_keys WHERE state = 'claimed' AND due_at <= ?1
+		ORDER BY 2, 3, 1`
 
 	qFencedRow = `SELECT state, token FROM gemrecon_keys WHERE key = ?`
 	qFencedInc = `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 1)
