@@ -32,7 +32,9 @@ type SQL struct {
 // identifier or a comment is not a parameter), a positional or other-style
 // parameter (?, ?1, :name, $1, $name), or a statement that would end the
 // transaction (BEGIN, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE,
-// START TRANSACTION, PREPARE TRANSACTION).
+// START TRANSACTION, PREPARE TRANSACTION), or any ROLLBACK at all (SQLite's
+// OR ROLLBACK and RAISE(ROLLBACK, …) would roll back the whole transaction,
+// and on SQLite the other operations of its group commit with it).
 func LoadSQL(path string) (*SQL, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -319,6 +321,8 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 			}
 			if len(st.words) == 0 {
 				st.first = i
+			} else if strings.EqualFold(s[i:j], "ROLLBACK") {
+				return nil, nil, fmt.Errorf("line %d: ROLLBACK (a conflict clause OR ROLLBACK, RAISE(ROLLBACK, …)): it would roll back gemrecon's whole transaction", lineOf(i))
 			}
 			st.word(s[i:j])
 			i = j

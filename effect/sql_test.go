@@ -71,6 +71,8 @@ func TestParseSQLRejects(t *testing.T) {
 		{`RELEASE a`, "RELEASE"},
 		{`END`, "END"},
 		{`START TRANSACTION`, "START TRANSACTION"},
+		{`INSERT OR ROLLBACK INTO t VALUES (@key)`, "line 1: ROLLBACK (a conflict clause"},
+		{"SELECT 1;\nSELECT RAISE(rollback, 'x')", "line 2: ROLLBACK"},
 		{`CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM v;`, "BEGIN without its END"},
 	}
 	for _, tt := range tests {

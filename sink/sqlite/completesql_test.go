@@ -138,6 +138,59 @@ func TestCompleteSQL(t *testing.T) {
 		}
 	})
 
+	// A script that rolls back the whole transaction (its own conflict
+	// clause) takes its group commit down with it: every operation of the
+	// group must then be told it failed, and none may claim success.
+	t.Run("script rolls back the whole transaction", func(t *testing.T) {
+		bad := claim("gemini:batches/rollback")
+		slow := claim("gemini:batches/slow2")
+		var others []sink.Claim
+		for i := range 10 {
+			others = append(others, claim(fmt.Sprintf("gemini:batches/other2-%d", i)))
+		}
+		slowDone := make(chan error, 1)
+		go func() { slowDone <- s.CompleteSQL(ctx, slow.Key, slow.Token, slowSQL, nil) }()
+		time.Sleep(20 * time.Millisecond)
+		var wg sync.WaitGroup
+		errs := make([]error, len(others))
+		for i, c := range others {
+			wg.Go(func() { errs[i] = s.Complete(ctx, c.Key, c.Token) })
+		}
+		badErr := s.CompleteSQL(ctx, bad.Key, bad.Token, `INSERT OR ROLLBACK INTO effects (key, token, n) VALUES (@key, @token, 5)`, params(bad))
+		wg.Wait()
+		<-slowDone
+		if badErr == nil {
+			t.Fatal("CompleteSQL with OR ROLLBACK violating a CHECK succeeded")
+		}
+		failed := 0
+		for i, c := range others {
+			e, err := s.Get(ctx, c.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case errs[i] == nil && e.State != sink.StateDone:
+				t.Errorf("Complete(%s) returned nil but the key is %s", c.Key, e.State)
+			case errs[i] != nil && e.State != sink.StateClaimed:
+				t.Errorf("Complete(%s) returned %v but the key is %s", c.Key, errs[i], e.State)
+			case errs[i] != nil:
+				failed++
+			}
+		}
+		t.Logf("%d of %d operations of the group commit were told they failed", failed, len(others))
+		if e, err := s.Get(ctx, bad.Key); err != nil || e.State != sink.StateClaimed {
+			t.Fatalf("Get(rollback) = %s, %v; want claimed", e.State, err)
+		}
+		// The writer recovers: the next writes succeed.
+		for _, c := range append(others, bad) {
+			if e, _ := s.Get(ctx, c.Key); e.State == sink.StateClaimed {
+				if err := s.Complete(ctx, c.Key, c.Token); err != nil {
+					t.Fatalf("Complete(%s) after the rolled-back group: %v", c.Key, err)
+				}
+			}
+		}
+	})
+
 	t.Run("unknown key", func(t *testing.T) {
 		err := s.CompleteSQL(ctx, "gemini:batches/none", 1, script, map[string]any{"key": "x", "token": 1, "operation": "{}"})
 		if !errors.Is(err, sink.ErrNotFound) {
