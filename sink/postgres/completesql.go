@@ -12,7 +12,7 @@ import (
 )
 
 // CompleteSQL runs script and marks the key done in one transaction, fenced
-// on token: the --sql effect of spec §4, exactly once for writes to this
+// on token (checked before the script, and again by the done mark after it): the --sql effect of spec §4, exactly once for writes to this
 // same database. The script may hold several statements and uses named
 // parameters (@key, @token, …) taken from params; json.RawMessage values are
 // passed as text (cast them, e.g. @operation::jsonb). If the token is not
@@ -37,11 +37,13 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 			return notCommitted{err}
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		err = tx.QueryRow(ctx, `UPDATE gemrecon_keys
-			SET state = 'done', done_at = `+now3+`, lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
-			WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256`,
-			key, token, s.nowArg()).Scan(&info.firstSource, &info.sha)
-		if errors.Is(err, pgx.ErrNoRows) {
+		// Check the token first, without locking the row: a stale holder
+		// runs nothing, and the live holder's lease renewals are not
+		// blocked behind a long script.
+		var curState string
+		var curToken int64
+		err = tx.QueryRow(ctx, `SELECT state, token FROM gemrecon_keys WHERE key = $1`, key).Scan(&curState, &curToken)
+		if errors.Is(err, pgx.ErrNoRows) || err == nil && (curState != string(sink.StateClaimed) || curToken != token) {
 			return notCommitted{errNotCurrent}
 		}
 		if err != nil {
@@ -51,6 +53,18 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		// trip; pgx substitutes the named parameters as quoted literals.
 		if _, err := tx.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol, args); err != nil {
 			scriptErr = err
+			return notCommitted{err}
+		}
+		// Mark done only if the token is still current (a takeover while
+		// the script ran makes this match nothing: everything rolls back).
+		err = tx.QueryRow(ctx, `UPDATE gemrecon_keys
+			SET state = 'done', done_at = `+now3+`, lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
+			WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256`,
+			key, token, s.nowArg()).Scan(&info.firstSource, &info.sha)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return notCommitted{errNotCurrent}
+		}
+		if err != nil {
 			return notCommitted{err}
 		}
 		return tx.Commit(ctx) // only an error here leaves the outcome unknown

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,13 +76,52 @@ func TestCompleteSQL(t *testing.T) {
 			t.Fatalf("Get = %+v, %v; want still claimed with token %d", e, err, c.Token)
 		}
 	})
+	t.Run("taken over while the script runs", func(t *testing.T) {
+		// The token is checked before the script without locking the row,
+		// so a takeover can happen while a (stalled) script runs; the done
+		// mark after it then matches nothing and everything rolls back.
+		var clock atomic.Int64
+		clock.Store(time.Now().UnixNano())
+		ts := openDSN(t, dsn, sink.Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+		key := "gemini:batches/stalled"
+		if _, err := ts.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := ts.Claim(ctx, key, "a", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := make(chan struct{})
+		res := make(chan error, 1)
+		go func() {
+			close(started)
+			res <- ts.CompleteSQL(ctx, c.Key, c.Token, `INSERT INTO effects (key, token, n) VALUES (@key, @token, 1); SELECT pg_sleep(1);`, params(c))
+		}()
+		<-started
+		time.Sleep(200 * time.Millisecond) // inside pg_sleep
+		clock.Add(int64(2 * time.Minute))
+		c2, err := ts.Claim(ctx, key, "b", time.Minute)
+		if err != nil || !c2.Takeover {
+			t.Fatalf("takeover while the script runs = %+v, %v; want a takeover", c2, err)
+		}
+		if err := <-res; !errors.Is(err, sink.ErrFenced) {
+			t.Fatalf("CompleteSQL overtaken by a takeover = %v, want ErrFenced", err)
+		}
+		var rows int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.effects WHERE key = $1`, key).Scan(&rows); err != nil || rows != 0 {
+			t.Fatalf("effects rows = %d, %v; want 0 (rolled back)", rows, err)
+		}
+		if e, err := ts.Get(ctx, key); err != nil || e.State != sink.StateClaimed || e.Token != c2.Token {
+			t.Fatalf("Get = %+v, %v; want claimed by the takeover", e, err)
+		}
+	})
 	t.Run("unknown key", func(t *testing.T) {
 		err := s.CompleteSQL(ctx, "gemini:batches/none", 1, script, map[string]any{"key": "x", "token": 1, "operation": "{}"})
 		if !errors.Is(err, sink.ErrNotFound) {
 			t.Fatalf("CompleteSQL(unknown) error = %v, want ErrNotFound", err)
 		}
 	})
-	if st, err := s.Stats(ctx); err != nil || st.Fenced != 1 {
-		t.Fatalf("Stats.Fenced = %d, %v; want 1", st.Fenced, err)
+	if st, err := s.Stats(ctx); err != nil || st.Fenced != 2 {
+		t.Fatalf("Stats.Fenced = %d, %v; want 2", st.Fenced, err)
 	}
 }
