@@ -5,10 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
+
+// maxYields bounds how often the writer yields to let more operations join
+// a batch before it starts the transaction.
+const maxYields = 4
 
 // errClosed is returned by operations on a closed sink.
 var errClosed = errors.New("sink is closed")
@@ -86,6 +91,20 @@ func (s *Sink) writeLoop() {
 			}
 			return
 		}
+		batch = s.gather(batch)
+		s.runBatch(batch)
+	}
+}
+
+// gather adds the queued operations to batch. Callers answered by the
+// previous commit are often just about to submit their next operation (a
+// dispatcher's workers complete at the same moment): before starting a
+// transaction, the writer yields its processor (a few microseconds) so that
+// they can join this commit instead of waiting a whole disk sync for the
+// next one; it stops yielding as soon as a yield brings nothing new.
+func (s *Sink) gather(batch []*op) []*op {
+	for yields := 0; ; yields++ {
+		n := len(batch)
 	drain:
 		for len(batch) < maxBatch {
 			select {
@@ -95,7 +114,10 @@ func (s *Sink) writeLoop() {
 				break drain
 			}
 		}
-		s.runBatch(batch)
+		if len(batch) >= maxBatch || yields >= maxYields || (yields > 0 && len(batch) == n) {
+			return batch
+		}
+		runtime.Gosched()
 	}
 }
 
