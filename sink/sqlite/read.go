@@ -175,27 +175,48 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 	if oldest.Valid {
 		st.OldestPendingAge = max(0, s.opt.Now().Sub(fromNS(oldest.Int64)))
 	}
-	done := st.ByState[sink.StateDone]
-	if done > 0 {
-		pct := func(p float64) (time.Duration, error) {
-			idx := int64(math.Ceil(p*float64(done))) - 1
-			idx = min(max(idx, 0), done-1)
-			var v int64
-			err := tx.QueryRowContext(ctx, `SELECT done_at - first_seen_at AS l FROM gemrecon_keys WHERE state = 'done'
-				ORDER BY l LIMIT 1 OFFSET ?`, idx).Scan(&v)
-			return time.Duration(v), err
-		}
-		if st.LatencyP50, err = pct(0.50); err != nil {
-			return st, s.fail(err)
-		}
-		if st.LatencyP99, err = pct(0.99); err != nil {
-			return st, s.fail(err)
-		}
-		if st.LatencyMax, err = pct(1); err != nil {
+	if done := st.ByState[sink.StateDone]; done > 0 {
+		if err := latencies(ctx, tx, done, &st); err != nil {
 			return st, s.fail(err)
 		}
 	}
 	return st, nil
+}
+
+// latencies sets the nearest-rank p50, p99 and maximum of done − first seen
+// over the done keys (done of them), with one sort of the done rows (a
+// window over them) instead of one ORDER BY … OFFSET query per quantile.
+func latencies(ctx context.Context, q rowsQuerier, done int64, st *sink.Stats) error {
+	rank := func(p float64) int64 { // 1-based
+		idx := int64(math.Ceil(p*float64(done))) - 1
+		return min(max(idx, 0), done-1) + 1
+	}
+	r50, r99, rMax := rank(0.50), rank(0.99), rank(1)
+	rows, err := q.QueryContext(ctx, `SELECT rn, l FROM (SELECT done_at - first_seen_at AS l,
+			row_number() OVER (ORDER BY done_at - first_seen_at) AS rn
+			FROM gemrecon_keys WHERE state = 'done')
+		WHERE rn IN (?1, ?2, ?3)`, r50, r99, rMax)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var rn, l int64
+		if err := rows.Scan(&rn, &l); err != nil {
+			return err
+		}
+		// Ranks may coincide (few done keys): test each.
+		if rn == r50 {
+			st.LatencyP50 = time.Duration(l)
+		}
+		if rn == r99 {
+			st.LatencyP99 = time.Duration(l)
+		}
+		if rn == rMax {
+			st.LatencyMax = time.Duration(l)
+		}
+	}
+	return rows.Err()
 }
 
 func groupCount(ctx context.Context, q rowsQuerier, query string, f func(string, int64)) error {
