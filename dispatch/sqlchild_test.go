@@ -115,16 +115,27 @@ func sqlChildMain(e sqlChildEnv) int {
 // the write lock would block everyone, the takeover included). After SIGCONT
 // it runs the real CompleteSQL. Its context is detached: the stop outlives
 // the effect timeout on purpose, and the test wants to see the fence, not
-// the deadline.
+// the deadline. The dispatcher's lease renewals share a mutex with the stop,
+// so that no renewal is in flight (holding the write lock) when the process
+// stops, and none starts while it is stopped.
 type stoppingSink struct {
 	sink.Sink
 	inner sink.SQLCompleter
 	say   func(string, ...any)
+	mu    sync.Mutex
+}
+
+func (s *stoppingSink) Renew(ctx context.Context, key string, token int64, lease time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Sink.Renew(ctx, key, token, lease)
 }
 
 func (s *stoppingSink) CompleteSQL(ctx context.Context, key string, token int64, script string, params map[string]any) error {
+	s.mu.Lock()
 	s.say("STOPPING %s %d", key, token)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	s.mu.Unlock()
 	err := s.inner.CompleteSQL(context.WithoutCancel(ctx), key, token, script, params)
 	s.say("COMPLETESQL %v", err)
 	return err
