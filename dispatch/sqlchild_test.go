@@ -115,8 +115,10 @@ func sqlChildMain(e sqlChildEnv) int {
 // the write lock would block everyone, the takeover included). After SIGCONT
 // it runs the real CompleteSQL. Its context is detached: the stop outlives
 // the effect timeout on purpose, and the test wants to see the fence, not
-// the deadline. The dispatcher's lease renewals share a mutex with the stop,
-// so that no renewal is in flight (holding the write lock) when the process
+// the deadline. The dispatcher's lease renewals share a mutex with the stop
+// and wait for their commit (the dispatcher gives up on a renewal after
+// Lease/3, which under load can leave it running in the sink's writer), so
+// that no renewal is in flight (holding the write lock) when the process
 // stops, and none starts while it is stopped.
 type stoppingSink struct {
 	sink.Sink
@@ -128,7 +130,7 @@ type stoppingSink struct {
 func (s *stoppingSink) Renew(ctx context.Context, key string, token int64, lease time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.Sink.Renew(ctx, key, token, lease)
+	return s.Sink.Renew(context.WithoutCancel(ctx), key, token, lease)
 }
 
 func (s *stoppingSink) CompleteSQL(ctx context.Context, key string, token int64, script string, params map[string]any) error {
