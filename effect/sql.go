@@ -32,7 +32,10 @@ type SQL struct {
 // identifier or a comment is not a parameter), a positional or other-style
 // parameter (?, ?1, :name, $1, $name), or a statement that would end the
 // transaction (BEGIN, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE,
-// START TRANSACTION, PREPARE TRANSACTION), or any ROLLBACK at all (SQLite's
+// START TRANSACTION, PREPARE TRANSACTION), a statement that would change
+// the session of the connection it runs on (PRAGMA, ATTACH, DETACH, VACUUM,
+// SET other than SET LOCAL/CONSTRAINTS/TRANSACTION, RESET, DISCARD), or any
+// ROLLBACK at all (SQLite's
 // OR ROLLBACK and RAISE(ROLLBACK, …) would roll back the whole transaction,
 // and on SQLite the other operations of its group commit with it).
 func LoadSQL(path string) (*SQL, error) {
@@ -190,20 +193,39 @@ func (st *stmtState) word(w string) {
 // endsHere reports whether a semicolon ends the statement.
 func (st *stmtState) endsHere() bool { return !st.inBody || st.bodyDone }
 
-// txControl names a statement that would end or split the transaction.
-func (st *stmtState) txControl() string {
+// Why a statement is refused.
+const (
+	whyTx      = "the script runs inside gemrecon's transaction and must not control it"
+	whySession = "the script runs on gemrecon's own connection, where a session setting would outlive the transaction (on PostgreSQL, SET LOCAL is fine)"
+)
+
+// forbidden names a statement that would end or split the transaction, or
+// change the session of the connection it runs on, and says why.
+func (st *stmtState) forbidden() (what, why string) {
 	if len(st.words) == 0 {
-		return ""
+		return "", ""
+	}
+	second := ""
+	if len(st.words) > 1 {
+		second = st.words[1]
 	}
 	switch st.words[0] {
 	case "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE":
-		return st.words[0]
+		return st.words[0], whyTx
 	case "START", "PREPARE":
-		if len(st.words) > 1 && st.words[1] == "TRANSACTION" {
-			return st.words[0] + " TRANSACTION"
+		if second == "TRANSACTION" {
+			return st.words[0] + " TRANSACTION", whyTx
+		}
+	case "PRAGMA", "ATTACH", "DETACH", "VACUUM", "RESET", "DISCARD":
+		return st.words[0], whySession
+	case "SET":
+		switch second {
+		case "LOCAL", "CONSTRAINTS", "TRANSACTION":
+		default:
+			return "SET", whySession
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // lexSQL splits script into statements and collects the parameters it uses.
@@ -217,8 +239,8 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 	st := &stmtState{}
 	finish := func(end int) error {
 		if st.nonEmpty {
-			if tc := st.txControl(); tc != "" {
-				return fmt.Errorf("line %d: %s: the script runs inside gemrecon's transaction and must not control it", lineOf(st.first), tc)
+			if what, why := st.forbidden(); what != "" {
+				return fmt.Errorf("line %d: %s: %s", lineOf(st.first), what, why)
 			}
 			stmts = append(stmts, strings.TrimSpace(s[st.start:end]))
 		}

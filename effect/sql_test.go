@@ -30,6 +30,7 @@ func TestParseSQL(t *testing.T) {
 		// inside it does not end the body.
 		{`CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE u SET n = CASE WHEN n > 0 THEN n ELSE 0 END; DELETE FROM v; END; SELECT @key`, 2, []string{"key"}},
 		{`SELECT begin_at, rollback_count FROM t`, 1, nil},
+		{`SET LOCAL statement_timeout = '5s'; UPDATE t SET a = 1 WHERE k = @key`, 2, []string{"key"}},
 	}
 	for _, tt := range tests {
 		q, err := effect.ParseSQL(tt.script)
@@ -71,6 +72,10 @@ func TestParseSQLRejects(t *testing.T) {
 		{`RELEASE a`, "RELEASE"},
 		{`END`, "END"},
 		{`START TRANSACTION`, "START TRANSACTION"},
+		{`PRAGMA synchronous = OFF`, "PRAGMA: the script runs on gemrecon's own connection"},
+		{`SET search_path = other`, "SET: the script runs on gemrecon's own connection"},
+		{`ATTACH 'x.db' AS x`, "ATTACH"},
+		{`RESET ALL`, "RESET"},
 		{`INSERT OR ROLLBACK INTO t VALUES (@key)`, "line 1: ROLLBACK (a conflict clause"},
 		{"SELECT 1;\nSELECT RAISE(rollback, 'x')", "line 2: ROLLBACK"},
 		{`CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM v;`, "BEGIN without its END"},
