@@ -229,7 +229,7 @@ func (st *stmtState) forbidden() (what, why string) {
 }
 
 // lexSQL splits script into statements and collects the parameters it uses.
-// It knows the lexical rules the two backends share: '…' strings (” inside),
+// It knows the lexical rules the two backends share: '…' strings (a doubled quote inside),
 // E'…' strings (backslash escapes), "…" and `…` identifiers, -- and /* */
 // comments (nested, as PostgreSQL and pgx read them), and PostgreSQL
 // $tag$…$tag$ strings.
