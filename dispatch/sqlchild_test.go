@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,8 +136,16 @@ func (s *stoppingSink) Renew(ctx context.Context, key string, token int64, lease
 
 func (s *stoppingSink) CompleteSQL(ctx context.Context, key string, token int64, script string, params map[string]any) error {
 	s.mu.Lock()
+	// kill(self, SIGSTOP) is not synchronous in a multi-threaded process:
+	// the calling thread can run on for a while before the group stop
+	// reaches it (under load, long enough to begin the transaction and
+	// take the write lock). So wait for the SIGCONT that ends the stop.
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
 	s.say("STOPPING %s %d", key, token)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	<-cont
+	signal.Stop(cont)
 	s.mu.Unlock()
 	err := s.inner.CompleteSQL(context.WithoutCancel(ctx), key, token, script, params)
 	s.say("COMPLETESQL %v", err)
