@@ -334,6 +334,9 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 	var renewFenced bool
 	go func() {
 		defer close(renewDone)
+		if d.cfg.SQL != nil { // --sql renews once, up front (sql.go)
+			return
+		}
 		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
 		defer t.Stop()
 		for {

@@ -18,8 +18,14 @@ import (
 // script was written), and any other error a failure recorded with Fail like
 // an effect's: retryable, including constraint violations (the data the
 // script depends on may be fixed, seed 001's CHECK failure), so a script
-// that can never succeed goes dead after --max-attempts. The lease is
-// renewed while the transaction runs, as for any effect.
+// that can never succeed goes dead after --max-attempts.
+//
+// The lease is renewed once, just before the transaction, instead of
+// periodically while it runs: a fresh lease outlasts the transaction (it is
+// longer than --effect-timeout, which cancels the script on PostgreSQL, and
+// on SQLite nobody can take the key over while the script holds the write
+// lock), and a periodic renewal queued behind the transaction's own commit
+// would find the key done and be counted as a fenced outcome.
 
 // checkSQL validates the --sql parts of cfg.
 func checkSQL(cfg Config) error {
@@ -38,6 +44,12 @@ func checkSQL(cfg Config) error {
 // runSQL runs the script and marks the key done, in one transaction.
 func (d *Dispatcher) runSQL(ctx context.Context, ev effect.Event) error {
 	sc := d.cfg.Sink.(sink.SQLCompleter) // checked by New
+	if err := d.cfg.Sink.Renew(ctx, ev.Key, ev.Token, d.cfg.Lease); err != nil {
+		if errors.Is(err, sink.ErrFenced) {
+			return err
+		}
+		return fmt.Errorf("--sql %s: renewing the lease before the transaction: %w", d.cfg.SQL.Path(), err)
+	}
 	if err := sc.CompleteSQL(ctx, ev.Key, ev.Token, d.cfg.SQL.Script(), d.cfg.SQL.Params(ev)); err != nil {
 		if errors.Is(err, sink.ErrFenced) {
 			return err
