@@ -268,6 +268,20 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// firstSchema returns the first schema a search_path setting names, ""
+// for "$user" (PostgreSQL's default, which must not be created) or none.
+func firstSchema(path string) string {
+	first, _, _ := strings.Cut(path, ",")
+	first = strings.TrimSpace(first)
+	if strings.HasPrefix(first, `"`) && strings.HasSuffix(first, `"`) && len(first) >= 2 {
+		first = strings.ReplaceAll(first[1:len(first)-1], `""`, `"`)
+	}
+	if first == "$user" {
+		return ""
+	}
+	return first
+}
+
 // SchemaVersion is the schema version this binary migrates to.
 func SchemaVersion() int {
 	ms, err := migrations()
@@ -294,6 +308,16 @@ func (s *Sink) migrate(ctx context.Context, schema string) error {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		if _, err := tx.Exec(ctx, migrateLock); err != nil {
 			return fmt.Errorf("postgres: migration lock: %w", err)
+		}
+		if schema == "" {
+			// A search_path from the DSN names where the tables belong:
+			// create its first schema too, or CREATE TABLE would fall
+			// through to the next one (usually public).
+			var path string
+			if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+				return fmt.Errorf("postgres: read search_path: %w", err)
+			}
+			schema = firstSchema(path)
 		}
 		if schema != "" {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {

@@ -70,3 +70,39 @@ func TestOpenBadDSN(t *testing.T) {
 		}
 	}
 }
+
+func TestFirstSchema(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`gemrecon, public`, "gemrecon"},
+		{`"$user", public`, ""},
+		{`$user, public`, ""},
+		{`"My Schema",public`, "My Schema"},
+		{`"we""ird"`, `we"ird`},
+		{``, ""},
+	} {
+		if got := firstSchema(tc.in); got != tc.want {
+			t.Errorf("firstSchema(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// A search_path in the DSN whose first schema does not exist yet: a writing
+// Open creates it and puts the tables there, not in the next schema.
+func TestSearchPathSchemaIsCreated(t *testing.T) {
+	base := baseDSN(t)
+	schema := "gemrecon_search_path_test"
+	admin := adminConn(t, base)
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	s := openDSN(t, withParam(base, "search_path", schema+",public"), sink.Options{})
+	if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/sp", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	var where string
+	if err := admin.QueryRow(ctx, `SELECT table_schema FROM information_schema.tables WHERE table_name = 'gemrecon_keys' AND table_schema = $1`, schema).Scan(&where); err != nil {
+		t.Fatalf("gemrecon_keys is not in schema %s: %v", schema, err)
+	}
+}
