@@ -88,20 +88,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		}
 		return s.fencedErr("complete", key, token, cur)
 	case unknownOutcome(err):
-		e, rerr := s.readBack(ctx, key)
-		switch {
-		case rerr != nil:
-			return fmt.Errorf("postgres: complete %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
-		case e.State == sink.StateDone && e.Token == token:
-			s.mu.Lock()
-			s.noteDoneLocked(key, e.FirstSource, payloadHash(e.Payload))
-			s.mu.Unlock()
-			return nil
-		case e.State == sink.StateClaimed && e.Token == token:
-			return fmt.Errorf("postgres: complete %q: not applied (read back: still claimed): %w", key, err)
-		default:
-			return fmt.Errorf("postgres: complete %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
-		}
+		return s.completeReadBack(ctx, key, token, err)
 	case err != nil:
 		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
 	}

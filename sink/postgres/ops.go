@@ -58,15 +58,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
 	}
 	sha := payloadHash(sg.Payload)
-	s.mu.Lock()
-	di, isDone := s.done[sg.Key]
-	if isDone {
-		s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, di.firstSource, di.sha))
-	}
-	n := len(s.buf)
-	s.mu.Unlock()
-	if isDone {
-		s.maybeFlush(ctx, n)
+	if s.sightDone(ctx, sg, sha) {
 		return sink.RecordResult{State: sink.StateDone}, nil
 	}
 
@@ -93,14 +85,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if isNew {
 		return sink.RecordResult{New: true, State: st}, nil
 	}
-	s.mu.Lock()
-	s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, firstSource, storedSHA))
-	if st == sink.StateDone {
-		s.noteDoneLocked(sg.Key, firstSource, storedSHA)
-	}
-	n = len(s.buf)
-	s.mu.Unlock()
-	s.maybeFlush(ctx, n)
+	s.sightKnown(ctx, sg, sha, st, firstSource, storedSHA)
 	return sink.RecordResult{State: st}, nil
 }
 
@@ -499,6 +484,25 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 	return nil
 }
 
+// completeReadBack settles a Complete (or CompleteSQL) whose reply was lost:
+// the row says whether it committed.
+func (s *Sink) completeReadBack(ctx context.Context, key string, token int64, err error) error {
+	e, rerr := s.readBack(ctx, key)
+	switch {
+	case rerr != nil:
+		return fmt.Errorf("postgres: complete %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
+	case e.State == sink.StateDone && e.Token == token:
+		s.mu.Lock()
+		s.noteDoneLocked(key, e.FirstSource, payloadHash(e.Payload))
+		s.mu.Unlock()
+		return nil
+	case e.State == sink.StateClaimed && e.Token == token:
+		return fmt.Errorf("postgres: complete %q: not applied (read back: still claimed): %w", key, err)
+	default:
+		return fmt.Errorf("postgres: complete %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
+	}
+}
+
 // Complete marks the claimed key done if token is current, else ErrFenced.
 // A completion whose outcome is unknown is read back.
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
@@ -510,20 +514,7 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		return c.QueryRow(ctx, completeSQL, key, token, s.nowArg()).Scan(&ok, &firstSource, &sha, &cur.state, &cur.token)
 	})
 	if unknownOutcome(err) {
-		e, rerr := s.readBack(ctx, key)
-		switch {
-		case rerr != nil:
-			return fmt.Errorf("postgres: complete %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
-		case e.State == sink.StateDone && e.Token == token:
-			s.mu.Lock()
-			s.noteDoneLocked(key, e.FirstSource, payloadHash(e.Payload))
-			s.mu.Unlock()
-			return nil
-		case e.State == sink.StateClaimed && e.Token == token:
-			return fmt.Errorf("postgres: complete %q: not applied (read back: still claimed): %w", key, err)
-		default:
-			return fmt.Errorf("postgres: complete %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
-		}
+		return s.completeReadBack(ctx, key, token, err)
 	}
 	if err != nil {
 		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
@@ -948,15 +939,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
 	}
 	sha := payloadHash(sg.Payload)
-	s.mu.Lock()
-	di, isDone := s.done[sg.Key]
-	if isDone {
-		s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, di.firstSource, di.sha))
-	}
-	n := len(s.buf)
-	s.mu.Unlock()
-	if isDone {
-		s.maybeFlush(ctx, n)
+	if s.sightDone(ctx, sg, sha) {
 		return sink.RecordResult{State: sink.StateDone}, sink.Claim{},
 			fmt.Errorf("postgres: record and claim %q: done: %w", sg.Key, sink.ErrNotClaimable)
 	}
@@ -997,14 +980,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{New: true, State: sink.StateClaimed}, c, nil
 	}
 	st := sink.State(state)
-	s.mu.Lock()
-	s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, firstSource, storedSHA))
-	if st == sink.StateDone {
-		s.noteDoneLocked(sg.Key, firstSource, storedSHA)
-	}
-	n = len(s.buf)
-	s.mu.Unlock()
-	s.maybeFlush(ctx, n)
+	s.sightKnown(ctx, sg, sha, st, firstSource, storedSHA)
 	rr := sink.RecordResult{State: st}
 	if !claimable {
 		return rr, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %s: %w", sg.Key, st, sink.ErrNotClaimable)
@@ -1022,4 +998,33 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 // are different documents for one completion).
 func sameDoc(source string, sha []byte, firstSource string, firstSHA []byte) bool {
 	return source != firstSource || sha == nil || firstSHA == nil || bytes.Equal(sha, firstSHA)
+}
+
+// sightDone answers a sighting of a key this process knows is done from
+// memory: its statistics are buffered (no round trip) and it reports true.
+func (s *Sink) sightDone(ctx context.Context, sg sink.Sighting, sha []byte) bool {
+	s.mu.Lock()
+	di, isDone := s.done[sg.Key]
+	if isDone {
+		s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, di.firstSource, di.sha))
+	}
+	n := len(s.buf)
+	s.mu.Unlock()
+	if isDone {
+		s.maybeFlush(ctx, n)
+	}
+	return isDone
+}
+
+// sightKnown buffers a sighting of a key the database already held, and
+// remembers it in memory if it is done.
+func (s *Sink) sightKnown(ctx context.Context, sg sink.Sighting, sha []byte, st sink.State, firstSource string, storedSHA []byte) {
+	s.mu.Lock()
+	s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, firstSource, storedSHA))
+	if st == sink.StateDone {
+		s.noteDoneLocked(sg.Key, firstSource, storedSHA)
+	}
+	n := len(s.buf)
+	s.mu.Unlock()
+	s.maybeFlush(ctx, n)
 }
