@@ -37,7 +37,7 @@ func (a *app) demoCommand() *cobra.Command {
 	var keep string
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "A self-contained run on loopback: completions delivered three times, effects run once",
+		Short: "A self-contained run on loopback: each completion seen up to three times, its effect run once",
 		Long: `Start a local stand-in for the Gemini API and a webhook receiver on free
 loopback ports with a temporary database; complete a handful of batches over a
 few seconds (one fails, one expires); deliver each completion twice by signed
