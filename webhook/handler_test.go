@@ -339,7 +339,9 @@ func TestCustomPathAndSmallBody(t *testing.T) {
 }
 
 func TestServeDrainTimeout(t *testing.T) {
+	started := make(chan struct{})
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
 		time.Sleep(2 * time.Second)
 	})
 	base, stop := serve(t, slow, webhook.ServerOptions{DrainTimeout: 200 * time.Millisecond})
@@ -348,7 +350,11 @@ func TestServeDrainTimeout(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	time.Sleep(200 * time.Millisecond) // let the request start
+	select { // the request is in flight before the drain starts
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request never reached the handler")
+	}
 	if err := stop(); !errors.Is(err, webhook.ErrDrainTimeout) {
 		t.Errorf("Serve after a drain timeout = %v, want ErrDrainTimeout", err)
 	}
