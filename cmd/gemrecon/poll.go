@@ -181,15 +181,17 @@ runs are safe: claims decide who runs each effect.`,
 				return usageError("--watch needs a positive --interval")
 			}
 			ctx := cmd.Context()
+			// Credentials first: a missing key should not leave a new,
+			// empty database behind.
+			p, err := a.newPoller(ctx, &pf)
+			if err != nil {
+				return err
+			}
 			s, err := a.openSink(ctx, ef.sinkOptions())
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			p, err := a.newPoller(ctx, &pf)
-			if err != nil {
-				return err
-			}
 			d, err := a.dispatcher(s, &ef, nil)
 			if err != nil {
 				return err

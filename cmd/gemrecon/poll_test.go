@@ -80,6 +80,20 @@ func TestPollExitCodes(t *testing.T) {
 		}
 	})
 
+	t.Run("1: no API key at all, and no database left behind", func(t *testing.T) {
+		api := fakeAPI(t, "SUCCEEDED")
+		db := filepath.Join(t.TempDir(), "s.db")
+		t.Setenv("GEMINI_API_KEY", "")
+		r := gemrecon(t, pollArgs(db, api)...)
+		wantCode(t, r, exitFatal)
+		if !strings.Contains(r.stderr, "GEMINI_API_KEY") {
+			t.Errorf("a missing key should name GEMINI_API_KEY: %v", r)
+		}
+		if _, err := os.Stat(db); !os.IsNotExist(err) {
+			t.Errorf("poll without credentials created %s", db)
+		}
+	})
+
 	t.Run("1: a repeated page token ends paging with an error", func(t *testing.T) {
 		api := fakeAPI(t, "SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "SUCCEEDED")
 		api.InjectFault(geminifake.Fault{}, geminifake.Fault{RepeatToken: true}, geminifake.Fault{RepeatToken: true})
