@@ -32,6 +32,13 @@ func DSN(tb testing.TB) string {
 // DSN whose search_path is that schema: tests never see each other's rows.
 func Schema(tb testing.TB) string {
 	tb.Helper()
+	dsn, _ := NewSchema(tb)
+	return dsn
+}
+
+// NewSchema is Schema that also returns the schema's name.
+func NewSchema(tb testing.TB) (dsn, schema string) {
+	tb.Helper()
 	base := DSN(tb)
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
@@ -39,7 +46,7 @@ func Schema(tb testing.TB) string {
 	}
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	schema := "gemrecon_t_" + hex.EncodeToString(b)
+	schema = "gemrecon_t_" + hex.EncodeToString(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, base)
@@ -66,5 +73,5 @@ func Schema(tb testing.TB) string {
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
-	return u.String()
+	return u.String(), schema
 }

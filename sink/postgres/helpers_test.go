@@ -2,31 +2,19 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// envDSN names the environment variable with the test server's DSN.
-const envDSN = "GEMRECON_TEST_POSTGRES"
-
 // baseDSN returns the test server's DSN or skips the test.
-func baseDSN(tb testing.TB) string {
-	tb.Helper()
-	dsn := os.Getenv(envDSN)
-	if dsn == "" {
-		tb.Skip("set GEMRECON_TEST_POSTGRES=postgres://… to run the PostgreSQL tests (bash .ci/postgres.sh prints one)")
-	}
-	return dsn
-}
+func baseDSN(tb testing.TB) string { tb.Helper(); return pgtest.DSN(tb) }
 
 // adminConn connects to the test server directly (no sink).
 func adminConn(tb testing.TB, dsn string) *pgx.Conn {
@@ -35,7 +23,7 @@ func adminConn(tb testing.TB, dsn string) *pgx.Conn {
 	defer cancel()
 	c, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		tb.Fatalf("connect %s: %v", envDSN, err)
+		tb.Fatalf("connect %s: %v", pgtest.EnvDSN, err)
 	}
 	tb.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
@@ -56,21 +44,7 @@ func withParam(dsn, name, value string) string {
 // whose search_path is that schema, and the schema's name.
 func testSchema(tb testing.TB) (dsn, schema string) {
 	tb.Helper()
-	base := baseDSN(tb)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema = "gemrecon_t_" + hex.EncodeToString(b)
-	admin := adminConn(tb, base)
-	ctx := context.Background()
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		tb.Fatalf("create schema %s: %v", schema, err)
-	}
-	tb.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			tb.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	return withParam(base, "search_path", schema), schema
+	return pgtest.NewSchema(tb)
 }
 
 // openTest opens a sink in a fresh schema, closed at cleanup.
