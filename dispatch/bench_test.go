@@ -3,10 +3,9 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"github.com/gemrecon/gemrecon/internal/disksync"
 	"io"
-	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,22 +19,11 @@ import (
 // bound on durable commits, for comparison with completions per second.
 func rawSyncRate(tb testing.TB, dir string, n int) float64 {
 	tb.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, "rawsync"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	r, err := disksync.Rate(dir, 0, n)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer f.Close()
-	line := []byte("gemini:batches/xxxxxxxxxxxxxxxx 1\n")
-	start := time.Now()
-	for range n {
-		if _, err := f.Write(line); err != nil {
-			tb.Fatal(err)
-		}
-		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return float64(n) / time.Since(start).Seconds()
+	return r.Rate()
 }
 
 // BenchmarkDispatch measures Drain over b.N pre-recorded keys with the

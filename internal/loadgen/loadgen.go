@@ -15,13 +15,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gemrecon/gemrecon/webhook"
@@ -264,47 +261,4 @@ func send(ctx context.Context, client *http.Client, cfg Config, i int) (int, Ack
 		ack.Key, ack.Status = r.Key, r.Status
 	}
 	return resp.StatusCode, ack, d, nil
-}
-
-// SyncResult is the raw disk's durable-append rate.
-type SyncResult struct {
-	Syncs   int
-	Elapsed time.Duration
-}
-
-// Rate is syncs per second.
-func (s SyncResult) Rate() float64 {
-	if s.Elapsed <= 0 {
-		return 0
-	}
-	return float64(s.Syncs) / s.Elapsed.Seconds()
-}
-
-// SyncRate appends a small record and fdatasyncs it, repeatedly, in a
-// temporary file in dir, for d (or until max syncs): the most durable
-// commits per second one writer can make on that disk.
-func SyncRate(dir string, d time.Duration, max int) (SyncResult, error) {
-	if d <= 0 && max <= 0 {
-		return SyncResult{}, errors.New("loadgen: SyncRate needs a duration or a count")
-	}
-	f, err := os.CreateTemp(dir, ".loadgen-sync-*")
-	if err != nil {
-		return SyncResult{}, err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	rec := bytes.Repeat([]byte("x"), 63)
-	rec = append(rec, '\n')
-	start := time.Now()
-	n := 0
-	for (d <= 0 || time.Since(start) < d) && (max <= 0 || n < max) {
-		if _, err := f.Write(rec); err != nil {
-			return SyncResult{}, err
-		}
-		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
-			return SyncResult{}, fmt.Errorf("fdatasync %s: %w", filepath.Base(f.Name()), err)
-		}
-		n++
-	}
-	return SyncResult{Syncs: n, Elapsed: time.Since(start)}, nil
 }

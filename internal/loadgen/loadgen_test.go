@@ -124,16 +124,3 @@ func TestRunServerGone(t *testing.T) {
 		t.Errorf("Run(closed server) = %d transport errors, %d acks, first %v; want 3 (one per worker), 0", res.TransportErrors, len(res.Acks), res.FirstError)
 	}
 }
-
-func TestSyncRate(t *testing.T) {
-	r, err := SyncRate(t.TempDir(), 0, 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Syncs != 20 || r.Rate() <= 0 {
-		t.Errorf("SyncRate(20) = %+v, want 20 syncs at a positive rate", r)
-	}
-	if _, err := SyncRate(t.TempDir(), 0, 0); err == nil {
-		t.Errorf("SyncRate unbounded = nil error")
-	}
-}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/gemrecon/gemrecon/internal/disksync"
 	"io"
 	"log/slog"
 	"net"
@@ -57,7 +58,7 @@ func run(args []string, stdout io.Writer) error {
 	ctx := context.Background()
 	loadBefore := loadAverage()
 
-	raw, err := loadgen.SyncRate(*dir, *syncDur, 0)
+	raw, err := disksync.Rate(*dir, *syncDur, 0)
 	if err != nil {
 		return fmt.Errorf("fdatasync probe: %w", err)
 	}
