@@ -195,7 +195,7 @@ func (a *app) runDemo(ctx context.Context, keep string) error {
 
 	// 5. A reconciliation pass sees every completion again.
 	time.Sleep(200 * time.Millisecond) // let the background workers take the webhooks' keys first
-	pc := poller.DefaultConfig() // the same retries and lookback as `gemrecon poll`
+	pc := poller.DefaultConfig()       // the same retries and lookback as `gemrecon poll`
 	pc.APIKey, pc.BaseURL, pc.PageSize, pc.Logger = apiKey, apiURL, 2, quiet
 	p, err := poller.New(ctx, pc)
 	if err != nil {
