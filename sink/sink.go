@@ -92,6 +92,11 @@ type Failure struct {
 	Cause     string    // error text; backends keep at most MaxErrorLen bytes
 	Permanent bool      // go dead now instead of retrying
 	NotBefore time.Time // earliest next attempt (e.g. Retry-After); zero = backoff alone
+	// NoAttempt: the attempt does not count toward MaxAttempts (it was not
+	// the effect's fault: gemrecon's stdout went away, the API could not be
+	// asked). The key goes back to pending, never to dead, at NotBefore or
+	// after the backoff of its current attempt count; Permanent is ignored.
+	NoAttempt bool
 }
 
 // MaxErrorLen bounds the stored error text (its tail is kept).
@@ -135,6 +140,76 @@ type Stats struct {
 	LatencyP50 time.Duration `json:"latency_p50_ns"`
 	LatencyP99 time.Duration `json:"latency_p99_ns"`
 	LatencyMax time.Duration `json:"latency_max_ns"`
+	// Passes are the reconciliation pass records, one per scope (spec §5.5),
+	// ordered by scope.
+	Passes []PassRecord `json:"passes"`
+}
+
+// PassRecord is what the database keeps about the reconciliation passes of
+// one scope (spec §5.5): one API project as seen by one backend and base URL.
+// Times are zero when no such pass happened yet.
+type PassRecord struct {
+	Scope string `json:"scope"`
+	// LastStart and LastEnd bound the last pass that listed (a skipped pass
+	// is not recorded); LastHolder is the owner that ran it.
+	LastStart  time.Time `json:"last_start,omitzero"`
+	LastEnd    time.Time `json:"last_end,omitzero"`
+	LastHolder string    `json:"last_holder,omitempty"`
+	// LastSuccess is the end of the last pass that listed fully and whose
+	// every effect succeeded (exit status 0).
+	LastSuccess time.Time `json:"last_success,omitzero"`
+	// LastFullScan is the start of the last pass that read every page to the
+	// end without an error.
+	LastFullScan time.Time `json:"last_full_scan,omitzero"`
+	// Holder holds the pass lease until HeldUntil ("" when free); Token is the
+	// lease's fencing token, incremented by every acquisition.
+	Holder    string    `json:"holder,omitempty"`
+	HeldUntil time.Time `json:"held_until,omitzero"`
+	Token     int64     `json:"token"`
+}
+
+// PassLease is a held pass lease of one scope (spec §5.5).
+type PassLease struct {
+	Scope string
+	Owner string
+	Token int64 // 0: a pass that holds no lease (poll --force)
+	Until time.Time
+}
+
+// PassOutcome is what one pass that listed reports when it ends.
+type PassOutcome struct {
+	Start, End time.Time
+	Success    bool // listed fully and every effect succeeded (exit 0)
+	FullScan   bool // read every page to the end without an error
+}
+
+// ErrPassHeld is wrapped by AcquirePass when another live holder has the
+// scope's pass lease; ErrPassRecent when a pass of the scope ended less than
+// the asked interval ago. Either way the caller skips its listing.
+var (
+	ErrPassHeld   = errors.New("the scope's pass lease is held by another process")
+	ErrPassRecent = errors.New("a pass of the scope ended less than one interval ago")
+)
+
+// Passes keeps the per-scope pass records and the pass lease of spec §5.5,
+// so that replicas sharing one database list about once per interval in all.
+// Every backend implements it.
+type Passes interface {
+	// AcquirePass takes the scope's pass lease for owner until now + lease,
+	// creating the record if needed. It fails with ErrPassHeld while another
+	// owner's lease is live, and with ErrPassRecent when minInterval > 0 and
+	// the scope's last pass ended less than minInterval ago. The returned
+	// record is the one that decided (holder and until on ErrPassHeld).
+	AcquirePass(ctx context.Context, scope, owner string, lease, minInterval time.Duration) (PassLease, PassRecord, error)
+	// RenewPass extends a held pass lease to now + lease; ErrFenced when the
+	// lease was taken over (its token is no longer current).
+	RenewPass(ctx context.Context, l PassLease, lease time.Duration) (PassLease, error)
+	// EndPass records a pass's outcome and releases its lease. With a zero
+	// token (a pass that held no lease) it only records. ErrFenced, and
+	// nothing recorded, when the lease was taken over meanwhile.
+	EndPass(ctx context.Context, l PassLease, o PassOutcome) error
+	// PassRecords returns every scope's record, ordered by scope.
+	PassRecords(ctx context.Context) ([]PassRecord, error)
 }
 
 // Sink is the durable claim/lease store of spec §3. Every method is safe for
