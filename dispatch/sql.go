@@ -17,7 +17,7 @@ import (
 // token. Success is OutcomeDone, a fenced token OutcomeFenced (nothing of the
 // script was written), and any other error a failure recorded with Fail like
 // an effect's: retryable, including constraint violations (the data the
-// script depends on may be fixed, seed 001's CHECK failure), so a script
+// script depends on may be fixed: a CHECK on the user's table, say), so a script
 // that can never succeed goes dead after --max-attempts.
 //
 // The lease is renewed once, just before the transaction, instead of

@@ -1,7 +1,7 @@
 package dispatch
 
-// The --sql effect (spec §4) against seed 001's transactional inbox: an
-// invoices table, a ledger with UNIQUE (invoice_id, kind) and an outbox,
+// The --sql effect (spec §4) against the transactional inbox (docs/design.md
+// §1): an invoices table, a ledger with UNIQUE (invoice_id, kind) and an outbox,
 // living in the sink's own database (on PostgreSQL, the same search_path
 // schema). Every test runs on SQLite (a file in t.TempDir()) and on
 // PostgreSQL (pgtest.Schema; skipped without GEMRECON_TEST_POSTGRES).
@@ -85,7 +85,7 @@ CREATE TABLE runs (key text NOT NULL, token bigint NOT NULL);`
 	// The ledger script: book the payment, mark the invoice paid, tell
 	// downstream through the outbox. The UPDATE is the second statement:
 	// an invoice whose amount_due is too small fails its CHECK there.
-	sqliteLedgerScript = `-- seed 001: book the payment once, in the transaction that marks the key done
+	sqliteLedgerScript = `-- the transactional inbox: book the payment once, in the transaction that marks the key done
 INSERT INTO ledger_entries (invoice_id, kind, amount, key, token)
 VALUES (@name, 'payment', json_extract(@operation, '$.amount'), @key, @token);
 UPDATE invoices
@@ -96,7 +96,7 @@ UPDATE invoices
 INSERT INTO outbox (aggregate_id, event_type, payload)
 VALUES (@name, 'InvoicePaymentBooked', json_object('key', @key, 'amount', json_extract(@operation, '$.amount')));
 `
-	postgresLedgerScript = `-- seed 001: book the payment once, in the transaction that marks the key done
+	postgresLedgerScript = `-- the transactional inbox: book the payment once, in the transaction that marks the key done
 INSERT INTO ledger_entries (invoice_id, kind, amount, key, token)
 VALUES (@name, 'payment', (@operation::jsonb ->> 'amount')::bigint, @key, @token);
 UPDATE invoices
@@ -248,7 +248,7 @@ func TestSQLNeedsCompleter(t *testing.T) {
 	}
 }
 
-// (1) Seed 001's concurrent deliveries: 8 dispatchers, each with its own
+// (1) The transactional inbox's concurrent deliveries: 8 dispatchers, each with its own
 // sink (8 connections, as 8 processes would have), receive every completion
 // at once, by webhook and by poll, and run it at once (serve --sync); then
 // both paths redeliver everything. Each invoice is booked once: one ledger
@@ -340,7 +340,7 @@ func TestSQLConcurrentDeliveriesBookOnce(t *testing.T) {
 }
 
 // (2) A failing statement rolls everything back and leaves the key
-// retryable: seed 001's "mark received first" bug (the failure turns every
+// retryable: the mark-received-first loss (docs/design.md §1: the failure turns every
 // redelivery into a duplicate, the payment is never booked) does not happen.
 // Once the data is fixed, the retry books it.
 func TestSQLFailureRollsBackAndRetries(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 )
 
 // BenchmarkSQLEffect measures Drain over b.N pre-recorded completions with
-// the --sql effect (seed 001's ledger + outbox script: three statements in
+// the --sql effect (the transactional inbox's ledger + outbox script: three statements in
 // the transaction that marks the key done), on SQLite and on PostgreSQL
 // (skipped without GEMRECON_TEST_POSTGRES), next to the print effect on the
 // same backend, with the raw append+fdatasync rate of the local disk

@@ -3,8 +3,8 @@ package sink
 import "context"
 
 // SQLCompleter is an optional capability of a Sink whose keys live in the
-// same database as the user's tables: the --sql effect of spec §4 (seed 001's
-// transactional inbox). Both backends implement it.
+// same database as the user's tables: the --sql effect of spec §4 (the
+// transactional inbox of docs/design.md §1). Both backends implement it.
 //
 // CompleteSQL runs script and marks the key done in ONE transaction, fenced
 // on token:

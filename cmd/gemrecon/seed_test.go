@@ -11,10 +11,12 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// The seed documents warn of two orderings that break the promises of spec
-// §1. These tests drive the real CLI and prove gemrecon has neither.
+// Two orderings break the promises of spec §1: the mark-received-first and
+// the work-before-recording orderings, which the design's seed documents
+// warned of (docs/design.md §1 says what each is). These tests, named after
+// those seeds, drive the real CLI and prove gemrecon has neither.
 
-// Seed ordering 1, "mark received first": recording receipt in its own
+// The mark-received-first ordering: recording receipt in its own
 // commit and treating every later delivery as a duplicate loses the
 // completion when the work fails. In gemrecon a failed effect leaves the key
 // pending; a redelivery is a duplicate *sighting*, yet the effect still runs
@@ -56,7 +58,7 @@ func TestSeedMarkReceivedFirstDoesNotLoseTheCompletion(t *testing.T) {
 	wantCode(t, gemrecon(t, "--db", db, "status", key), exitOK)
 }
 
-// Seed ordering 2, "work before recording": doing the work and recording it
+// The work-before-recording ordering: doing the work and recording it
 // afterwards lets a crash in between run it again with no trace. In gemrecon
 // the claim — state claimed, the attempt's fencing token — is durable before
 // the effect starts: the effect itself reads it from the database.
