@@ -85,6 +85,16 @@ var (
 	ErrNoEntry = fmt.Errorf("%w: webhook-signature has no v1a or JWT entry", ErrUnverified)
 )
 
+// HTTPStatus is what a receiver answers for an error of Verify that no
+// other scheme overrides: 503 for ErrUnavailable (the sender retries; add
+// Retry-After), 401 for every other error.
+func HTTPStatus(err error) int {
+	if errors.Is(err, ErrUnavailable) {
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusUnauthorized
+}
+
 // Result says how a request was verified.
 type Result struct {
 	// Scheme is SchemeV1a or SchemeJWT.

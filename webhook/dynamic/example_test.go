@@ -37,13 +37,19 @@ func Example() {
 	h.Set("webhook-signature", keys.SignV1a("msg_1", now, body))
 
 	res, err := v.Verify(context.Background(), body, h)
-	switch {
-	case errors.Is(err, dynamic.ErrUnavailable):
-		fmt.Println(http.StatusServiceUnavailable) // the sender retries
-	case err != nil:
-		fmt.Println(http.StatusUnauthorized)
-	default:
-		fmt.Println("verified by", res.Scheme, "- confirm before running")
+	if err != nil {
+		fmt.Println(dynamic.HTTPStatus(err)) // 503 when the key set is unavailable, else 401
+		return
 	}
-	// Output: verified by v1a - confirm before running
+	fmt.Println("verified by", res.Scheme, "- confirm before running")
+
+	// A stale delivery is refused without asking the key server.
+	old := now.Add(-time.Hour)
+	h.Set("webhook-timestamp", strconv.FormatInt(old.Unix(), 10))
+	h.Set("webhook-signature", keys.SignV1a("msg_1", old, body))
+	_, err = v.Verify(context.Background(), body, h)
+	fmt.Println(dynamic.HTTPStatus(err), errors.Is(err, dynamic.ErrUnverified))
+	// Output:
+	// verified by v1a - confirm before running
+	// 401 true
 }
