@@ -1,0 +1,274 @@
+package dynamic
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+)
+
+// Limits of the key set cache (spec §6).
+const (
+	// MinCacheLifetime is the shortest time a fetched key set is kept,
+	// whatever Cache-Control says (no-store, max-age=0 or nothing at all):
+	// it bounds how often the receiver asks the key server on its own.
+	MinCacheLifetime = 5 * time.Minute
+	// MaxCacheLifetime is the longest time a fetched key set is kept, so
+	// that a key the publisher withdrew stops verifying within a day.
+	MaxCacheLifetime = 24 * time.Hour
+	// RefetchInterval is the least time between the end of one fetch
+	// attempt and the start of the next, whatever requests arrive: an
+	// attacker who sends unknown kids or unverifiable v1a signatures makes
+	// the receiver fetch at most once per interval.
+	RefetchInterval = time.Minute
+	// DefaultFetchTimeout bounds one fetch of the key set.
+	DefaultFetchTimeout = 10 * time.Second
+	// MaxKeySetBytes is the largest key set document read.
+	MaxKeySetBytes = 1 << 20
+	// MaxEd25519Keys is how many Ed25519 keys of a set are kept: a v1a
+	// entry names no key, so each one is tried against all of them, and
+	// this bounds the work one request can cause.
+	MaxEd25519Keys = 32
+	// MinRSABits is the smallest RSA modulus accepted for RS256.
+	MinRSABits = 2048
+)
+
+// edKey is one Ed25519 key of the set.
+type edKey struct {
+	kid string
+	pub ed25519.PublicKey
+}
+
+// keySet is one fetched key set, reduced to the keys this package can use.
+type keySet struct {
+	ed      []edKey                     // in the set's order
+	rsa     map[string][]*rsa.PublicKey // by kid
+	expires time.Time                   // by the injected clock
+	gen     uint64                      // 1 for the first fetched set, then +1 per fetch
+}
+
+// parseKeySet reads a JWKS document and keeps the keys fit for
+// verification: Ed25519 public keys (kty OKP, crv Ed25519) for v1a and RSA
+// public keys of at least MinRSABits for RS256, each only when its "use" is
+// absent or "sig" and its "alg" is absent or names the scheme. Every other
+// key (a type go-jose does not know, EC, symmetric, private material, a
+// malformed one) is skipped rather than failing the set, as RFC 7517 §5
+// asks, so that a key type added to the set later cannot break verification
+// with the keys already there. A set with no usable key is an error.
+func parseKeySet(doc []byte) (*keySet, int, error) {
+	var raw struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.Unmarshal(doc, &raw); err != nil {
+		return nil, 0, errors.New("the key set is not a JSON Web Key Set")
+	}
+	ks := &keySet{rsa: map[string][]*rsa.PublicKey{}}
+	skipped, nrsa := 0, 0
+	for _, r := range raw.Keys {
+		var k jose.JSONWebKey
+		if err := k.UnmarshalJSON(r); err != nil || (k.Use != "" && k.Use != "sig") {
+			skipped++
+			continue
+		}
+		switch pub := k.Key.(type) {
+		case ed25519.PublicKey:
+			if (k.Algorithm != "" && k.Algorithm != string(jose.EdDSA) && k.Algorithm != "Ed25519") || len(ks.ed) >= MaxEd25519Keys {
+				skipped++
+				continue
+			}
+			ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
+		case *rsa.PublicKey:
+			if (k.Algorithm != "" && k.Algorithm != string(jose.RS256)) || pub.N.BitLen() < MinRSABits {
+				skipped++
+				continue
+			}
+			ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
+			nrsa++
+		default:
+			// Private halves, EC and symmetric keys: nothing here verifies
+			// with them, and a symmetric key must never be used as one.
+			skipped++
+		}
+	}
+	if len(ks.ed) == 0 && nrsa == 0 {
+		return nil, skipped, fmt.Errorf("the key set has no usable Ed25519 or RSA signing key (%d keys, all skipped)", len(raw.Keys))
+	}
+	return ks, skipped, nil
+}
+
+// cacheLifetime is how long a key set answered with h may be kept:
+// Cache-Control's max-age less the Age a cache in between reports, no-store
+// and no-cache counting as zero, clamped to [MinCacheLifetime,
+// MaxCacheLifetime]. Without max-age the minimum applies.
+func cacheLifetime(h http.Header) time.Duration {
+	ttl := time.Duration(-1)
+	noCache := false
+	for _, line := range h.Values("Cache-Control") {
+		for _, d := range strings.Split(line, ",") {
+			name, val, _ := strings.Cut(strings.TrimSpace(d), "=")
+			switch strings.ToLower(strings.TrimSpace(name)) {
+			case "no-store", "no-cache":
+				noCache = true
+			case "max-age":
+				s, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(val), `"`), 10, 64)
+				switch {
+				case err == nil && s <= uint64(MaxCacheLifetime/time.Second):
+					ttl = time.Duration(s) * time.Second
+				case err == nil || errors.Is(err, strconv.ErrRange):
+					// Longer than anything kept (RFC 9111 §1.2.2 asks
+					// that an overflow be read as a very long time).
+					ttl = MaxCacheLifetime
+				}
+			}
+		}
+	}
+	if noCache {
+		ttl = 0
+	}
+	if ttl > 0 {
+		if age, err := strconv.ParseInt(strings.TrimSpace(h.Get("Age")), 10, 64); err == nil && age > 0 {
+			ttl -= time.Duration(min(age, int64(MaxCacheLifetime/time.Second))) * time.Second
+		}
+	}
+	return min(max(ttl, MinCacheLifetime), MaxCacheLifetime)
+}
+
+// cache holds the last key set fetched and decides when to fetch again.
+// Every fetch attempt, whoever asks for it, starts at least RefetchInterval
+// after the previous attempt ended; requests that arrive while one runs
+// wait for it instead of starting their own.
+type cache struct {
+	url     string
+	client  *http.Client
+	timeout time.Duration
+	now     func() time.Time
+	log     *slog.Logger
+
+	mu          sync.Mutex
+	set         *keySet       // the last set fetched, nil before the first success
+	gen         uint64        // generation of set
+	lastAttempt time.Time     // when the last fetch attempt ended; zero before the first
+	lastErr     error         // how the last attempt failed; nil when it succeeded
+	inflight    chan struct{} // closed when the running fetch ends; nil when none runs
+	waiters     int           // requests waiting on inflight (tests read it)
+}
+
+// get returns the key set to verify with. force asks for a fresh set (a
+// JWT names a kid the cached set lacks, or no cached key verifies a v1a);
+// a fetch starts only when the cached set is missing or expired, or force
+// is set, and RefetchInterval has passed since the last attempt. current
+// reports whether the last attempt succeeded, so that a signature the set
+// does not verify is known to be bad rather than possibly signed by a key
+// the receiver could not fetch. err is set when no usable set is cached.
+func (c *cache) get(ctx context.Context, force bool) (ks *keySet, current bool, err error) {
+	c.mu.Lock()
+	for c.inflight != nil {
+		ch := c.inflight
+		c.waiters++
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.mu.Lock()
+			c.waiters--
+			c.mu.Unlock()
+			return nil, false, ctx.Err()
+		}
+		c.mu.Lock()
+		c.waiters--
+		// The fetch just waited for is as fresh as one started now.
+		force = false
+	}
+	now := c.now()
+	usable := c.set != nil && now.Before(c.set.expires)
+	allowed := c.lastAttempt.IsZero() || now.Sub(c.lastAttempt) >= RefetchInterval
+	if (!usable || force) && allowed {
+		c.attempt(ctx) // unlocks while fetching, locks again
+		usable = c.set != nil && c.now().Before(c.set.expires)
+	}
+	ks, lastErr, lastAttempt := c.set, c.lastErr, c.lastAttempt
+	c.mu.Unlock()
+	if !usable {
+		if lastErr != nil {
+			return nil, false, lastErr
+		}
+		return nil, false, fmt.Errorf("the cached key set has expired and the next fetch is not due until %s", lastAttempt.Add(RefetchInterval).UTC().Format(time.RFC3339))
+	}
+	return ks, lastErr == nil, nil
+}
+
+// attempt runs one fetch with c.mu held on entry and on return; the lock
+// is released during the request. A failed fetch keeps the cached set.
+func (c *cache) attempt(ctx context.Context) {
+	ch := make(chan struct{})
+	c.inflight = ch
+	c.mu.Unlock()
+	ks, skipped, ttl, err := c.fetch(ctx)
+	end := c.now()
+	if err != nil {
+		c.log.Warn("dynamic webhooks: fetching the key set failed; dynamically signed requests that need it are answered as unavailable",
+			"url", c.url, "err", err, "next_attempt_after", RefetchInterval)
+	} else {
+		c.log.Info("dynamic webhooks: key set fetched", "url", c.url,
+			"ed25519_keys", len(ks.ed), "rsa_kids", len(ks.rsa), "skipped_keys", skipped, "cache_for", ttl)
+	}
+	c.mu.Lock()
+	c.lastAttempt = end
+	c.lastErr = err
+	if err == nil {
+		c.gen++
+		ks.gen = c.gen
+		ks.expires = end.Add(ttl)
+		c.set = ks
+	}
+	c.inflight = nil
+	close(ch)
+}
+
+// fetch GETs the key set. It runs on a context of its own (the values of
+// ctx, not its cancellation, and DefaultFetchTimeout or the configured
+// timeout), so that the request that happened to start it hanging up does
+// not fail the fetch for the others waiting on it.
+func (c *cache) fetch(ctx context.Context) (*keySet, int, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("key set request: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		// A *url.Error: method, URL and cause; the URL is configuration,
+		// not a secret.
+		return nil, 0, 0, fmt.Errorf("fetching the key set: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, 0, 0, fmt.Errorf("fetching the key set: %s answered %s", c.url, resp.Status)
+	}
+	doc, err := io.ReadAll(io.LimitReader(resp.Body, MaxKeySetBytes+1))
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("reading the key set from %s: %w", c.url, err)
+	}
+	if len(doc) > MaxKeySetBytes {
+		return nil, 0, 0, fmt.Errorf("the key set at %s is over %d bytes", c.url, MaxKeySetBytes)
+	}
+	ks, skipped, err := parseKeySet(doc)
+	if err != nil {
+		return nil, skipped, 0, fmt.Errorf("key set from %s: %w", c.url, err)
+	}
+	return ks, skipped, cacheLifetime(resp.Header), nil
+}
