@@ -1,5 +1,5 @@
 // Package fakejwks stands in for the Gemini API's dynamic webhook signing
-// (spec §6, §11): it generates Ed25519 and RSA keys, serves their public
+// (spec §6; the local emulator will sign with it): it generates Ed25519 and RSA keys, serves their public
 // halves as a JWKS over HTTP (with a Cache-Control header, a fetch counter
 // and an outage switch), and signs deliveries both ways the Gemini API is
 // documented or reported to: a Standard Webhooks `v1a` entry (Ed25519 over

@@ -10,7 +10,7 @@
 // webhook does), nor what a verified delivery means: the JWKS is
 // Google-wide, so a dynamic signature proves that Google sent the
 // request, not that it concerns this project. Result.Scheme says which
-// scheme verified, so that the caller can require confirmation (spec §9.2)
+// scheme verified, so that the caller can require confirmation against the API (spec §6)
 // for keys seen only through a dynamic signature.
 package dynamic
 

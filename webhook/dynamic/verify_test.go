@@ -70,7 +70,7 @@ func TestBothEntriesInOneValue(t *testing.T) {
 	}
 	// The body is not what was signed: the v1a entry fails, and the JWT,
 	// which binds no body, verifies — which is exactly why the caller must
-	// confirm the batch (spec §6, §9.2) and needs to know the scheme.
+	// confirm the batch (spec §6) and needs to know the scheme.
 	res, err = verify(v, []byte(`{"other":"body"}`), h)
 	if err != nil || res.Scheme != dynamic.SchemeJWT {
 		t.Fatalf("Verify(tampered body, v1a + JWT) = %+v, %v; want jwt, nil", res, err)
