@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 )
 
@@ -110,7 +111,7 @@ func names(ops []Operation) []string {
 func terminalNames(bs []geminifake.Batch) []string {
 	var ns []string
 	for _, b := range bs {
-		if isTerminal(normalizeState(b.State)) {
+		if canon.IsTerminal(b.State) {
 			ns = append(ns, b.Name)
 		}
 	}
@@ -145,7 +146,7 @@ func TestPassTerminalOnlyAndRepeats(t *testing.T) {
 			t.Errorf("pass %d handed over %q, want %q", pass, got, want)
 		}
 		for _, op := range ops {
-			if !op.Terminal || !isTerminal(op.State) || strings.HasPrefix(op.State, "BATCH_STATE_") {
+			if !op.Terminal || !canon.IsTerminal(op.State) || strings.HasPrefix(op.State, "BATCH_STATE_") {
 				t.Errorf("pass %d: %s state %q terminal %v", pass, op.Name, op.State, op.Terminal)
 			}
 			if op.CreateTime.IsZero() || op.EndTime.IsZero() || !json.Valid(op.Raw) {
@@ -623,26 +624,39 @@ func TestServerDelay(t *testing.T) {
 	}
 }
 
-func TestNormalizeState(t *testing.T) {
+// Listed states are normalised by canon (one spelling for the whole
+// program): prefixes dropped, CANCELED spelled CANCELLED, and only canon's
+// terminal states handed over.
+func TestStatesNormalisedByCanon(t *testing.T) {
 	tests := []struct {
 		in       string
 		want     string
 		terminal bool
 	}{
 		{"BATCH_STATE_SUCCEEDED", "SUCCEEDED", true},
-		{"JOB_STATE_SUCCEEDED", "SUCCEEDED", true},
 		{"BATCH_STATE_EXPIRED", "EXPIRED", true},
-		{"JOB_STATE_PARTIALLY_SUCCEEDED", "PARTIALLY_SUCCEEDED", true},
-		{"JOB_STATE_PAUSED", "PAUSED", false},
-		{"JOB_STATE_CANCELLING", "CANCELLING", false},
-		{"BATCH_STATE_RUNNING", "RUNNING", false},
+		{"BATCH_STATE_CANCELED", "CANCELLED", true}, // canon's spelling; poller's own copy kept CANCELED, not terminal
 		{"cancelled", "CANCELLED", true},
-		{"", "", false},
+		{"BATCH_STATE_RUNNING", "RUNNING", false},
+		{"BATCH_STATE_PENDING", "PENDING", false},
 	}
-	for _, tc := range tests {
-		got := normalizeState(tc.in)
-		if got != tc.want || isTerminal(got) != tc.terminal || normalizeState(got) != got {
-			t.Errorf("normalizeState(%q) = %q (terminal %v), want %q (%v)", tc.in, got, isTerminal(got), tc.want, tc.terminal)
+	var bs []geminifake.Batch
+	for i, tc := range tests {
+		bs = append(bs, geminifake.Batch{Name: geminifake.GeminiName(fmt.Sprintf("st%d", i)), State: tc.in, CreateTime: testNow.Add(-time.Hour)})
+	}
+	s := startFake(t, geminifake.Options{}, bs...)
+	ops, _, err := collect(t, newPoller(t, testConfig(s, &sleeps{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, op := range ops {
+		got[op.Name] = op.State
+	}
+	for i, tc := range tests {
+		st, ok := got[bs[i].Name]
+		if ok != tc.terminal || (ok && st != tc.want) {
+			t.Errorf("listed state %q: handed over %v as %q, want %v as %q", tc.in, ok, st, tc.terminal, tc.want)
 		}
 	}
 }
