@@ -816,6 +816,9 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 		st.LatencyP50 = microsDuration(p50)
 		st.LatencyP99 = microsDuration(p99)
 		st.LatencyMax = microsDuration(max)
+		if st.Passes, err = passRecords(ctx, tx); err != nil {
+			return err
+		}
 		return tx.Commit(ctx)
 	})
 	if err != nil {
