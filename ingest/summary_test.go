@@ -24,8 +24,8 @@ var summaryFields = []string{"listed", "terminal", "skipped_old", "new", "duplic
 func sampleResult() Result {
 	return Result{
 		Start: t0, End: t0.Add(1421 * time.Millisecond),
-		List:  poller.PassStats{Listed: 120, Terminal: 37, SkippedOld: 3, Requests: 2, FullScan: true},
-		New:   2, Duplicates: 31, Invalid: 1,
+		List: poller.PassStats{Listed: 120, Terminal: 37, SkippedOld: 3, Requests: 2, FullScan: true},
+		New:  2, Duplicates: 31, Invalid: 1,
 		Effects: dispatch.Summary{OK: 2, Failed: 1, Dead: 1, Fenced: 1},
 	}
 }
