@@ -135,8 +135,10 @@ func readFile(t *testing.T, path string) string {
 // last success and last full scan come from the database, so a pass that
 // exits 4 (an effect failed) or 1 (the listing failed) does not overwrite
 // the time of the last good one; the other gauges stay.
-func TestTextfile(t *testing.T) {
-	e := newEnv(t, envOptions{pageSize: 5})
+func TestTextfile(t *testing.T) { backends(t, testTextfile) }
+
+func testTextfile(t *testing.T, pg bool) {
+	e := newEnv(t, envOptions{pageSize: 5, postgres: pg})
 	prom := filepath.Join(t.TempDir(), "gemrecon.prom")
 	bs, _ := issueBatches(t0)
 	e.api.Add(bs...)
