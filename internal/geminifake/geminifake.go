@@ -291,6 +291,11 @@ func (s *Server) Close() error {
 	return srv.Close()
 }
 
+// shuffleKey is the name's place in the shuffle: FNV-1a of seed and name,
+// mixed by splitmix64's finaliser (FNV alone barely moves its high bits
+// between names that differ in their last bytes, so sequential names would
+// list in nearly their own order, and so in age order when created in
+// sequence).
 func (s *Server) shuffleKey(name string) uint64 {
 	h := fnv.New64a()
 	var seed [8]byte
@@ -299,19 +304,15 @@ func (s *Server) shuffleKey(name string) uint64 {
 	}
 	h.Write(seed[:])
 	h.Write([]byte(name))
-	return h.Sum64()
+	x := h.Sum64()
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }
 
 // RunOf returns the run (0 or 1) a batch of this name is listed in under
 // OrderTwoRuns.
-func (s *Server) RunOf(name string) int {
-	// FNV's high bits barely move between names that differ in their last
-	// byte: mix (splitmix64's finaliser) before taking one.
-	h := s.shuffleKey(name)
-	h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9
-	h = (h ^ (h >> 27)) * 0x94d049bb133111eb
-	return int((h ^ (h >> 31)) >> 63)
-}
+func (s *Server) RunOf(name string) int { return int(s.shuffleKey(name) >> 63) }
 
 // keyOf places a batch in the current listing order; the caller holds mu.
 func (s *Server) keyOf(b Batch) sortKey {
