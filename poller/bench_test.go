@@ -44,11 +44,11 @@ type scenario struct {
 type childResult struct {
 	Listed, Passed, SkippedOld, Pages, Requests int
 	FullScan                                    bool
-	Seconds                         float64
-	PeakHeapInuse, PeakSys          uint64
-	BaseHeapInuse                   uint64
-	VmHWMKiB                        int64 // the child's own peak RSS
-	Err                             string
+	Seconds                                     float64
+	PeakHeapInuse, PeakSys                      uint64
+	BaseHeapInuse                               uint64
+	VmHWMKiB                                    int64 // the child's own peak RSS
+	Err                                         string
 }
 
 func benchChild(url string) int {
