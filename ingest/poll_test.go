@@ -236,7 +236,7 @@ type batchPlan struct {
 // by a full scan: the schedule is what saves them.
 func TestEveryOrderWithinOneFullScanInterval(t *testing.T) {
 	const (
-		pageSize = 5
+		pageSize = 10
 		lookback = 72 * time.Hour
 		every    = 12 * time.Hour
 		interval = 2 * time.Hour
