@@ -27,6 +27,8 @@ type statsCollector struct {
 	queries int // Stats calls made (tests)
 
 	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource *prometheus.Desc
+	// The pass records of spec §5.5, per scope.
+	lastSuccess, lastPassEnd, lastFullScan *prometheus.Desc
 }
 
 func newStatsCollector(s sink.Sink, opt Options) *statsCollector {
@@ -60,6 +62,12 @@ func newStatsCollector(s sink.Sink, opt Options) *statsCollector {
 			"Sightings whose payload differed from the stored first payload.", nil, nil),
 		firstSource: prometheus.NewDesc("gemrecon_keys_by_first_source",
 			"Keys by the source that saw them first; keys first seen by poll are webhooks that were missed.", []string{"source"}, nil),
+		lastSuccess: prometheus.NewDesc("gemrecon_poll_last_success_timestamp_seconds",
+			"Unix time the last poll pass of the scope that listed fully and whose every effect succeeded ended, by any process (absent: never).", []string{"scope"}, nil),
+		lastPassEnd: prometheus.NewDesc("gemrecon_poll_last_pass_end_timestamp_seconds",
+			"Unix time the last poll pass of the scope that listed ended, successful or not, by any process (absent: never).", []string{"scope"}, nil),
+		lastFullScan: prometheus.NewDesc("gemrecon_poll_last_full_scan_timestamp_seconds",
+			"Unix time the last poll pass of the scope that read every page started, by any process (absent: never).", []string{"scope"}, nil),
 	}
 }
 
@@ -83,7 +91,8 @@ func (c *statsCollector) get() (sink.Stats, error) {
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.dbUp, c.keys, c.oldestPending, c.latency,
-		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource} {
+		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource,
+		c.lastSuccess, c.lastPassEnd, c.lastFullScan} {
 		ch <- d
 	}
 }
@@ -115,5 +124,15 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.dbConflicts, float64(st.Conflicts))
 	for src, n := range st.FirstSource {
 		gauge(c.firstSource, float64(n), src)
+	}
+	for _, p := range st.Passes {
+		timestamp := func(d *prometheus.Desc, t time.Time) {
+			if !t.IsZero() {
+				gauge(d, float64(t.UnixNano())/1e9, p.Scope)
+			}
+		}
+		timestamp(c.lastSuccess, p.LastSuccess)
+		timestamp(c.lastPassEnd, p.LastEnd)
+		timestamp(c.lastFullScan, p.LastFullScan)
 	}
 }

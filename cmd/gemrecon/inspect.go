@@ -195,13 +195,20 @@ func (a *app) statsCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency",
+		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency, poll passes",
 		Long: `Summarise the sink. "first source" splits keys by the path that saw them
 first: keys first seen by poll are completions whose webhook was missed (or
 is not configured). "fenced" counts outcomes discarded because a newer claim
-had taken the key over.`,
+had taken the key over.
+
+For each poll scope (backend, base URL and API key or Vertex project), the
+pass records shared by every process on the database: the last pass that
+listed (start, end, and the process that ran it), the end of the last
+successful pass, the start of the last full scan, and who holds the pass
+lease. A cron job that keeps failing shows as an old "last success".`,
 		Example: `  gemrecon stats
-  gemrecon stats --json | jq .by_state`,
+  gemrecon stats --json | jq .by_state
+  gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := a.openReadOnly(cmd.Context())
@@ -217,7 +224,7 @@ had taken the key over.`,
 				writeJSON(a.stdout, st)
 				return nil
 			}
-			printStats(a.stdout, st)
+			printStats(a.stdout, st, time.Now())
 			return nil
 		},
 	}
@@ -225,7 +232,9 @@ had taken the key over.`,
 	return cmd
 }
 
-func printStats(w io.Writer, st sink.Stats) {
+// printStats writes st as aligned text; now only says whether a pass lease
+// has expired (as this machine's clock sees it).
+func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var total int64
 	for _, n := range st.ByState {
@@ -250,7 +259,40 @@ func printStats(w io.Writer, st sink.Stats) {
 	fmt.Fprintf(tw, "payload conflicts:\t%d\n", st.Conflicts)
 	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
 	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
+	switch len(st.Passes) {
+	case 0:
+		fmt.Fprintf(tw, "poll passes:\tnone recorded\n")
+	case 1:
+		fmt.Fprintf(tw, "poll passes:\t1 scope\n")
+	default:
+		fmt.Fprintf(tw, "poll passes:\t%d scopes\n", len(st.Passes))
+	}
+	// A scope is a line of its own (no cell), so that a long one does not
+	// widen the columns.
+	for _, p := range st.Passes {
+		fmt.Fprintf(tw, "  %s\n", p.Scope)
+		last := "-"
+		if !p.LastEnd.IsZero() {
+			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), orDash(p.LastHolder))
+		}
+		fmt.Fprintf(tw, "    last pass:\t%s\n", last)
+		fmt.Fprintf(tw, "    last success:\t%s\n", fmtTime(p.LastSuccess))
+		fmt.Fprintf(tw, "    last full scan:\t%s\n", fmtTime(p.LastFullScan))
+		fmt.Fprintf(tw, "    lease:\t%s\n", passLease(p, now))
+	}
 	tw.Flush()
+}
+
+// passLease describes a scope's pass lease.
+func passLease(p sink.PassRecord, now time.Time) string {
+	switch {
+	case p.Holder == "":
+		return fmt.Sprintf("free (token %d)", p.Token)
+	case now.Before(p.HeldUntil):
+		return fmt.Sprintf("held by %s until %s (token %d)", p.Holder, fmtTime(p.HeldUntil), p.Token)
+	default:
+		return fmt.Sprintf("expired: held by %s until %s (token %d); the next pass takes it over", p.Holder, fmtTime(p.HeldUntil), p.Token)
+	}
 }
 
 func fmtAge(d time.Duration) string {

@@ -20,8 +20,8 @@ import (
 //     owner that already holds the lease (its earlier lease is then fenced).
 //   - ErrPassHeld is checked before ErrPassRecent; the minimum interval is
 //     measured from when the last pass was recorded (EndPass), by the
-//     sink's clock, and a recorded time ahead of the clock (the clock went
-//     back) does not count as recent.
+//     sink's clock, not from the end time the pass reported, and a recorded
+//     time ahead of the clock (the clock went back) does not count as recent.
 //   - RenewPass and EndPass need the current token and owner of a lease not
 //     yet ended (EndPass ends it: a second EndPass or a renewal after it is
 //     ErrFenced); like a key's Renew, they still succeed after the lease
@@ -44,6 +44,7 @@ var passTests = []struct {
 	{"PassSameOwner", testPassSameOwner},
 	{"PassRecent", testPassRecent},
 	{"PassRecentClockBack", testPassRecentClockBack},
+	{"PassRecentByRecordTime", testPassRecentByRecordTime},
 	{"PassRenew", testPassRenew},
 	{"PassFencedRenew", testPassFencedRenew},
 	{"PassEnd", testPassEnd},
@@ -217,6 +218,24 @@ func testPassRecentClockBack(t *testing.T, open Opener) {
 	// hold the fleet off until the clock catches up.
 	e.clk.Set(start().Add(-time.Hour))
 	e.acquire("s", "b", time.Minute, 10*time.Minute)
+}
+
+func testPassRecentByRecordTime(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	l, _ := e.acquire("s", "a", time.Minute, 0)
+	// The pass's process reports times two hours behind the sink's clock (a
+	// host whose clock is off): the interval counts from when the sink
+	// recorded the pass, by its own clock, not from the reported end.
+	skewed := e.clk.Now().Add(-2 * time.Hour)
+	e.endPass(l, sink.PassOutcome{Start: skewed, End: skewed.Add(time.Second), Success: true})
+	if r := e.mustPassRecord("s"); !r.LastEnd.Equal(skewed.Add(time.Second)) || !r.LastSuccess.Equal(skewed.Add(time.Second)) {
+		t.Fatalf("PassRecords = %+v, want the reported times as given", r)
+	}
+	e.clk.Advance(30 * time.Second)
+	_, _, err := e.s.AcquirePass(e.ctx, "s", "b", time.Minute, time.Minute)
+	e.wantErr("AcquirePass 30s after a pass reported as 2h old", err, sink.ErrPassRecent)
+	e.clk.Advance(30 * time.Second)
+	e.acquire("s", "b", time.Minute, time.Minute)
 }
 
 func testPassRenew(t *testing.T, open Opener) {
