@@ -77,8 +77,9 @@ func (s Summary) Write(w io.Writer, asJSON bool) error {
 // gemrecon_poll_last_run_success is 1 only for a pass that exits 0. The
 // last success and last full scan come from the scope's pass record in the
 // database, so a failed pass never overwrites the time of the last good one
-// and every process of the scope reports the same; they are 0 when the
-// scope never had one, and left out when the record could not be read.
+// and every process of the scope reports the same; they carry the scope as
+// a label and mean what serve's /metrics says under the same names: absent
+// until the scope had one (and when the record could not be read).
 func WriteTextfile(path string, r Result) error {
 	reg := prometheus.NewRegistry()
 	g := func(name, help string, v float64) {
@@ -86,14 +87,20 @@ func WriteTextfile(path string, r Result) error {
 		c.Set(v)
 		reg.MustRegister(c)
 	}
+	scoped := func(name, help string, t time.Time) {
+		if !r.RecordKnown || t.IsZero() {
+			return
+		}
+		c := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gemrecon_poll_" + name, Help: help}, []string{"scope"})
+		c.WithLabelValues(r.Scope).Set(unix(t))
+		reg.MustRegister(c)
+	}
 	s := r.Summary()
 	g("last_run_timestamp_seconds", "Unix time the last poll pass of this process ended.", unix(r.End))
 	g("last_run_success", "1 if the last pass exited 0: it listed fully, recorded its pass, and every effect it ran succeeded (none failed, none fenced).", b2f(r.Success()))
 	g("last_run_duration_seconds", "Duration of the last pass.", r.Duration().Seconds())
-	if r.RecordKnown {
-		g("last_success_timestamp_seconds", "Unix time the last successful pass of this scope (any process) ended, from the database; 0 if none yet.", unix(r.Record.LastSuccess))
-		g("last_full_scan_timestamp_seconds", "Unix time the last pass of this scope that read every page started, from the database; 0 if none yet.", unix(r.Record.LastFullScan))
-	}
+	scoped("last_success_timestamp_seconds", "Unix time the last poll pass of the scope that listed fully and whose every effect succeeded ended, by any process, from the database (absent: never).", r.Record.LastSuccess)
+	scoped("last_full_scan_timestamp_seconds", "Unix time the last poll pass of the scope that read every page started, by any process, from the database (absent: never).", r.Record.LastFullScan)
 	g("listed", "Operations listed by the last pass.", float64(s.Listed))
 	g("terminal", "Terminal operations seen by the last pass.", float64(s.Terminal))
 	g("skipped_old", "Terminal operations the last pass skipped as created before the lookback window.", float64(s.SkippedOld))

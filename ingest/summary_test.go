@@ -112,11 +112,17 @@ func TestSummaryAddsUp(t *testing.T) {
 	}
 }
 
-// gauge reads one gauge's value from a textfile ("" when absent).
+// gauge reads one gauge's value from a textfile ("" when absent); a gauge
+// with labels is read whatever its labels.
 func gauge(text, name string) string {
 	for _, l := range strings.Split(text, "\n") {
 		if v, ok := strings.CutPrefix(l, name+" "); ok {
 			return v
+		}
+		if rest, ok := strings.CutPrefix(l, name+"{"); ok {
+			if _, v, ok := strings.Cut(rest, "} "); ok {
+				return v
+			}
 		}
 	}
 	return ""
@@ -175,8 +181,9 @@ func testTextfile(t *testing.T, pg bool) {
 			t.Errorf("pass 1: %s = %q, want %s", name, got, want)
 		}
 	}
-	if !strings.Contains(text, "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge\n") {
-		t.Errorf("no TYPE line:\n%s", text)
+	if !strings.Contains(text, "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge\n") ||
+		!strings.Contains(text, `gemrecon_poll_last_success_timestamp_seconds{scope="`+e.poll.Scope()+`"} `) {
+		t.Errorf("no TYPE line or no scope label:\n%s", text)
 	}
 
 	// 2: an hour later a new completion whose effect fails: exit 4.
@@ -241,6 +248,16 @@ func testTextfile(t *testing.T, pg bool) {
 	if gauge(text, "gemrecon_poll_last_run_success") != "0" || gauge(text, "gemrecon_poll_fenced") != "1" ||
 		strings.Contains(text, "last_success_timestamp") || strings.Contains(text, "last_full_scan_timestamp") {
 		t.Errorf("fenced, record unknown:\n%s", text)
+	}
+	// A scope that never succeeded has no last success, as on /metrics.
+	r = Result{Start: t0, End: t0, ListErr: errors.New("refused"), RecordKnown: true, Scope: "gemini x",
+		Record: sink.PassRecord{LastFullScan: t0}}
+	if err := WriteTextfile(prom, r); err != nil {
+		t.Fatal(err)
+	}
+	text = readFile(t, prom)
+	if strings.Contains(text, "last_success_timestamp") || gauge(text, "gemrecon_poll_last_full_scan_timestamp_seconds") != good {
+		t.Errorf("never succeeded:\n%s", text)
 	}
 }
 

@@ -154,6 +154,10 @@ func TestPollMetricsTextfile(t *testing.T) {
 func textfileValue(t *testing.T, text, name string) float64 {
 	t.Helper()
 	for _, l := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(l, name+"{"); ok { // labels (scope)
+			_, l, _ = strings.Cut(rest, "} ")
+			l = name + " " + l
+		}
 		if v, ok := strings.CutPrefix(l, name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
