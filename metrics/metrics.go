@@ -36,6 +36,7 @@ const (
 	OutcomeTooLarge    = "too_large"   // body over the limit (413)
 	OutcomeUnverified  = "unverified"  // signature missing, wrong or stale (401)
 	OutcomeUnavailable = "unavailable" // the database refused the write (503)
+	OutcomeInvalid     = "invalid"     // a name that can never be a key (spec §12): logged, never recorded
 )
 
 // DefaultStatsTTL is how long one sink.Stats result serves scrapes.
@@ -90,7 +91,7 @@ func NewWithOptions(s sink.Sink, opt Options) *Metrics {
 		reg: prometheus.NewRegistry(),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gemrecon_deliveries_total",
-			Help: "Sightings handled by this process, by source (webhook, poll) and outcome (accepted, duplicate, done, ignored, bad_request, too_large, unverified, unavailable).",
+			Help: "Sightings handled by this process, by source (webhook, poll) and outcome (accepted, duplicate, done, ignored, invalid, bad_request, too_large, unverified, unavailable).",
 		}, []string{"source", "outcome"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gemrecon_duplicates_suppressed_total",

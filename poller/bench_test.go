@@ -31,13 +31,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// scenarioEnv passes the child its scenario (JSON).
+const scenarioEnv = "GEMRECON_POLL_BENCH_SCENARIO"
+
+// scenario is one measured pass: the poller's lookback and whether the
+// pass is a periodic full scan.
+type scenario struct {
+	Lookback time.Duration
+	FullScan bool
+}
+
 type childResult struct {
-	Listed, Passed, Pages, Requests int
-	Seconds                         float64
-	PeakHeapInuse, PeakSys          uint64
-	BaseHeapInuse                   uint64
-	VmHWMKiB                        int64 // the child's own peak RSS
-	Err                             string
+	Listed, Passed, SkippedOld, Pages, Requests int
+	FullScan                                    bool
+	Seconds                                     float64
+	PeakHeapInuse, PeakSys                      uint64
+	BaseHeapInuse                               uint64
+	VmHWMKiB                                    int64 // the child's own peak RSS
+	Err                                         string
 }
 
 func benchChild(url string) int {
@@ -46,6 +57,14 @@ func benchChild(url string) int {
 	cfg.BaseURL = url
 	cfg.PageSize = 100
 	cfg.Lookback = 0
+	var sc scenario
+	if raw := os.Getenv(scenarioEnv); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &sc); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		cfg.Lookback = sc.Lookback
+	}
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -80,8 +99,9 @@ func benchChild(url string) int {
 	p, err := New(context.Background(), cfg)
 	if err == nil {
 		var st PassStats
-		st, err = p.Pass(context.Background(), func(Operation) error { return nil })
-		res.Listed, res.Passed, res.Pages, res.Requests = st.Listed, st.Passed, st.Pages, st.Requests
+		st, err = p.PassWith(context.Background(), PassOptions{FullScan: sc.FullScan}, func(Operation) error { return nil })
+		res.Listed, res.Passed, res.SkippedOld, res.Pages, res.Requests = st.Listed, st.Passed, st.SkippedOld, st.Pages, st.Requests
+		res.FullScan = st.FullScan
 		res.Seconds = st.Duration.Seconds()
 	}
 	close(done)
@@ -129,6 +149,57 @@ func benchBatches(n int) []geminifake.Batch {
 	return bs
 }
 
+// windowBatches makes n Gemini batches of which recent were created in the
+// last hour and the rest 100 h ago or more, one in ten terminal: a listing
+// in which a lookback of 72 h holds the recent ones only.
+func windowBatches(n, recent int) []geminifake.Batch {
+	bs := benchBatches(n)
+	now := time.Now()
+	for i := range bs {
+		if i < recent {
+			bs[i].CreateTime = now.Add(-time.Duration(i) * time.Second)
+		} else {
+			bs[i].CreateTime = now.Add(-100*time.Hour - time.Duration(i)*time.Second)
+		}
+		bs[i].UpdateTime = bs[i].CreateTime
+		if !bs[i].EndTime.IsZero() {
+			bs[i].EndTime = bs[i].CreateTime.Add(time.Minute)
+		}
+	}
+	return bs
+}
+
+// runChild runs one measured pass in a child process against a fake
+// holding bs, listed in order.
+func runChild(t *testing.T, exe string, bs []geminifake.Batch, order geminifake.Order, sc scenario) childResult {
+	t.Helper()
+	s := geminifake.New(geminifake.Options{APIKey: testKey, MaxPageSize: 100, Order: order})
+	s.Add(bs...)
+	u, err := s.Start("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	raw, _ := json.Marshal(sc)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+u, scenarioEnv+"="+string(raw))
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	var res childResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("child said %q: %v", out, err)
+	}
+	if res.Err != "" {
+		t.Fatalf("child: %s", res.Err)
+	}
+	if res.VmHWMKiB <= 0 {
+		t.Fatal("no VmHWM from the child")
+	}
+	return res
+}
+
 // TestLoadPass measures one pass over 1k, 10k and 100k listed batches
 // (pages of 100, 10% terminal, no rate limit) in a child process each and
 // writes the table to testdata/gemini/BENCH-poll.md. Run with
@@ -145,35 +216,41 @@ func TestLoadPass(t *testing.T) {
 	var rows []string
 	var rss []int64
 	for _, n := range []int{1_000, 10_000, 100_000} {
-		s := geminifake.New(geminifake.Options{APIKey: testKey, MaxPageSize: 100})
-		s.Add(benchBatches(n)...)
-		u, err := s.Start("")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+u)
-		out, err := cmd.Output()
-		s.Close()
-		if err != nil {
-			t.Fatalf("n=%d: child: %v\n%s", n, err, out)
-		}
-		var res childResult
-		if err := json.Unmarshal(out, &res); err != nil {
-			t.Fatalf("n=%d: child said %q: %v", n, out, err)
-		}
-		if res.Err != "" || res.Listed != n || res.Passed != n/10 || res.Pages != n/100 || res.Requests != n/100 {
+		res := runChild(t, exe, benchBatches(n), geminifake.OrderShuffled, scenario{})
+		if res.Listed != n || res.Passed != n/10 || res.Pages != n/100 || res.Requests != n/100 || !res.FullScan {
 			t.Fatalf("n=%d: %+v", n, res)
 		}
 		maxRSS := res.VmHWMKiB
-		if maxRSS <= 0 {
-			t.Fatalf("n=%d: no VmHWM from the child", n)
-		}
 		rss = append(rss, maxRSS)
 		rows = append(rows, fmt.Sprintf("| %d | %d | %.2f s | %.0f | %.1f MiB | %.1f MiB | %.1f MiB |",
 			n, res.Requests, res.Seconds, float64(res.Listed)/res.Seconds,
 			float64(maxRSS)/1024, float64(res.PeakHeapInuse)/(1<<20), float64(res.PeakSys)/(1<<20)))
 		t.Log(rows[len(rows)-1])
+	}
+	// The stop rule's cost: 100k listed, the newest 1,000 (10 pages) inside
+	// a 72 h window. Newest first ends after pages-in-window + 1; the
+	// periodic full scan and an order that is not newest first read all.
+	const n, recent = 100_000, 1_000
+	window := windowBatches(n, recent)
+	var costRows []string
+	for _, c := range []struct {
+		what  string
+		order geminifake.Order
+		sc    scenario
+		want  int
+	}{
+		{"newest first, lookback 72h (ends early)", geminifake.OrderNewestFirst, scenario{Lookback: DefaultLookback}, recent/100 + 1},
+		{"newest first, lookback 72h, full scan (one pass per --full-scan-every)", geminifake.OrderNewestFirst, scenario{Lookback: DefaultLookback, FullScan: true}, n / 100},
+		{"oldest first, lookback 72h (order broken at page 2: reads all)", geminifake.OrderOldestFirst, scenario{Lookback: DefaultLookback}, n / 100},
+		{"shuffled, lookback 72h (order broken: reads all)", geminifake.OrderShuffled, scenario{Lookback: DefaultLookback}, n / 100},
+	} {
+		res := runChild(t, exe, window, c.order, c.sc)
+		if res.Requests != c.want || res.Passed != recent/10 {
+			t.Fatalf("%s: %+v, want %d requests and %d handed over", c.what, res, c.want, recent/10)
+		}
+		costRows = append(costRows, fmt.Sprintf("| %s | %d | %d | %d | %d | %.2f s | %.1f MiB |",
+			c.what, res.Requests, res.Listed, res.Passed, res.SkippedOld, res.Seconds, float64(res.VmHWMKiB)/1024))
+		t.Log(costRows[len(costRows)-1])
 	}
 	if ratio := float64(rss[2]) / float64(rss[0]); ratio > 2 {
 		t.Errorf("peak RSS grew %.2f× from 1k to 100k batches, want ≤ 2×", ratio)
@@ -195,11 +272,19 @@ Go Sys are runtime.MemStats sampled every 5 ms.
 %s
 
 Peak RSS from 1k to 100k: ×%.2f (flat: pages are streamed to the callback, never collected).
+
+The stop rule's cost (spec §5.2), %d listed batches of which the newest %d (%d pages) were created in
+the last hour and the rest 100 h ago or more; lookback 72h; 10%% terminal:
+
+| listing order, pass | list requests | listed | handed over | skipped_old | wall time | peak RSS |
+|---|---:|---:|---:|---:|---:|---:|
+%s
+
 Wall time and ops/s include the fake API serving on the same (shared, 2-core) machine; they are
 noisy run to run. In-process allocation profile: `+"`go test -run '^$' -bench Pass ./poller/`"+`
 (BenchmarkPass, 1k and 10k batches).
 Machine: %d CPUs (shared), %s, measured %s.
-`, benchEnv, strings.Join(rows, "\n"), float64(rss[2])/float64(rss[0]), runtime.NumCPU(), runtime.Version(), time.Now().UTC().Format("2006-01-02 15:04 MST"))
+`, benchEnv, strings.Join(rows, "\n"), float64(rss[2])/float64(rss[0]), n, recent, recent/100, strings.Join(costRows, "\n"), runtime.NumCPU(), runtime.Version(), time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	if err := os.WriteFile("../testdata/gemini/BENCH-poll.md", []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -5,14 +5,19 @@
 // It owns what the SDK does not do: a rate limiter every HTTP request waits
 // on, bounded retries honouring google.rpc.RetryInfo and Retry-After, the
 // raw operation as the API sent it (the SDK drops a failed batch's error on
-// the Gemini backend), the lookback stop rule, and refusing to loop on a
-// repeated page token. It records nothing: the caller's callback does.
+// the Gemini backend), the lookback stop rule (spec §5.2: paging ends early
+// only once the listing has shown itself newest first), the scope a pass
+// lists (spec §5.5), and refusing to loop on a repeated page token. It
+// records nothing and keeps no state between passes: the caller's callback
+// records, and the caller decides when a pass must be a full scan.
 // Pages are streamed to the callback, never collected, so memory stays flat
 // however many batches are listed.
 package poller
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,11 +25,14 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
 	"golang.org/x/time/rate"
 	"google.golang.org/genai"
+
+	"github.com/gemrecon/gemrecon/canon"
 )
 
 // Backends.
@@ -82,9 +90,11 @@ type Config struct {
 	Burst int
 	// PageSize is sent with every list request (0 means DefaultPageSize).
 	PageSize int
-	// Lookback: paging stops after a whole page holds only operations
-	// created before now − Lookback, and such operations are not handed to
-	// the callback. 0 reads every page and hands over every terminal one.
+	// Lookback is the window of spec §5.2: terminal operations created
+	// before now − Lookback are not handed to the callback (they are counted
+	// as SkippedOld), and paging may end early once the listing has proved
+	// itself newest first and a whole page is older than the window (see
+	// Pass). 0 reads every page and hands over every terminal one.
 	Lookback time.Duration
 	// MaxRetries is the retry budget of one request for 429, 5xx and
 	// transport errors (0: no retries).
@@ -146,8 +156,9 @@ type Operation struct {
 	// Name as listed: "batches/x" (Gemini API) or
 	// "projects/P/locations/L/batchPredictionJobs/N" (Vertex).
 	Name string
-	// State normalised: "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED",
-	// "PARTIALLY_SUCCEEDED" (the BATCH_STATE_/JOB_STATE_ prefix dropped).
+	// State normalised by canon.NormalizeState: "SUCCEEDED", "FAILED",
+	// "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED" (the BATCH_STATE_ /
+	// JOB_STATE_ prefix dropped, CANCELED spelled CANCELLED).
 	State string
 	// Terminal is always true for operations handed to the callback.
 	Terminal   bool
@@ -160,13 +171,28 @@ type Operation struct {
 
 // PassStats counts what one pass did.
 type PassStats struct {
-	Listed   int // operations listed on the pages read
-	Terminal int // of which in a terminal state
-	Passed   int // handed to the callback (terminal and inside the lookback window)
-	Pages    int // list pages read
-	Requests int // HTTP requests sent, retries included
-	Retries  int // of which retries
-	Duration time.Duration
+	Listed     int // operations listed on the pages read
+	Terminal   int // of which in a terminal state
+	Passed     int // handed to the callback (terminal and inside the lookback window)
+	SkippedOld int // terminal but created before now − Lookback: not handed over
+	Pages      int // list pages read
+	Requests   int // HTTP requests sent, retries included
+	Retries    int // of which retries
+	// FullScan: the pass read every page to the end (the last page had no
+	// next token) without an error: every operation the API listed was seen.
+	FullScan bool
+	// Unordered: a page boundary broke newest-first order (or an operation
+	// had no createTime), so this pass could not end early.
+	Unordered bool
+	Duration  time.Duration
+}
+
+// PassOptions choose how one pass pages.
+type PassOptions struct {
+	// FullScan reads every page whatever the order: the periodic full scan
+	// of spec §5.2, in case the listing is several newest-first runs joined
+	// end to end (which the stop rule cannot tell from one run).
+	FullScan bool
 }
 
 // Poller lists batch operations. One Poller may run passes one after the
@@ -175,6 +201,7 @@ type Poller struct {
 	cfg       Config
 	client    *genai.Client
 	transport *transport
+	scope     string
 }
 
 // New builds a Poller and its genai client. It sends no request.
@@ -248,19 +275,71 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 		}
 		return nil, fmt.Errorf("poller: genai client: %w", err)
 	}
-	return &Poller{cfg: cfg, client: client, transport: t}, nil
+	return &Poller{cfg: cfg, client: client, transport: t, scope: scopeOf(client.ClientConfig())}, nil
 }
 
 const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
 
+// Scope names what this Poller lists, for the per-scope pass records of
+// spec §5.5: the backend, the effective base URL (the SDK's default, an
+// environment override or Config.BaseURL, normalised to end in one "/"),
+// and for the Gemini API (or Vertex express mode) the first 12 hex digits of
+// the API key's SHA-256 — never the key — or for Vertex the project and
+// location. Two Pollers list the same operations exactly when their scopes
+// are equal, so replicas sharing a database share one record.
+//
+//	gemini https://generativelanguage.googleapis.com/ key=sha256:6e4a29c1b0f3
+//	vertex https://us-central1-aiplatform.googleapis.com/ project=p location=us-central1
+func (p *Poller) Scope() string { return p.scope }
+
+func scopeOf(cc genai.ClientConfig) string {
+	base := strings.TrimRight(cc.HTTPOptions.BaseURL, "/") + "/"
+	if u, err := url.Parse(base); err == nil && u.Host != "" {
+		u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+		base = u.String()
+	}
+	parts := []string{BackendGemini, base}
+	if cc.Backend == genai.BackendVertexAI {
+		parts[0] = BackendVertex
+		if cc.Project != "" || cc.Location != "" {
+			parts = append(parts, "project="+cc.Project, "location="+cc.Location)
+		}
+	}
+	if cc.APIKey != "" && (cc.Backend != genai.BackendVertexAI || cc.Project == "") {
+		sum := sha256.Sum256([]byte(cc.APIKey))
+		parts = append(parts, "key=sha256:"+hex.EncodeToString(sum[:6]))
+	}
+	return strings.Join(parts, " ")
+}
+
 // Requests returns how many HTTP requests this Poller has sent in all.
 func (p *Poller) Requests() int64 { return p.transport.total.Load() }
 
-// Pass lists batch operations page by page and calls fn, in listing order,
-// for each terminal one inside the lookback window. The same completion is
-// handed over again on every pass that lists it: deduplication is the
-// caller's. An error from fn stops the pass and is returned wrapped.
-func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (stats PassStats, err error) {
+// Lookback returns the configured lookback window (0: no window).
+func (p *Poller) Lookback() time.Duration { return p.cfg.Lookback }
+
+// Pass is PassWith without options: paging may end early (see PassWith).
+func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats, error) {
+	return p.PassWith(ctx, PassOptions{}, fn)
+}
+
+// PassWith lists batch operations page by page and calls fn, in listing
+// order, for each terminal one inside the lookback window. The same
+// completion is handed over again on every pass that lists it:
+// deduplication is the caller's. An error from fn stops the pass and is
+// returned wrapped.
+//
+// The API documents no listing order, so paging ends before the last page
+// only when the pages read prove the listing newest first (spec §5.2): at
+// least two non-empty pages were read, at every boundary between them the
+// later page's newest createTime is no newer than the earlier page's oldest
+// (order inside a page does not matter), and the last page read holds only
+// operations created before now − Lookback. The first boundary that breaks
+// that order, or an operation without a createTime (which cannot prove an
+// order), makes the pass read every page. Empty pages say nothing about the
+// order and are passed over. With opt.FullScan, or Lookback 0, every page
+// is read.
+func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operation) error) (stats PassStats, err error) {
 	start := time.Now()
 	trace := &passTrace{}
 	ctx = context.WithValue(ctx, traceKey{}, trace)
@@ -273,8 +352,13 @@ func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (stats Pass
 	if p.cfg.Lookback > 0 {
 		cutoff = p.cfg.Now().Add(-p.cfg.Lookback)
 	}
-	seen := map[string]struct{}{}
-	token := ""
+	var (
+		order     orderCheck
+		mayStop   = !cutoff.IsZero() && !opt.FullScan
+		seen      = map[string]struct{}{}
+		token     = ""
+		loggedOff = false
+	)
 	for {
 		ops, next, err := p.page(ctx, trace, token, stats.Pages+1)
 		if err != nil {
@@ -294,6 +378,7 @@ func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (stats Pass
 			}
 			stats.Terminal++
 			if old {
+				stats.SkippedOld++
 				continue
 			}
 			stats.Passed++
@@ -301,7 +386,19 @@ func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (stats Pass
 				return stats, fmt.Errorf("poller: handling %s: %w", op.Name, err)
 			}
 		}
-		if next == "" || (allOld && !cutoff.IsZero()) {
+		if !order.page(ops) && !stats.Unordered {
+			stats.Unordered = true
+			if mayStop && !loggedOff {
+				loggedOff = true
+				p.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "the listing is not newest first; this pass reads every page",
+					slog.Int("page", stats.Pages), slog.String("why", order.why))
+			}
+		}
+		if next == "" {
+			stats.FullScan = true
+			return stats, nil
+		}
+		if mayStop && allOld && !stats.Unordered && order.pages >= 2 {
 			return stats, nil
 		}
 		if _, dup := seen[next]; dup || next == token {
@@ -311,6 +408,44 @@ func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (stats Pass
 		seen[next] = struct{}{}
 		token = next
 	}
+}
+
+// orderCheck follows whether the pages read so far are newest first at
+// every boundary, keeping only the previous non-empty page's oldest time.
+type orderCheck struct {
+	pages  int       // non-empty pages seen
+	oldest time.Time // the previous non-empty page's oldest createTime
+	broken bool
+	why    string // what broke the order, for the log
+}
+
+// page takes the next page and reports whether the order still holds.
+func (c *orderCheck) page(ops []Operation) bool {
+	if c.broken || len(ops) == 0 {
+		return !c.broken
+	}
+	var newest, oldest time.Time
+	for i, op := range ops {
+		if op.CreateTime.IsZero() {
+			c.broken, c.why = true, "an operation without createTime: "+truncate(op.Name, 80)
+			return false
+		}
+		if i == 0 || op.CreateTime.After(newest) {
+			newest = op.CreateTime
+		}
+		if i == 0 || op.CreateTime.Before(oldest) {
+			oldest = op.CreateTime
+		}
+	}
+	if c.pages > 0 && newest.After(c.oldest) {
+		c.broken = true
+		c.why = fmt.Sprintf("a page's newest createTime %s is newer than the previous page's oldest %s",
+			newest.UTC().Format(time.RFC3339), c.oldest.UTC().Format(time.RFC3339))
+		return false
+	}
+	c.pages++
+	c.oldest = oldest
+	return true
 }
 
 // page fetches one list page through the SDK and pairs each SDK item with
@@ -409,7 +544,7 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 		}
 		if job := byName[op.Name]; job != nil {
 			if job.State != "" {
-				op.State = normalizeState(string(job.State))
+				op.State = canon.NormalizeState(string(job.State))
 			}
 			if !job.CreateTime.IsZero() {
 				op.CreateTime = job.CreateTime
@@ -419,7 +554,7 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 			}
 			delete(byName, op.Name)
 		}
-		op.Terminal = isTerminal(op.State)
+		op.Terminal = canon.IsTerminal(op.State)
 		ops = append(ops, op)
 	}
 	if len(byName) > 0 {
@@ -457,15 +592,15 @@ func fromRaw(raw json.RawMessage) (Operation, error) {
 		ct = cmpOr(ct, m.CreateTime)
 		et = cmpOr(et, m.EndTime)
 	}
-	op := Operation{Name: r.Name, State: normalizeState(state), Raw: raw}
+	op := Operation{Name: r.Name, State: canon.NormalizeState(state), Raw: raw}
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
 	return op, nil
 }
 
 func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {
-	st := normalizeState(string(job.State))
-	return Operation{Name: job.Name, State: st, Terminal: isTerminal(st),
+	st := canon.NormalizeState(string(job.State))
+	return Operation{Name: job.Name, State: st, Terminal: canon.IsTerminal(st),
 		CreateTime: job.CreateTime, EndTime: job.EndTime, Raw: raw}
 }
 
@@ -481,24 +616,6 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// normalizeState drops the BATCH_STATE_/JOB_STATE_ prefix and upper-cases.
-// (A private twin of canon.NormalizeState, so that poller builds alone.)
-func normalizeState(s string) string {
-	s = strings.ToUpper(strings.TrimSpace(s))
-	s = strings.TrimPrefix(s, "BATCH_STATE_")
-	return strings.TrimPrefix(s, "JOB_STATE_")
-}
-
-// isTerminal reports whether a normalised state ends a batch. Vertex's
-// PAUSED is resumable, so not terminal; PARTIALLY_SUCCEEDED is.
-func isTerminal(state string) bool {
-	switch state {
-	case "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED":
-		return true
-	}
-	return false
 }
 
 // timeoutTransport bounds each attempt; the body is read by the caller

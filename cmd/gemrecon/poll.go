@@ -3,16 +3,15 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -27,6 +26,8 @@ type pollFlags struct {
 	burst    int
 	pageSize int
 	lookback time.Duration
+	// fullScanEvery: at least one pass per interval reads every page (§5.2).
+	fullScanEvery time.Duration
 }
 
 func (f *pollFlags) register(fs *pflag.FlagSet) {
@@ -37,7 +38,8 @@ func (f *pollFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&f.qps, "qps", 5, "API requests per second, all requests included (0 = unlimited)")
 	fs.IntVar(&f.burst, "burst", 1, "API request burst")
 	fs.IntVar(&f.pageSize, "page-size", 100, "operations per list request")
-	fs.DurationVar(&f.lookback, "lookback", 72*time.Hour, "stop paging after a whole page older than this (0 = read every page)")
+	fs.DurationVar(&f.lookback, "lookback", 72*time.Hour, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
+	fs.DurationVar(&f.fullScanEvery, "full-scan-every", ingest.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
 }
 
 func (f *pollFlags) validate() error {
@@ -52,6 +54,9 @@ func (f *pollFlags) validate() error {
 	}
 	if f.lookback < 0 {
 		return usageError("--lookback must not be negative (0 = every page)")
+	}
+	if err := ingest.ValidateFullScanEvery(f.lookback, f.fullScanEvery); err != nil {
+		return withCode(exitUsage, err)
 	}
 	if f.backend == "vertex" && (f.project == "" || f.location == "") {
 		return usageError("--backend vertex needs --project and --location (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
@@ -84,63 +89,37 @@ func (a *app) newPoller(ctx context.Context, f *pollFlags) (*poller.Poller, erro
 	return p, nil
 }
 
-// passResult is what one reconciliation pass did.
-type passResult struct {
-	list     poller.PassStats
-	new      int
-	dup      int
-	sum      dispatch.Summary
-	listErr  error
-	drainErr error
-	duration time.Duration
-}
-
-// err is the pass's fatal error, if any (listing or dispatch).
-func (r passResult) err() error {
-	if r.listErr != nil {
-		return r.listErr
-	}
-	return r.drainErr
-}
-
-func (r passResult) String() string {
-	return fmt.Sprintf("poll: listed=%d terminal=%d new=%d duplicates=%d effects ok=%d failed=%d api_requests=%d duration=%s",
-		r.list.Listed, r.list.Terminal, r.new, r.dup, r.sum.OK, r.sum.Failed+r.sum.Dead, r.list.Requests, r.duration.Round(time.Millisecond))
-}
-
-// pollPass lists, records every terminal operation with source poll, then
-// dispatches every due key. A listing error still dispatches what was
-// recorded before it.
-func (a *app) pollPass(ctx context.Context, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, lookback time.Duration) passResult {
-	start := time.Now()
-	var r passResult
-	if err := s.NoteLookback(ctx, lookback); err != nil {
-		r.listErr = err
-		r.duration = time.Since(start)
-		return r
-	}
-	r.list, r.listErr = p.Pass(ctx, func(op poller.Operation) error {
-		key, err := canon.Key(op.Name)
-		if err != nil {
-			a.logger.Warn("listed operation has no usable name; skipped", "name", op.Name, "err", err)
-			return nil
-		}
-		res, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw})
-		if err != nil {
-			return err
-		}
-		if res.New {
-			r.new++
-		} else {
-			r.dup++
-		}
-		return nil
+// pollLoop wires the ingest package's pass loop to this process's flags.
+func (a *app) pollLoop(s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics, f *pollFlags, interval time.Duration) (*ingest.Poll, error) {
+	return ingest.NewPoll(ingest.PollConfig{
+		Sink:          s,
+		Poller:        p,
+		Dispatcher:    d,
+		Metrics:       m,
+		FullScanEvery: f.fullScanEvery,
+		Interval:      interval,
+		Logger:        a.logger,
 	})
-	if ctx.Err() == nil {
-		r.sum, r.drainErr = d.Drain(ctx)
+}
+
+// printSummary writes a pass's summary line (spec §5.4) on stderr, as JSON
+// under --log-format json.
+func (a *app) printSummary(r ingest.Result) {
+	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
+		a.logger.Error("writing the poll summary", "err", err)
 	}
-	r.duration = time.Since(start)
-	return r
+}
+
+// passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
+// effect failed or an outcome was fenced, else 0.
+func passExit(r ingest.Result) error {
+	if err := r.Err(); err != nil {
+		return err
+	}
+	if r.EffectsFailed() {
+		return withCode(exitNotDone, nil)
+	}
+	return nil
 }
 
 func (a *app) pollCommand() *cobra.Command {
@@ -155,16 +134,23 @@ func (a *app) pollCommand() *cobra.Command {
 		Use:   "poll [flags]",
 		Short: "One reconciliation pass over the batch list (for cron), or --watch to repeat",
 		Long: `List batch operations through the official genai SDK, record every terminal one
-(SUCCEEDED, FAILED, CANCELLED, EXPIRED, PARTIALLY_SUCCEEDED) with source
-"poll", then run the effect for every due key. Paging stops after a whole
-page of operations created before now − --lookback. Every API request waits
-on one rate limiter (--qps, --burst); 429/5xx are retried honouring
+(SUCCEEDED, FAILED, CANCELLED, EXPIRED, PARTIALLY_SUCCEEDED) created within
+--lookback with source "poll", then run the effect for every due key.
+
+The API promises no listing order, so paging ends early only after two pages
+whose boundary was newest first (every page so far newer than the next) and
+a whole page older than now − --lookback; any other order reads every page.
+At least one pass per --full-scan-every reads every page regardless (the
+time of the last one is kept in the database per API scope), in case the
+listing is several newest-first runs joined end to end. Every API request
+waits on one rate limiter (--qps, --burst); 429/5xx are retried honouring
 Retry-After and google.rpc.RetryInfo.
 
-Prints one summary line to stderr per pass. Exit status: 0 listed fully and
-every effect succeeded, 1 fatal (credentials, database, listing failed after
-retries), 4 some effect failed (retry scheduled or key dead). Overlapping cron
-runs are safe: claims decide who runs each effect.`,
+Prints one summary line to stderr per pass (one JSON object with
+--log-format json). Exit status: 0 listed fully and every effect succeeded,
+1 fatal (credentials, database, listing failed after retries), 4 some effect
+failed (retry scheduled or key dead) or an outcome was fenced. Overlapping
+cron runs are safe: claims decide who runs each effect.`,
 		Example: `  # crontab: every 10 minutes
   */10 * * * * GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec /usr/local/bin/publish-batch
   gemrecon poll --watch --interval 5m --forward https://internal/hook
@@ -196,62 +182,40 @@ runs are safe: claims decide who runs each effect.`,
 			if err != nil {
 				return err
 			}
-			for {
-				r := a.pollPass(ctx, s, p, d, pf.lookback)
-				fmt.Fprintln(a.stderr, r)
+			every := time.Duration(0)
+			if watch {
+				every = interval
+			}
+			loop, err := a.pollLoop(s, p, d, nil, &pf, every)
+			if err != nil {
+				return err
+			}
+			report := func(r ingest.Result) {
+				a.printSummary(r)
 				if metricsFile != "" {
-					if err := writePassMetrics(metricsFile, r); err != nil {
+					if err := ingest.WriteTextfile(metricsFile, r); err != nil {
 						a.logger.Error("writing --metrics-textfile", "path", metricsFile, "err", err)
 					}
 				}
-				if !watch {
-					if err := r.err(); err != nil {
-						return err
-					}
-					return summaryExit(r.sum)
-				}
-				if err := r.err(); err != nil && ctx.Err() == nil {
+			}
+			if !watch {
+				r := loop.Pass(ctx)
+				report(r)
+				return passExit(r)
+			}
+			_ = loop.Watch(ctx, func(r ingest.Result) {
+				report(r)
+				if err := r.Err(); err != nil && ctx.Err() == nil {
 					a.logger.Error("poll pass failed; the next pass retries", "err", err)
 				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(interval):
-				}
-			}
+			})
+			return nil
 		},
 	}
 	pf.register(cmd.Flags())
 	ef.register(cmd.Flags())
 	cmd.Flags().BoolVar(&watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
-	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between passes with --watch")
-	cmd.Flags().StringVar(&metricsFile, "metrics-textfile", "", "write this pass's counters here in Prometheus text format (atomically; for node_exporter's textfile collector)")
+	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between the starts of passes with --watch")
+	cmd.Flags().StringVar(&metricsFile, "metrics-textfile", "", "write each pass's gauges here in Prometheus text format, with the scope's last success and last full scan from the database (atomically; for node_exporter's textfile collector)")
 	return cmd
-}
-
-// writePassMetrics writes a pass's counters for node_exporter's textfile
-// collector; cron users have no /metrics endpoint.
-func writePassMetrics(path string, r passResult) error {
-	reg := prometheus.NewRegistry()
-	g := func(name, help string, v float64) {
-		c := prometheus.NewGauge(prometheus.GaugeOpts{Name: "gemrecon_poll_" + name, Help: help})
-		c.Set(v)
-		reg.MustRegister(c)
-	}
-	ok := 1.0
-	if r.err() != nil {
-		ok = 0
-	}
-	g("last_run_timestamp_seconds", "Unix time the last poll pass ended.", float64(time.Now().Unix()))
-	g("last_run_success", "1 if the last pass listed fully and dispatched without a fatal error.", ok)
-	g("last_run_duration_seconds", "Duration of the last pass.", r.duration.Seconds())
-	g("listed", "Operations listed by the last pass.", float64(r.list.Listed))
-	g("terminal", "Terminal operations seen by the last pass.", float64(r.list.Terminal))
-	g("new", "Keys the last pass recorded for the first time.", float64(r.new))
-	g("duplicates", "Terminal operations the last pass had already recorded.", float64(r.dup))
-	g("effects_ok", "Effects that succeeded in the last pass.", float64(r.sum.OK))
-	g("effects_failed", "Effects that failed in the last pass (retry scheduled or dead).", float64(r.sum.Failed+r.sum.Dead))
-	g("fenced", "Outcomes discarded as fenced in the last pass.", float64(r.sum.Fenced))
-	g("api_requests", "HTTP requests the last pass sent to the API.", float64(r.list.Requests))
-	return prometheus.WriteToTextfile(path, reg)
 }

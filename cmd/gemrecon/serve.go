@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -115,20 +116,19 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				if err != nil {
 					return err
 				}
+				loop, err := a.pollLoop(s, p, d, m, &pf, pollEvery)
+				if err != nil {
+					return err
+				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					t := time.NewTicker(pollEvery)
-					defer t.Stop()
-					for {
-						r := a.pollPass(ctx, s, p, d, pf.lookback)
-						fmt.Fprintln(a.stderr, r)
-						select {
-						case <-ctx.Done():
-							return
-						case <-t.C:
+					_ = loop.Watch(ctx, func(r ingest.Result) {
+						a.printSummary(r)
+						if err := r.Err(); err != nil && ctx.Err() == nil {
+							a.logger.Error("poll pass failed; the next pass retries", "err", err)
 						}
-					}
+					})
 				}()
 			}
 			opts := webhook.ServerOptions{DrainTimeout: drainFor, Logger: a.logger}

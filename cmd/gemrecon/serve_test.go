@@ -6,11 +6,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gemrecon/gemrecon/internal/geminifake"
 )
 
 // serve refuses to start without a secret (spec §6), and never takes one in
@@ -77,6 +80,12 @@ func TestServePollEvery(t *testing.T) {
 	if !strings.Contains(metricsBody.String(), `gemrecon_keys{state="done"} 2`) {
 		t.Errorf("/metrics should count 2 done keys:\n%s", grepLines(metricsBody.String(), "gemrecon_keys"))
 	}
+	// Poll sightings count in gemrecon_deliveries_total (issue 13, "Done
+	// when" 3): two new keys, then the same two again on every later pass.
+	if !strings.Contains(metricsBody.String(), `gemrecon_deliveries_total{outcome="accepted",source="poll"} 2`+"\n") ||
+		!strings.Contains(metricsBody.String(), `gemrecon_deliveries_total{outcome="done",source="poll"}`) {
+		t.Errorf("/metrics should count poll sightings:\n%s", grepLines(metricsBody.String(), "gemrecon_deliveries_total"))
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -116,11 +125,49 @@ func TestPollMetricsTextfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"gemrecon_poll_listed 3", "gemrecon_poll_terminal 2", "gemrecon_poll_new 2",
-		"gemrecon_poll_effects_ok 2", "gemrecon_poll_last_run_success 1", "# TYPE gemrecon_poll_api_requests gauge"} {
+		"gemrecon_poll_effects_ok 2", "gemrecon_poll_last_run_success 1", "# TYPE gemrecon_poll_api_requests gauge",
+		"gemrecon_poll_skipped_old 0", "gemrecon_poll_full_scan 1", "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge"} {
 		if !strings.Contains(string(b), want+"\n") {
 			t.Errorf("textfile lacks %q:\n%s", want, b)
 		}
 	}
+	lastSuccess := textfileValue(t, string(b), "gemrecon_poll_last_success_timestamp_seconds")
+	if lastSuccess <= 0 || textfileValue(t, string(b), "gemrecon_poll_last_full_scan_timestamp_seconds") <= 0 {
+		t.Errorf("no last success or last full scan:\n%s", b)
+	}
+	// A second pass whose new key's effect fails exits 4: last_run_success
+	// 0, and the last success is still the first pass's (from the database).
+	api.Add(geminifake.Batch{Name: geminifake.GeminiName("late"), State: "SUCCEEDED", CreateTime: time.Now().Add(-time.Minute)})
+	r = gemrecon(t, pollArgs(filepath.Join(dir, "s.db"), api, "--metrics-textfile", prom, "--exec", "exit 3")...)
+	wantCode(t, r, exitNotDone)
+	b, err = os.ReadFile(prom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "gemrecon_poll_last_run_success 0\n") || !strings.Contains(string(b), "gemrecon_poll_effects_failed 1\n") ||
+		textfileValue(t, string(b), "gemrecon_poll_last_success_timestamp_seconds") != lastSuccess {
+		t.Errorf("after a pass that exited 4 (last success was %v):\n%s", lastSuccess, b)
+	}
+}
+
+// textfileValue reads one gauge's value from a textfile.
+func textfileValue(t *testing.T, text, name string) float64 {
+	t.Helper()
+	for _, l := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(l, name+"{"); ok { // labels (scope)
+			_, l, _ = strings.Cut(rest, "} ")
+			l = name + " " + l
+		}
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("textfile has no %s:\n%s", name, text)
+	return 0
 }
 
 // safeBuffer is a bytes.Buffer that a child's output goroutine may write

@@ -5,8 +5,10 @@
 // reads (see docs/gemini-api.md).
 //
 // It owns the fake's batches (added and changed at runtime with times the
-// caller sets), API key checks, opaque page tokens over a deterministic
-// shuffle (results are never sorted by time), injectable faults (429 with
+// caller sets), API key checks, opaque page tokens over a listing order the
+// caller picks (by default a deterministic shuffle: results are not sorted
+// by time, as the API promises no order; or newest first, oldest first, or
+// two newest-first runs joined end to end), injectable faults (429 with
 // google.rpc.RetryInfo and/or Retry-After, 5xx, slow or malformed responses,
 // a repeating page token, the Vertex decoding traps) and a record of every
 // request. It does not import "testing", so `gemrecon demo` can run it too.
@@ -38,8 +40,11 @@ type Options struct {
 	// the Vertex endpoints (an x-goog-api-key equal to APIKey is accepted
 	// too, as in Vertex express mode). Missing or wrong → 401 UNAUTHENTICATED.
 	BearerToken string
-	// Seed picks the deterministic shuffle of list results.
+	// Seed picks the deterministic shuffle of list results (OrderShuffled),
+	// and which run a batch falls in (OrderTwoRuns).
 	Seed uint64
+	// Order is the listing order (default OrderShuffled).
+	Order Order
 	// DefaultPageSize is used when a list request has no pageSize (default 50).
 	DefaultPageSize int
 	// MaxPageSize caps pageSize (default 1000).
@@ -56,6 +61,43 @@ type Options struct {
 	// (default 100000), so a long-running demo does not grow without end.
 	RecordLimit int
 }
+
+// Order is how the fake orders list results. The real API documents no
+// order (docs/gemini-api.md), so a client must be correct under each of these.
+type Order int
+
+// Listing orders. Ties (equal createTime) are broken by name.
+const (
+	// OrderShuffled lists in a deterministic shuffle of the names (by
+	// Options.Seed): an order unrelated to age.
+	OrderShuffled Order = iota
+	// OrderNewestFirst lists by createTime, newest first.
+	OrderNewestFirst
+	// OrderOldestFirst lists by createTime, oldest first.
+	OrderOldestFirst
+	// OrderTwoRuns lists two newest-first runs joined end to end: the batches
+	// of run 0 newest first, then those of run 1 newest first. A batch's run
+	// is RunOf(name): a deterministic coin toss by Options.Seed.
+	OrderTwoRuns
+)
+
+// String names the order as the tests and the demo print it.
+func (o Order) String() string {
+	switch o {
+	case OrderShuffled:
+		return "shuffled"
+	case OrderNewestFirst:
+		return "newest-first"
+	case OrderOldestFirst:
+		return "oldest-first"
+	case OrderTwoRuns:
+		return "two-runs"
+	}
+	return "Order(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Orders lists every listing order.
+var Orders = []Order{OrderShuffled, OrderNewestFirst, OrderOldestFirst, OrderTwoRuns}
 
 // Status is a google.rpc.Status, the error of a failed batch.
 type Status struct {
@@ -145,7 +187,31 @@ type Request struct {
 
 type entry struct {
 	b   Batch
-	key uint64 // shuffle key
+	key sortKey
+}
+
+// sortKey places an entry in the listing: entries are listed by (a, b, c),
+// then by name. Page tokens carry the last sortKey and name served.
+type sortKey struct{ a, b, c uint64 }
+
+func (k sortKey) cmp(o sortKey) int {
+	switch {
+	case k.a != o.a:
+		return cmpU(k.a, o.a)
+	case k.b != o.b:
+		return cmpU(k.b, o.b)
+	}
+	return cmpU(k.c, o.c)
+}
+
+func cmpU(x, y uint64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
 }
 
 // Server is the fake API: an http.Handler with runtime controls. All methods
@@ -156,6 +222,7 @@ type Server struct {
 	mu       sync.Mutex
 	byName   map[string]*entry
 	order    []*entry // sorted by (key, name) when !dirty
+	listing  Order
 	dirty    bool
 	faults   []Fault
 	hook     func(*http.Request) *Fault
@@ -180,7 +247,7 @@ func New(opts Options) *Server {
 	if opts.RecordLimit <= 0 {
 		opts.RecordLimit = 100000
 	}
-	return &Server{opts: opts, byName: map[string]*entry{}}
+	return &Server{opts: opts, byName: map[string]*entry{}, listing: opts.Order}
 }
 
 // Start serves the fake on addr ("127.0.0.1:0" when empty) in a goroutine
@@ -224,6 +291,11 @@ func (s *Server) Close() error {
 	return srv.Close()
 }
 
+// shuffleKey is the name's place in the shuffle: FNV-1a of seed and name,
+// mixed by splitmix64's finaliser (FNV alone barely moves its high bits
+// between names that differ in their last bytes, so sequential names would
+// list in nearly their own order, and so in age order when created in
+// sequence).
 func (s *Server) shuffleKey(name string) uint64 {
 	h := fnv.New64a()
 	var seed [8]byte
@@ -232,7 +304,44 @@ func (s *Server) shuffleKey(name string) uint64 {
 	}
 	h.Write(seed[:])
 	h.Write([]byte(name))
-	return h.Sum64()
+	x := h.Sum64()
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// RunOf returns the run (0 or 1) a batch of this name is listed in under
+// OrderTwoRuns.
+func (s *Server) RunOf(name string) int { return int(s.shuffleKey(name) >> 63) }
+
+// keyOf places a batch in the current listing order; the caller holds mu.
+func (s *Server) keyOf(b Batch) sortKey {
+	// createTime as two unsigned numbers in time order: seconds with the
+	// sign bit flipped (so negative Unix times sort first), then nanoseconds.
+	sec := uint64(b.CreateTime.Unix()) ^ (1 << 63)
+	nsec := uint64(b.CreateTime.Nanosecond())
+	switch s.listing {
+	case OrderNewestFirst:
+		return sortKey{a: ^sec, b: ^nsec}
+	case OrderOldestFirst:
+		return sortKey{a: sec, b: nsec}
+	case OrderTwoRuns:
+		return sortKey{a: uint64(s.RunOf(b.Name)), b: ^sec, c: ^nsec}
+	}
+	return sortKey{a: s.shuffleKey(b.Name)}
+}
+
+// SetOrder changes the listing order from the next list request on (a
+// listing already under way continues from its token's position in the new
+// order, as a real API's would after a change on its side).
+func (s *Server) SetOrder(o Order) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.listing = o
+	for _, e := range s.order {
+		e.key = s.keyOf(e.b)
+	}
+	s.dirty = true
 }
 
 // Add adds batches, or replaces those with the same name.
@@ -242,9 +351,11 @@ func (s *Server) Add(bs ...Batch) {
 	for _, b := range bs {
 		if e, ok := s.byName[b.Name]; ok {
 			e.b = b
+			e.key = s.keyOf(b)
+			s.dirty = true
 			continue
 		}
-		e := &entry{b: b, key: s.shuffleKey(b.Name)}
+		e := &entry{b: b, key: s.keyOf(b)}
 		s.byName[b.Name] = e
 		s.order = append(s.order, e)
 		s.dirty = true
@@ -280,6 +391,10 @@ func (s *Server) Update(name string, fn func(*Batch)) bool {
 	}
 	fn(&e.b)
 	e.b.Name = name
+	if k := s.keyOf(e.b); k != e.key { // a new createTime moves it in a time order
+		e.key = k
+		s.dirty = true
+	}
 	return true
 }
 
@@ -515,32 +630,41 @@ func (s *Server) checkKey(w http.ResponseWriter, r *http.Request, vertex bool) b
 	return false
 }
 
-// page tokens are opaque to clients: base64 of the last key:name served.
+// page tokens are opaque to clients: base64 of the last key and name served.
 func encodeToken(e *entry) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatUint(e.key, 16) + ":" + e.b.Name))
+	k := e.key
+	raw := strconv.FormatUint(k.a, 16) + "." + strconv.FormatUint(k.b, 16) + "." + strconv.FormatUint(k.c, 16) + ":" + e.b.Name
+	return base64.RawURLEncoding.EncodeToString([]byte(raw))
 }
 
-func decodeToken(t string) (uint64, string, bool) {
+func decodeToken(t string) (sortKey, string, bool) {
 	raw, err := base64.RawURLEncoding.DecodeString(t)
 	if err != nil {
-		return 0, "", false
+		return sortKey{}, "", false
 	}
 	k, name, ok := strings.Cut(string(raw), ":")
 	if !ok {
-		return 0, "", false
+		return sortKey{}, "", false
 	}
-	key, err := strconv.ParseUint(k, 16, 64)
-	if err != nil {
-		return 0, "", false
+	parts := strings.Split(k, ".")
+	if len(parts) != 3 {
+		return sortKey{}, "", false
 	}
-	return key, name, true
+	var n [3]uint64
+	for i, p := range parts {
+		if n[i], err = strconv.ParseUint(p, 16, 64); err != nil {
+			return sortKey{}, "", false
+		}
+	}
+	return sortKey{n[0], n[1], n[2]}, name, true
 }
 
-func less(a *entry, key uint64, name string) bool {
-	if a.key != key {
-		return a.key < key
+// cmpEntry orders entries by key, then name.
+func cmpEntry(e *entry, key sortKey, name string) int {
+	if c := e.key.cmp(key); c != 0 {
+		return c
 	}
-	return a.b.Name < name
+	return strings.Compare(e.b.Name, name)
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request, f *Fault, prefix, field string, render func(Batch) any) {
@@ -559,7 +683,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, f *Fault, prefix, 
 	size = min(size, s.opts.MaxPageSize)
 	token := q.Get("pageToken")
 	var (
-		fromKey  uint64
+		fromKey  sortKey
 		fromName string
 	)
 	if token != "" {
@@ -572,21 +696,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, f *Fault, prefix, 
 	}
 	s.mu.Lock()
 	if s.dirty {
-		slices.SortFunc(s.order, func(a, b *entry) int {
-			switch {
-			case a.key < b.key:
-				return -1
-			case a.key > b.key:
-				return 1
-			}
-			return strings.Compare(a.b.Name, b.b.Name)
-		})
+		slices.SortFunc(s.order, func(a, b *entry) int { return cmpEntry(a, b.key, b.b.Name) })
 		s.dirty = false
 	}
 	start := 0
 	if token != "" {
+		// The first entry after the last one served.
 		start, _ = slices.BinarySearchFunc(s.order, struct{}{}, func(e *entry, _ struct{}) int {
-			if less(e, fromKey, fromName) || (e.key == fromKey && e.b.Name == fromName) {
+			if cmpEntry(e, fromKey, fromName) <= 0 {
 				return -1
 			}
 			return 1

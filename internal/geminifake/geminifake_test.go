@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -264,4 +265,136 @@ func TestRecordLimit(t *testing.T) {
 			t.Errorf("record status %d, want 404", r.Status)
 		}
 	}
+}
+
+// listAll pages through the Gemini listing and returns the names and
+// createTimes in listing order.
+func listAll(t *testing.T, u string, pageSize int) ([]string, []time.Time) {
+	t.Helper()
+	var names []string
+	var times []time.Time
+	token := ""
+	for pages := 0; ; pages++ {
+		if pages > 1000 {
+			t.Fatal("paging does not end")
+		}
+		code, _, body := get(t, fmt.Sprintf("%s/v1beta/batches?pageSize=%d&pageToken=%s", u, pageSize, token), nil)
+		if code != 200 {
+			t.Fatalf("list = %d %s", code, body)
+		}
+		var page struct {
+			Operations []struct {
+				Name     string `json:"name"`
+				Metadata struct {
+					CreateTime time.Time `json:"createTime"`
+				} `json:"metadata"`
+			} `json:"operations"`
+			NextPageToken string `json:"nextPageToken"`
+		}
+		if err := json.Unmarshal(body, &page); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range page.Operations {
+			names = append(names, op.Name)
+			times = append(times, op.Metadata.CreateTime)
+		}
+		if page.NextPageToken == "" {
+			return names, times
+		}
+		token = page.NextPageToken
+	}
+}
+
+func nonIncreasing(ts []time.Time) bool {
+	for i := 1; i < len(ts); i++ {
+		if ts[i].After(ts[i-1]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Each listing order lists every batch once, in the order it names.
+func TestListingOrders(t *testing.T) {
+	base := time.Date(2025, 12, 1, 0, 0, 0, 0, time.UTC)
+	var bs []Batch
+	for i := range 60 {
+		// Names in another order than times, and two batches sharing a time.
+		bs = append(bs, Batch{Name: GeminiName(fmt.Sprintf("o%03d", (i*37)%60)), State: "SUCCEEDED",
+			CreateTime: base.Add(time.Duration(i/2) * time.Minute)})
+	}
+	for _, order := range Orders {
+		t.Run(order.String(), func(t *testing.T) {
+			s, u := start(t, Options{Seed: 5, Order: order}, bs...)
+			names, times := listAll(t, u, 7)
+			seen := map[string]int{}
+			for _, n := range names {
+				seen[n]++
+			}
+			for _, b := range bs {
+				if seen[b.Name] != 1 {
+					t.Fatalf("%s listed %d times, want 1", b.Name, seen[b.Name])
+				}
+			}
+			rev := slices.Clone(times)
+			slices.Reverse(rev)
+			switch order {
+			case OrderNewestFirst:
+				if !nonIncreasing(times) {
+					t.Errorf("not newest first: %v", times)
+				}
+			case OrderOldestFirst:
+				if !nonIncreasing(rev) {
+					t.Errorf("not oldest first: %v", times)
+				}
+			case OrderShuffled:
+				if nonIncreasing(times) || nonIncreasing(rev) {
+					t.Errorf("shuffled listing is sorted by time")
+				}
+			case OrderTwoRuns:
+				split := slices.IndexFunc(names, func(n string) bool { return s.RunOf(n) == 1 })
+				if split <= 0 || split == len(names) {
+					t.Fatalf("one run is empty (split at %d of %d)", split, len(names))
+				}
+				for i, n := range names {
+					if s.RunOf(n) != btoi(i >= split) {
+						t.Fatalf("%s (run %d) listed at %d, split at %d", n, s.RunOf(n), i, split)
+					}
+				}
+				if !nonIncreasing(times[:split]) || !nonIncreasing(times[split:]) || nonIncreasing(times) {
+					t.Errorf("want two newest-first runs, not one: %v", times)
+				}
+			}
+			// SetOrder changes the next listing.
+			s.SetOrder(OrderOldestFirst)
+			_, times = listAll(t, u, 7)
+			slices.Reverse(times)
+			if !nonIncreasing(times) {
+				t.Errorf("after SetOrder(oldest-first): %v", times)
+			}
+		})
+	}
+}
+
+// A batch whose createTime changes moves in a time order; a listing under
+// way still lists every other batch exactly once.
+func TestListingOrderUpdateMovesBatch(t *testing.T) {
+	base := time.Date(2025, 12, 1, 0, 0, 0, 0, time.UTC)
+	var bs []Batch
+	for i := range 20 {
+		bs = append(bs, Batch{Name: GeminiName(fmt.Sprintf("u%02d", i)), State: "SUCCEEDED", CreateTime: base.Add(time.Duration(i) * time.Hour)})
+	}
+	s, u := start(t, Options{Order: OrderNewestFirst}, bs...)
+	s.Update(GeminiName("u00"), func(b *Batch) { b.CreateTime = base.Add(100 * time.Hour) })
+	names, _ := listAll(t, u, 6)
+	if names[0] != GeminiName("u00") || names[1] != GeminiName("u19") || len(names) != 20 {
+		t.Errorf("after moving u00 to the newest: %v", names)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

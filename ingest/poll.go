@@ -1,0 +1,293 @@
+// Package ingest owns the path from a sighting of a completion to a
+// recorded key (spec §9.1): the canonical key (canon), the check of what a
+// key may be (spec §12), sink.Record, the deliveries metrics, and waking
+// dispatch. Today it holds the reconciliation pass loop of spec §5 that
+// `gemrecon poll` (once, or --watch) and `serve --poll-every` share: list →
+// key → Record (source poll) → count → drain → the scope's pass record
+// (spec §5.5), including when a pass must read every page.
+//
+// Commands only wire flags to it; they do not record sightings themselves.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/metrics"
+	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// BatchExpiry is how long a batch may run before the API expires it
+// (48 h): a batch that completes is at most this old, so a lookback window
+// must reach at least this far back, plus the time until the next full scan.
+const BatchExpiry = 48 * time.Hour
+
+// DefaultFullScanEvery is the default of --full-scan-every (spec §5.2).
+const DefaultFullScanEvery = 12 * time.Hour
+
+// OutcomeInvalid is the outcome label of gemrecon_deliveries_total for a
+// listed operation whose name can never be a key (spec §12): logged,
+// counted, never recorded.
+const OutcomeInvalid = metrics.OutcomeInvalid
+
+// recordTimeout bounds the pass record's write and read at the end of a
+// pass, which run even when the pass's context was cancelled (a pass cut
+// short by SIGTERM is still a pass that happened).
+const recordTimeout = 10 * time.Second
+
+// ValidateFullScanEvery checks --full-scan-every against --lookback (spec
+// §5.2): a completion must still be inside the window when the next full
+// scan comes, so every must be shorter than lookback − BatchExpiry. Lookback
+// 0 reads every page on every pass, so any every is fine. every 0 makes
+// every pass a full scan.
+func ValidateFullScanEvery(lookback, every time.Duration) error {
+	switch {
+	case every < 0:
+		return fmt.Errorf("--full-scan-every %v is negative (0 makes every pass a full scan)", every)
+	case lookback == 0:
+		return nil
+	case lookback <= BatchExpiry:
+		return fmt.Errorf("--lookback %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, BatchExpiry, BatchExpiry)
+	case every >= lookback-BatchExpiry:
+		return fmt.Errorf("--full-scan-every %v must be shorter than --lookback − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower --full-scan-every or raise --lookback", every, lookback-BatchExpiry)
+	}
+	return nil
+}
+
+// PollConfig configures a Poll.
+type PollConfig struct {
+	// Sink records the sightings and the scope's pass records (required).
+	Sink sink.Sink
+	// Poller lists the API (required).
+	Poller *poller.Poller
+	// Dispatcher runs every due key after the listing (required).
+	Dispatcher *dispatch.Dispatcher
+	// Metrics counts sightings (gemrecon_deliveries_total{source="poll"});
+	// nil counts nothing.
+	Metrics *metrics.Metrics
+	// FullScanEvery: a pass reads every page when the scope's last full
+	// scan is this old, less Interval, so that one pass per FullScanEvery
+	// reads every page (spec §5.2). 0 makes every pass a full scan. Check
+	// it with ValidateFullScanEvery.
+	FullScanEvery time.Duration
+	// Interval is the time between the starts of Watch's passes; 0 for a
+	// single pass (cron), whose next pass comes at a time unknown here.
+	Interval time.Duration
+	// Owner names this process in the pass records (default: the
+	// dispatcher's owner).
+	Owner string
+	// Logger receives the pass's logs (default: discard).
+	Logger *slog.Logger
+	// Now is the clock of the pass records and the full-scan schedule
+	// (default time.Now). Give the poller the same clock in tests.
+	Now func() time.Time
+}
+
+// Poll runs reconciliation passes over one scope.
+type Poll struct {
+	cfg   PollConfig
+	scope string
+}
+
+// NewPoll checks cfg and returns a Poll.
+func NewPoll(cfg PollConfig) (*Poll, error) {
+	if cfg.Sink == nil || cfg.Poller == nil || cfg.Dispatcher == nil {
+		return nil, errors.New("ingest: a poll needs a sink, a poller and a dispatcher")
+	}
+	if cfg.FullScanEvery < 0 || cfg.Interval < 0 {
+		return nil, errors.New("ingest: negative full-scan interval or pass interval")
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = cfg.Dispatcher.Owner()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Poll{cfg: cfg, scope: cfg.Poller.Scope()}, nil
+}
+
+// Scope returns the scope this Poll's passes are recorded under.
+func (p *Poll) Scope() string { return p.scope }
+
+// Result is what one pass did.
+type Result struct {
+	Scope      string
+	Start, End time.Time
+	// List is the poller's account of the listing (zero if it did not run).
+	List poller.PassStats
+	// FullScanAsked: the schedule asked this pass to read every page.
+	FullScanAsked bool
+	// New, Duplicates and Invalid split the terminal operations handed over:
+	// recorded for the first time, already known, or refused as keys (§12).
+	New, Duplicates, Invalid int
+	// Effects is what the drain after the listing ran.
+	Effects dispatch.Summary
+	// ListErr ends the listing (credentials, the API after retries, the
+	// database refusing a Record); DrainErr the drain; RecordErr the pass
+	// record. Each is fatal (exit 1).
+	ListErr, DrainErr, RecordErr error
+	// Record is the scope's pass record read after this pass was recorded
+	// (for the textfile); RecordKnown is false when it could not be read.
+	Record      sink.PassRecord
+	RecordKnown bool
+}
+
+// Err returns the pass's fatal error, if any.
+func (r Result) Err() error {
+	return errors.Join(r.ListErr, r.DrainErr, r.RecordErr)
+}
+
+// EffectsFailed reports whether some effect of the drain failed (a retry
+// scheduled or the key dead) or an outcome was fenced: exit 4 (spec §5).
+func (r Result) EffectsFailed() bool {
+	return r.Effects.Failed > 0 || r.Effects.Dead > 0 || r.Effects.Fenced > 0
+}
+
+// Success reports exit status 0: the pass listed fully, recorded its pass,
+// and every effect it ran succeeded.
+func (r Result) Success() bool { return r.Err() == nil && !r.EffectsFailed() }
+
+// FullScan reports whether the pass read every page to the end.
+func (r Result) FullScan() bool { return r.ListErr == nil && r.List.FullScan }
+
+// Duration is the pass's wall time by the Poll's clock.
+func (r Result) Duration() time.Duration { return r.End.Sub(r.Start) }
+
+// Pass runs one reconciliation pass: it lists (every page when a full scan
+// is due), records every terminal operation inside the window with source
+// poll, drains every due key, and records the pass for its scope. A listing
+// error still drains what was recorded before it.
+func (p *Poll) Pass(ctx context.Context) Result {
+	r := Result{Scope: p.scope, Start: p.cfg.Now()}
+	lease, rec, err := p.begin(ctx)
+	if err != nil {
+		r.ListErr = err
+		r.End = p.cfg.Now()
+		return r
+	}
+	r.FullScanAsked = p.fullScanDue(rec, r.Start)
+	r.List, r.ListErr = p.cfg.Poller.PassWith(ctx, poller.PassOptions{FullScan: r.FullScanAsked},
+		func(op poller.Operation) error { return p.sighting(ctx, &r, op) })
+	if ctx.Err() == nil {
+		r.Effects, r.DrainErr = p.cfg.Dispatcher.Drain(ctx)
+	}
+	r.End = p.cfg.Now()
+	p.end(ctx, lease, &r)
+	return r
+}
+
+// begin starts a pass: it notes the lookback (purge's guard) and reads the
+// scope's pass record. Taking the scope's pass lease (spec §5.5) belongs
+// here, before anything is listed; until then a pass holds no lease
+// (token 0) and only records.
+func (p *Poll) begin(ctx context.Context) (sink.PassLease, sink.PassRecord, error) {
+	lease := sink.PassLease{Scope: p.scope, Owner: p.cfg.Owner}
+	if err := p.cfg.Sink.NoteLookback(ctx, p.cfg.Poller.Lookback()); err != nil {
+		return lease, sink.PassRecord{}, err
+	}
+	rec, _, err := p.record(ctx)
+	return lease, rec, err
+}
+
+// end records the pass's outcome and reads the record back.
+func (p *Poll) end(ctx context.Context, lease sink.PassLease, r *Result) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	err := p.cfg.Sink.EndPass(ctx, lease, sink.PassOutcome{
+		Start: r.Start, End: r.End, Success: r.Success(), FullScan: r.FullScan(),
+	})
+	if err != nil {
+		r.RecordErr = fmt.Errorf("recording the poll pass: %w", err)
+		return
+	}
+	r.Record, r.RecordKnown, err = p.record(ctx)
+	if err != nil {
+		p.cfg.Logger.Warn("reading the pass record back", "scope", p.scope, "err", err)
+	}
+}
+
+// record returns the scope's pass record (zero and false when there is none).
+func (p *Poll) record(ctx context.Context) (sink.PassRecord, bool, error) {
+	recs, err := p.cfg.Sink.PassRecords(ctx)
+	if err != nil {
+		return sink.PassRecord{}, false, fmt.Errorf("reading the pass records: %w", err)
+	}
+	for _, rec := range recs {
+		if rec.Scope == p.scope {
+			return rec, true, nil
+		}
+	}
+	return sink.PassRecord{Scope: p.scope}, true, nil
+}
+
+// fullScanDue decides whether the pass starting at now must read every
+// page: when FullScanEvery is 0, when the scope never had a full scan, and
+// when its last one started FullScanEvery − Interval ago or longer — so that
+// with passes every Interval, the gap between full scans stays within
+// FullScanEvery (plus one pass's duration). A last full scan stamped in the
+// future (another machine's clock ahead of ours) is not trusted.
+func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
+	last := rec.LastFullScan
+	switch {
+	case p.cfg.FullScanEvery == 0, p.cfg.Poller.Lookback() == 0, last.IsZero(), last.After(now):
+		return true
+	}
+	return !now.Before(last.Add(p.cfg.FullScanEvery - p.cfg.Interval))
+}
+
+// sighting turns one listed terminal operation into a recorded key.
+func (p *Poll) sighting(ctx context.Context, r *Result, op poller.Operation) error {
+	key, err := canon.Key(op.Name)
+	if err == nil {
+		err = canon.CheckKey(key)
+	}
+	if err != nil {
+		// Spec §12: never recorded, never a reason to fail the pass.
+		r.Invalid++
+		p.cfg.Metrics.ObserveDelivery(sink.SourcePoll, OutcomeInvalid)
+		p.cfg.Logger.Warn("listed operation has a name that cannot be a key; skipped",
+			"name", canon.Quote(op.Name), "err", err)
+		return nil
+	}
+	res, err := p.cfg.Sink.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw})
+	if err != nil {
+		p.cfg.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeUnavailable)
+		return err
+	}
+	p.cfg.Metrics.ObserveRecord(sink.SourcePoll, res)
+	if res.New {
+		r.New++
+	} else {
+		r.Duplicates++
+	}
+	return nil
+}
+
+// Watch runs passes until ctx ends, each Interval after the previous one
+// started (at once when a pass took longer), and hands each Result to each.
+// It returns ctx's error.
+func (p *Poll) Watch(ctx context.Context, each func(Result)) error {
+	if p.cfg.Interval <= 0 {
+		return errors.New("ingest: Watch needs a positive Interval")
+	}
+	for {
+		started := time.Now()
+		each(p.Pass(ctx))
+		t := time.NewTimer(time.Until(started.Add(p.cfg.Interval)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
