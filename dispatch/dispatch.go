@@ -322,7 +322,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 	ev := eventFor(c)
 
 	effCtx, cancelTimeout := context.WithTimeoutCause(runCtx, d.cfg.EffectTimeout,
-		fmt.Errorf("effect timeout %v exceeded", d.cfg.EffectTimeout))
+		&effectTimeoutError{d: d.cfg.EffectTimeout})
 	defer cancelTimeout()
 	effCtx, cancelEffect := context.WithCancelCause(effCtx)
 	defer cancelEffect(nil)
@@ -387,7 +387,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 		// it, so that no batch claim of this Drain sees it due first.
 		d.outcomeMu.RLock()
 		defer d.outcomeMu.RUnlock()
-		out, err = d.fail(ctx, log, c, runCtx, effCtx, runErr, elapsed)
+		out, err = d.fail(ctx, log, c, effCtx, runErr, elapsed)
 	}
 	if mark != nil {
 		mark(out)
@@ -446,14 +446,34 @@ func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
 	return err == nil && e.State == sink.StateDone && e.Token == c.Token
 }
 
-// fail records a failed attempt.
-func (d *Dispatcher) fail(ctx context.Context, log *slog.Logger, c sink.Claim, runCtx, effCtx context.Context, runErr error, elapsed time.Duration) (Outcome, error) {
+// effectTimeoutError is the cause of an effect context that ran out of
+// --effect-timeout.
+type effectTimeoutError struct{ d time.Duration }
+
+func (e *effectTimeoutError) Error() string { return fmt.Sprintf("effect timeout %v exceeded", e.d) }
+
+// stoppedByContext reports whether an effect's error says the effect was
+// stopped by its context (it wraps the context's error), as opposed to
+// failing on its own. Only then does the context's cause explain the
+// failure: the context may well have ended after the effect had failed, or
+// succeeded, by itself (issue 12 item 3).
+func stoppedByContext(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// fail records a failed attempt. The effect's error decides what is said
+// about it: the effect context's state after the run does not (it may have
+// ended after the effect failed on its own).
+func (d *Dispatcher) fail(ctx context.Context, log *slog.Logger, c sink.Claim, effCtx context.Context, runErr error, elapsed time.Duration) (Outcome, error) {
 	cause := runErr.Error()
-	switch {
-	case errors.Is(context.Cause(runCtx), errShutdown):
-		cause = "interrupted by shutdown: " + cause
-	case errors.Is(effCtx.Err(), context.DeadlineExceeded) && runCtx.Err() == nil:
-		cause = fmt.Sprintf("effect timed out after %v: %s", d.cfg.EffectTimeout, cause)
+	if stoppedByContext(runErr) {
+		var te *effectTimeoutError
+		switch why := context.Cause(effCtx); {
+		case errors.Is(why, errShutdown):
+			cause = "interrupted by shutdown: " + cause
+		case errors.As(why, &te):
+			cause = fmt.Sprintf("effect timed out after %v: %s", te.d, cause)
+		}
 	}
 	f := sink.Failure{Cause: sink.TruncateError(cause), Permanent: effect.IsPermanent(runErr)}
 	if after, ok := effect.RetryAfterOf(runErr); ok {
