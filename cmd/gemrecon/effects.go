@@ -134,9 +134,12 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*d
 	return d, nil
 }
 
-// summaryExit maps a dispatch summary to the exit status of spec §5.
+// summaryExit maps a dispatch summary to the exit status of spec §5: 4 when
+// some effect failed (a retry is scheduled or the key went dead) or some
+// outcome was fenced (another attempt took the key over: the effect may have
+// run twice).
 func summaryExit(sum dispatch.Summary) error {
-	if sum.Failed > 0 || sum.Dead > 0 {
+	if sum.Failed > 0 || sum.Dead > 0 || sum.Fenced > 0 {
 		return withCode(exitNotDone, nil)
 	}
 	return nil
@@ -152,7 +155,8 @@ passed, claims whose lease expired — with the configured effect, then exit.
 poll does the same after its listing; drain needs no API credentials.
 
 Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
-scheduled or the key went dead), 1 a fatal error.`,
+scheduled or the key went dead) or some outcome was fenced (another attempt
+took the key over: the effect may have run twice), 1 a fatal error.`,
 		Example: `  gemrecon drain --exec ./publish.sh
   gemrecon drain --forward https://billing.internal/hooks/gemini --concurrency 8`,
 		Args: exactArgs(0),
@@ -173,6 +177,9 @@ scheduled or the key went dead), 1 a fatal error.`,
 			sum, err := d.Drain(cmd.Context())
 			fmt.Fprintf(a.stderr, "drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d duration=%s\n",
 				sum.Claimed, sum.OK, sum.Failed, sum.Dead, sum.Fenced, time.Since(start).Round(time.Millisecond))
+			if sum.Fenced > 0 {
+				fmt.Fprintf(a.stderr, "drain: %d outcome(s) fenced: another attempt took the key over, so an effect may have run twice (see the FENCED log lines; raise --lease, or make the downstream refuse stale fencing tokens)\n", sum.Fenced)
+			}
 			if err != nil {
 				return err
 			}
