@@ -32,7 +32,7 @@ type drainState struct {
 // job is one unit of work: a granted claim, or a key to claim first.
 type job struct {
 	claim     *sink.Claim
-	claimedAt time.Time // by Config.Now, for a claim granted ahead of its slot
+	claimedAt time.Time // by Config.Now, just before the claim (or its last renewal) was asked for
 	key       string
 }
 
@@ -189,15 +189,15 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 		if claims <= 0 {
 			return nil, nil
 		}
+		asked := d.cfg.Now() // the leases cannot have started earlier
 		granted, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, claims)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: claim due keys: %w", err)
 		}
-		now := d.cfg.Now()
 		jobs := make([]job, len(granted))
 		st.mu.Lock()
 		for i := range granted {
-			jobs[i] = job{claim: &granted[i], claimedAt: now}
+			jobs[i] = job{claim: &granted[i], claimedAt: asked}
 			if st.seen[granted[i].Key] {
 				// Only after a stall past our own lease (see seen): a
 				// granted claim is a new attempt; run it rather than
@@ -240,6 +240,7 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 		if ctx.Err() != nil {
 			return // shutting down: claim nothing more
 		}
+		j.claimedAt = d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
 		c, err := d.cfg.Sink.Claim(wctx, j.key, d.cfg.Owner, d.cfg.Lease)
 		cancel()
@@ -256,9 +257,13 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 	} else if d.cfg.Now().Sub(j.claimedAt) > d.cfg.Lease/3 {
 		// Granted ahead and kept waiting for a slot: renew before the
 		// effect starts, so it gets its whole lease.
+		asked := d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
 		err := d.cfg.Sink.Renew(wctx, j.claim.Key, j.claim.Token, d.cfg.Lease)
 		cancel()
+		if err == nil {
+			j.claimedAt = asked
+		}
 		if err != nil {
 			st.mu.Lock()
 			st.sum.Claimed++
@@ -279,7 +284,7 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 	st.mu.Lock()
 	st.sum.Claimed++
 	st.mu.Unlock()
-	out, err := d.runClaim(ctx, runCtx, *j.claim, func(o Outcome) {
+	out, err := d.runClaim(ctx, runCtx, *j.claim, j.claimedAt, func(o Outcome) {
 		// Under outcomeMu (shared): marks the key before a batch claim
 		// can see it due again.
 		if o == OutcomeRetry || o == OutcomeFenced {
