@@ -212,10 +212,12 @@ type Passes interface {
 	PassRecords(ctx context.Context) ([]PassRecord, error)
 }
 
-// Sink is the durable claim/lease store of spec §3. Every method is safe for
-// concurrent use by many goroutines, and (through the database) by many
-// processes.
+// Sink is the durable claim/lease store of spec §3, with the pass records
+// of §5.5. Every method is safe for concurrent use by many goroutines, and
+// (through the database) by many processes.
 type Sink interface {
+	Passes
+
 	// Record notes a sighting. A new key becomes pending and due now, durably,
 	// before Record returns. A known key only updates sighting statistics,
 	// which may be buffered in memory and written lazily (a duplicate must not

@@ -435,10 +435,18 @@ const (
 		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256` +
 		fencedMid + `upd.first_source, upd.payload_sha256` + fencedTail
 	// $4 permanent, $5 max attempts, $6 backoff µs per attempt (1-based,
-	// the last element serves any later attempt), $7 not-before, $8 cause.
+	// the last element serves any later attempt), $7 not-before, $8 cause,
+	// $9 uncounted (Failure.NoAttempt: attempts go back to their value before
+	// the claim, the key to pending at $7 — now if that has passed — or
+	// after the backoff of the restored count; never dead).
 	failSQL = fencedHead + `UPDATE gemrecon_keys SET
-			state = CASE WHEN $4 OR attempts >= $5 THEN 'dead' ELSE 'pending' END,
-			next_attempt_at = CASE WHEN $4 OR attempts >= $5 THEN NULL ELSE
+			state = CASE WHEN NOT $9 AND ($4 OR attempts >= $5) THEN 'dead' ELSE 'pending' END,
+			attempts = CASE WHEN $9 THEN greatest(attempts - 1, 0) ELSE attempts END,
+			next_attempt_at = CASE
+				WHEN $9 AND $7::timestamptz IS NOT NULL THEN greatest(` + now3 + `, $7::timestamptz)
+				WHEN $9 THEN ` + now3 + `
+					+ ($6::bigint[])[least(greatest(attempts - 1, 1), cardinality($6::bigint[]))] * interval '1 microsecond'
+				WHEN $4 OR attempts >= $5 THEN NULL ELSE
 				greatest(` + now3 + `
 					+ ($6::bigint[])[least(greatest(attempts, 1), cardinality($6::bigint[]))] * interval '1 microsecond',
 					$7::timestamptz) END,
@@ -573,7 +581,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	var cur current
 	var state *string
 	err := s.write(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, failSQL, key, token, s.nowArg(), f.Permanent, s.opt.MaxAttempts, backoffs, notBefore, cause).
+		return c.QueryRow(ctx, failSQL, key, token, s.nowArg(), f.Permanent, s.opt.MaxAttempts, backoffs, notBefore, cause, f.NoAttempt).
 			Scan(&ok, &state, &cur.state, &cur.token)
 	})
 	if unknownOutcome(err) {
@@ -816,6 +824,9 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 		st.LatencyP50 = microsDuration(p50)
 		st.LatencyP99 = microsDuration(p99)
 		st.LatencyMax = microsDuration(max)
+		if st.Passes, err = passRecords(ctx, tx); err != nil {
+			return err
+		}
 		return tx.Commit(ctx)
 	})
 	if err != nil {

@@ -145,7 +145,7 @@ func Run(t *testing.T, open Opener) {
 		{"RecordAndClaim", testRecordAndClaim},
 		{"PingFlush", testPingFlush},
 	}
-	for _, tt := range tests {
+	for _, tt := range slices.Concat(tests, passTests, noAttemptTests) {
 		t.Run(tt.name, func(t *testing.T) { tt.f(t, open) })
 	}
 }

@@ -124,7 +124,7 @@ func TestOpenBadInput(t *testing.T) {
 				rawExec(t, path, "PRAGMA user_version = 99")
 			},
 			is:   sink.ErrSchemaTooNew,
-			want: []string{"schema version 99", "up to 2"},
+			want: []string{"schema version 99", fmt.Sprintf("up to %d", sqlite.SchemaVersion())},
 		},
 		{
 			name: "schema too new read-only",
@@ -134,11 +134,11 @@ func TestOpenBadInput(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.Close()
-				rawExec(t, path, "PRAGMA user_version = 3")
+				rawExec(t, path, fmt.Sprintf("PRAGMA user_version = %d", sqlite.SchemaVersion()+1))
 			},
 			opt:  sink.Options{ReadOnly: true},
 			is:   sink.ErrSchemaTooNew,
-			want: []string{"schema version 3", "up to 2"},
+			want: []string{fmt.Sprintf("schema version %d", sqlite.SchemaVersion()+1), fmt.Sprintf("up to %d", sqlite.SchemaVersion())},
 		},
 	}
 	for _, tt := range tests {

@@ -394,6 +394,9 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 			return nil, err
 		}
 		cause := sink.TruncateError(f.Cause)
+		if f.NoAttempt {
+			return s.failUncountedTx(tx, key, attempts, f, cause)
+		}
 		if f.Permanent || attempts >= s.opt.MaxAttempts {
 			_, err := s.txExec(tx, qFailDead, cause, key)
 			return sink.StateDead, err
@@ -408,6 +411,25 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	}, nil)
 	st, _ := v.(sink.State)
 	return st, err
+}
+
+// failUncountedTx ends an attempt that does not count (Failure.NoAttempt):
+// the attempt counter goes back to what it was before the claim, and the key
+// to pending — never dead, Permanent ignored — at f.NotBefore (due now if
+// that has passed), or when it is zero after the backoff of the restored
+// count. The token keeps its value: the next claim increments it.
+func (s *Sink) failUncountedTx(tx *sql.Tx, key string, attempts int, f sink.Failure, cause string) (sink.State, error) {
+	attempts = max(attempts-1, 0)
+	now := s.opt.Now()
+	next := now.Add(sink.Backoff(attempts, s.opt.RetryBase, s.opt.RetryMax, s.opt.Rand))
+	if !f.NotBefore.IsZero() {
+		next = f.NotBefore
+		if next.Before(now) {
+			next = now
+		}
+	}
+	_, err := s.txExec(tx, qFailUncounted, next.UnixNano(), cause, attempts, key)
+	return sink.StatePending, err
 }
 
 // Retry moves a dead key to pending, due now. Its attempts restart from zero

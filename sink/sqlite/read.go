@@ -180,6 +180,9 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 			return st, s.fail(err)
 		}
 	}
+	if st.Passes, err = passRecords(ctx, tx); err != nil {
+		return st, s.fail(err)
+	}
 	return st, nil
 }
 

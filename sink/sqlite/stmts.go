@@ -69,6 +69,8 @@ const (
 		next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`
 	qFailPending = `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
 		next_attempt_at = ?1, due_at = ?1, last_error = ?2 WHERE key = ?3`
+	qFailUncounted = `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
+		next_attempt_at = ?1, due_at = ?1, last_error = ?2, attempts = ?3 WHERE key = ?4`
 
 	qStatsSeen = `UPDATE gemrecon_keys SET
 		seen_count = seen_count + ?1,
@@ -93,7 +95,7 @@ func writerQueries() []string {
 		qKeyRow, qInsertKey, qInsertPayload,
 		qClaimRow, qDeadExpired, qClaim, qDueKeys,
 		qFencedRow, qFencedInc, qRenew, qComplete, qPayloadSHA,
-		qFailRow, qFailDead, qFailPending,
+		qFailRow, qFailDead, qFailPending, qFailUncounted,
 		qStatsSeen, qStatsSource,
 	}
 }
