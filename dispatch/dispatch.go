@@ -141,6 +141,11 @@ type Dispatcher struct {
 	log  *slog.Logger
 	kick chan struct{}
 
+	// brokenMu guards broken: the first effect.Broken error an attempt
+	// returned. Once set, nothing more is claimed.
+	brokenMu sync.Mutex
+	broken   error
+
 	// outcomeMu orders a Drain's batch claims against failures: a batch
 	// claim holds it exclusively, every Fail shares it. So a batch claim
 	// never races a Fail that makes a key run in this Drain due again (see
@@ -208,6 +213,36 @@ func DefaultOwner() string {
 	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
 }
 
+// ErrEffectBroken is wrapped by the errors of Drain, Run and RunKey once an
+// attempt's effect said it cannot run in this process any more
+// (effect.Broken: the NDJSON stdout went away or stalled). From then on the
+// Dispatcher claims nothing; the keys it held are pending again, without an
+// attempt used up. The command should exit.
+var ErrEffectBroken = errors.New("the effect cannot run in this process any more")
+
+// markBroken notes the first effect.Broken error.
+func (d *Dispatcher) markBroken(err error) {
+	d.brokenMu.Lock()
+	defer d.brokenMu.Unlock()
+	if d.broken == nil {
+		d.broken = err
+		d.log.Error("dispatch: the effect cannot run any more; claiming stops, and the keys held are handed back without using an attempt", "err", err)
+	}
+}
+
+// brokenErr returns an error wrapping ErrEffectBroken and its cause once
+// the effect broke, else nil.
+func (d *Dispatcher) brokenErr() error {
+	d.brokenMu.Lock()
+	defer d.brokenMu.Unlock()
+	if d.broken == nil {
+		return nil
+	}
+	// The cause as text only: its chain may hold a context error (a
+	// stall), which callers must not take for their own cancellation.
+	return fmt.Errorf("dispatch: stopped claiming: %w: %v (the keys it held are pending again; no attempt was used)", ErrEffectBroken, d.broken)
+}
+
 // Owner returns the owner name this Dispatcher claims with.
 func (d *Dispatcher) Owner() string { return d.cfg.Owner }
 
@@ -221,13 +256,16 @@ func (d *Dispatcher) Kick() {
 
 // Run drains whenever Kick is called and every Interval until ctx is done,
 // then lets running effects finish within Grace. It returns ctx's error,
-// wrapped.
+// wrapped, or, once the effect broke, an error wrapping ErrEffectBroken.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
 	failures := 0
 	for {
 		sum, err := d.Drain(ctx)
+		if berr := d.brokenErr(); berr != nil {
+			return berr
+		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("dispatch: stopped: %w", ctx.Err())
 		}
@@ -317,6 +355,9 @@ func writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, err)
+	}
+	if err := d.brokenErr(); err != nil {
+		return OutcomeSkipped, err
 	}
 	asked := d.cfg.Now() // the lease cannot have started earlier
 	wctx, cancel := writeContext(ctx)
@@ -431,6 +472,9 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 	start := d.cfg.Now()
 	runErr := d.runEffect(effCtx, ev)
 	elapsed := d.cfg.Now().Sub(start)
+	if effect.IsBroken(runErr) {
+		d.markBroken(runErr) // before anything else is claimed
+	}
 	close(stopRenew)
 	<-renewDone
 
@@ -606,7 +650,9 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 			cause = fmt.Sprintf("effect timed out after %v: %s", te.d, cause)
 		}
 	}
-	f := sink.Failure{Cause: sink.TruncateError(cause), Permanent: effect.IsPermanent(runErr)}
+	// A broken effect (gemrecon's stdout went away) is not the key's fault:
+	// the attempt uses up none of its budget.
+	f := sink.Failure{Cause: sink.TruncateError(cause), Permanent: effect.IsPermanent(runErr), NoAttempt: effect.IsBroken(runErr)}
 	if after, ok := effect.RetryAfterOf(runErr); ok {
 		f.NotBefore = d.cfg.Now().Add(after)
 	}
@@ -639,6 +685,10 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 		attrs := []any{"err", cause, "duration", elapsed}
 		if !f.NotBefore.IsZero() {
 			attrs = append(attrs, "not_before", f.NotBefore)
+		}
+		if f.NoAttempt {
+			log.Warn("dispatch: attempt handed back without using an attempt; the key is pending again", attrs...)
+			return OutcomeRetry, nil
 		}
 		log.Warn("dispatch: effect failed; retry scheduled", attrs...)
 		return OutcomeRetry, nil

@@ -94,6 +94,9 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	batch := max(1, conc/2)
 	ahead := conc // not more: a claim held ahead is a key other processes cannot run
 	for {
+		if ctx.Err() != nil || d.brokenErr() != nil {
+			break
+		}
 		startReady()
 		if ctx.Err() != nil {
 			break
@@ -127,8 +130,9 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 			}
 		}
 	}
-	// A sink error: run what was claimed already. Shutdown: hand it back.
-	for len(ready) > 0 && ctx.Err() == nil {
+	// A sink error: run what was claimed already. Shutdown or a broken
+	// effect: hand it back.
+	for len(ready) > 0 && ctx.Err() == nil && d.brokenErr() == nil {
 		if running == conc && !waitOne() {
 			break
 		}
@@ -146,18 +150,26 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	if err := ctx.Err(); err != nil {
 		return st.sum, fmt.Errorf("dispatch: drain interrupted: %w", err)
 	}
+	if berr := d.brokenErr(); berr != nil {
+		return st.sum, berr
+	}
 	if claimErr != nil {
 		st.errs = append(st.errs, claimErr)
 	}
 	return st.sum, errors.Join(st.errs...)
 }
 
-// giveBack records a claim granted ahead whose effect never started
-// (shutdown) as a retryable failure, so the key does not wait for its lease.
+// giveBack hands back a claim granted ahead whose effect never started
+// (shutdown, or a broken effect), so the key does not wait for its lease:
+// a failure that uses up no attempt.
 func (d *Dispatcher) giveBack(ctx context.Context, st *drainState, c sink.Claim) {
 	wctx, cancel := writeContext(ctx)
 	defer cancel()
-	state, err := d.cfg.Sink.Fail(wctx, c.Key, c.Token, sink.Failure{Cause: "interrupted by shutdown before the effect started"})
+	cause := "interrupted by shutdown before the effect started"
+	if d.brokenErr() != nil {
+		cause = "handed back before the effect started: the effect cannot run in this process any more"
+	}
+	state, err := d.cfg.Sink.Fail(wctx, c.Key, c.Token, sink.Failure{Cause: cause, NoAttempt: true})
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.sum.Claimed++
@@ -237,8 +249,8 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 // runJob claims (when needed) and runs one job, and accounts for it.
 func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) {
 	if j.claim == nil {
-		if ctx.Err() != nil {
-			return // shutting down: claim nothing more
+		if ctx.Err() != nil || d.brokenErr() != nil {
+			return // shutting down, or the effect broke: claim nothing more
 		}
 		j.claimedAt = d.cfg.Now()
 		wctx, cancel := writeContext(ctx)

@@ -353,3 +353,38 @@ func TestDoneRetriesRenewTheLease(t *testing.T) {
 		t.Errorf("key is %s with token %d after %d refusals and %d runs, want done with token 1, once", e.State, e.Token, refusals, o.runs.Load())
 	}
 }
+
+// TestBrokenEffectStopsClaiming (issue 12 item 6): once the print effect's
+// pipe has no reader, the attempt fails without using an attempt, nothing
+// more is claimed, the claims granted ahead are handed back the same way,
+// and Drain, Run and RunKey say the effect broke.
+func TestBrokenEffectStopsClaiming(t *testing.T) {
+	s := openSink(t, sink.Options{})
+	ks := keys(10)
+	record(t, s, ks...)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r.Close() // the reader went away
+	d := newDispatcher(t, Config{Sink: s, Concurrency: 2, Effect: effect.NewPrint(w)})
+	sum, err := d.Drain(context.Background())
+	if !errors.Is(err, ErrEffectBroken) || !strings.Contains(err.Error(), "broken pipe") {
+		t.Fatalf("Drain() = %+v, %v; want an error wrapping ErrEffectBroken that says broken pipe", sum, err)
+	}
+	if sum.Claimed > 4 || sum.OK != 0 {
+		t.Errorf("Drain() = %+v: want at most the running and the ahead claims (2+2) attempted, none done", sum)
+	}
+	for _, k := range ks {
+		if e := mustGet(t, s, k); e.State != sink.StatePending || e.Attempts != 0 {
+			t.Errorf("%s is %s after %d attempts, want pending with no attempt used", k, e.State, e.Attempts)
+		}
+	}
+	if err := d.Run(context.Background()); !errors.Is(err, ErrEffectBroken) {
+		t.Errorf("Run() = %v, want ErrEffectBroken at once", err)
+	}
+	if out, err := d.RunKey(context.Background(), ks[0]); out != OutcomeSkipped || !errors.Is(err, ErrEffectBroken) {
+		t.Errorf("RunKey() = %s, %v; want skipped with ErrEffectBroken", out, err)
+	}
+}

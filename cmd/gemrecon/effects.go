@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,8 +40,8 @@ func (f *effectFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @key @name @state @source @token @attempt @operation)")
 	fs.IntVar(&f.concurrency, "concurrency", 4, "effects run at once")
 	fs.DurationVar(&f.lease, "lease", 10*time.Minute, "claim lease; renewed every third of it while the effect runs")
-	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long; must be shorter than --lease")
-	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later")
+	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed")
 	fs.IntVar(&f.maxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
 	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
 	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
@@ -100,8 +103,23 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 		}
 		return fw, nil
 	default:
+		// Without a handler, a write to a broken stdout kills a Go
+		// program with SIGPIPE: nothing logged, keys left claimed. With
+		// one, the write returns EPIPE and the print effect breaks
+		// cleanly (issue 12 item 6). Notify, not Ignore: an ignored
+		// signal would be inherited by --exec commands.
+		handleSIGPIPE()
 		return effect.NewPrint(a.stdout), nil
 	}
+}
+
+var sigpipeOnce sync.Once
+
+// handleSIGPIPE makes writes to a broken pipe return EPIPE instead of
+// killing the process. The channel is never read: signal.Notify drops what
+// does not fit.
+func handleSIGPIPE() {
+	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 }
 
 // dispatcher wires a sink and the configured effect.

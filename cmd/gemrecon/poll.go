@@ -210,6 +210,9 @@ runs are safe: claims decide who runs each effect.`,
 					}
 					return summaryExit(r.sum)
 				}
+				if err := r.err(); errors.Is(err, dispatch.ErrEffectBroken) {
+					return err // stdout is gone: no later pass can run an effect
+				}
 				if err := r.err(); err != nil && ctx.Err() == nil {
 					a.logger.Error("poll pass failed; the next pass retries", "err", err)
 				}
