@@ -672,6 +672,12 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 		state = e.State
 	}
 	switch {
+	case errors.Is(err, sink.ErrFenced) && d.cfg.SQL != nil && d.doneWith(ctx, c):
+		// --sql: the transaction committed (the key is done with this
+		// claim's token) although CompleteSQL reported an error, as when
+		// the context ended during the commit: the outcome is the commit's.
+		log.Debug("dispatch: --sql done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)
 		return OutcomeFenced, nil
@@ -693,6 +699,14 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 		log.Warn("dispatch: effect failed; retry scheduled", attrs...)
 		return OutcomeRetry, nil
 	}
+}
+
+// doneWith reports whether the key is done under this claim's token.
+func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
+	rctx, cancel := writeContext(ctx)
+	defer cancel()
+	e, err := d.cfg.Sink.Get(rctx, c.Key)
+	return err == nil && e.State == sink.StateDone && e.Token == c.Token
 }
 
 // eventFor builds the event document of spec §4 from a claim.

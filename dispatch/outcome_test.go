@@ -19,6 +19,7 @@ import (
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
+	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
 
 // mustGet returns key's entry.
@@ -386,5 +387,37 @@ func TestBrokenEffectStopsClaiming(t *testing.T) {
 	}
 	if out, err := d.RunKey(context.Background(), ks[0]); out != OutcomeSkipped || !errors.Is(err, ErrEffectBroken) {
 		t.Errorf("RunKey() = %s, %v; want skipped with ErrEffectBroken", out, err)
+	}
+}
+
+// lostCommitAnswer is a real SQLite sink whose CompleteSQL commits and then
+// reports an error, as when the context ends during the commit.
+type lostCommitAnswer struct{ *sqlite.Sink }
+
+func (l lostCommitAnswer) CompleteSQL(ctx context.Context, key string, token int64, script string, params map[string]any) error {
+	if err := l.Sink.CompleteSQL(ctx, key, token, script, params); err != nil {
+		return err
+	}
+	return fmt.Errorf("commit: %w", context.DeadlineExceeded)
+}
+
+// TestSQLCommitThatReportedAnErrorIsDone: a --sql transaction that committed
+// is done, even if its answer was an error (the same class as issue 12
+// item 3: the commit decides, not what the context said afterwards); it was
+// reported as fenced ("may have run twice").
+func TestSQLCommitThatReportedAnErrorIsDone(t *testing.T) {
+	s := openSink(t, sink.Options{})
+	key := "gemini:batches/committed"
+	record(t, s, key)
+	q, err := effect.ParseSQL(`SELECT @key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDispatcher(t, Config{Sink: lostCommitAnswer{s}, SQL: q})
+	if out, err := d.RunKey(context.Background(), key); out != OutcomeDone || err != nil {
+		t.Errorf("RunKey = %s, %v; want done", out, err)
+	}
+	if e := mustGet(t, s, key); e.State != sink.StateDone || e.Token != 1 {
+		t.Errorf("key is %s with token %d, want done with token 1", e.State, e.Token)
 	}
 }
