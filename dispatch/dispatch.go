@@ -30,6 +30,13 @@ const (
 	DefaultInterval      = time.Second
 )
 
+// Pauses between tries of an outcome write (done, or a failure) that failed:
+// from outcomeRetryFirst, doubling up to outcomeRetryMax.
+const (
+	outcomeRetryFirst = 50 * time.Millisecond
+	outcomeRetryMax   = time.Second
+)
+
 // writeTimeout bounds one sink write made on behalf of an attempt. Those
 // writes deliberately ignore the caller's cancellation: a claim or an outcome
 // cut off mid-commit may still have committed, and an outcome that is not
@@ -92,9 +99,15 @@ type Config struct {
 	Interval time.Duration
 	// Logger receives the dispatcher's logs (default slog.Default()).
 	Logger *slog.Logger
-	// Now is the clock for durations and for a Retry-After's earliest next
-	// attempt (default time.Now); give it the sink's clock in tests.
+	// Now is the clock for durations, for a Retry-After's earliest next
+	// attempt and for how long a lease is safely held (default time.Now,
+	// whose monotonic reading makes wall-clock jumps harmless); give it the
+	// sink's clock in tests.
 	Now func() time.Time
+	// Sleep pauses between the tries of an outcome write that failed
+	// (default: a timer). It returns early, with ctx's error, when ctx is
+	// done. Tests give it the clock of Now.
+	Sleep func(ctx context.Context, d time.Duration) error
 	// Observer, when set, hears every attempt's outcome.
 	Observer Observer
 }
@@ -127,6 +140,11 @@ type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
 	kick chan struct{}
+
+	// brokenMu guards broken: the first effect.Broken error an attempt
+	// returned. Once set, nothing more is claimed.
+	brokenMu sync.Mutex
+	broken   error
 
 	// outcomeMu orders a Drain's batch claims against failures: a batch
 	// claim holds it exclusively, every Fail shares it. So a batch claim
@@ -174,6 +192,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleep
+	}
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
 	}
@@ -192,6 +213,36 @@ func DefaultOwner() string {
 	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
 }
 
+// ErrEffectBroken is wrapped by the errors of Drain, Run and RunKey once an
+// attempt's effect said it cannot run in this process any more
+// (effect.Broken: the NDJSON stdout went away or stalled). From then on the
+// Dispatcher claims nothing; the keys it held are pending again, without an
+// attempt used up. The command should exit.
+var ErrEffectBroken = errors.New("the effect cannot run in this process any more")
+
+// markBroken notes the first effect.Broken error.
+func (d *Dispatcher) markBroken(err error) {
+	d.brokenMu.Lock()
+	defer d.brokenMu.Unlock()
+	if d.broken == nil {
+		d.broken = err
+		d.log.Error("dispatch: the effect cannot run any more; claiming stops, and the keys held are handed back without using an attempt", "err", err)
+	}
+}
+
+// brokenErr returns an error wrapping ErrEffectBroken and its cause once
+// the effect broke, else nil.
+func (d *Dispatcher) brokenErr() error {
+	d.brokenMu.Lock()
+	defer d.brokenMu.Unlock()
+	if d.broken == nil {
+		return nil
+	}
+	// The cause as text only: its chain may hold a context error (a
+	// stall), which callers must not take for their own cancellation.
+	return fmt.Errorf("dispatch: stopped claiming: %w: %v (the keys it held are pending again; no attempt was used)", ErrEffectBroken, d.broken)
+}
+
 // Owner returns the owner name this Dispatcher claims with.
 func (d *Dispatcher) Owner() string { return d.cfg.Owner }
 
@@ -205,13 +256,16 @@ func (d *Dispatcher) Kick() {
 
 // Run drains whenever Kick is called and every Interval until ctx is done,
 // then lets running effects finish within Grace. It returns ctx's error,
-// wrapped.
+// wrapped, or, once the effect broke, an error wrapping ErrEffectBroken.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
 	failures := 0
 	for {
 		sum, err := d.Drain(ctx)
+		if berr := d.brokenErr(); berr != nil {
+			return berr
+		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("dispatch: stopped: %w", ctx.Err())
 		}
@@ -273,6 +327,21 @@ func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func())
 	}
 }
 
+// sleep waits d, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // writeContext is for sink writes on behalf of an attempt: not cancelled
 // with ctx (see writeTimeout).
 func writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -287,6 +356,10 @@ func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, err)
 	}
+	if err := d.brokenErr(); err != nil {
+		return OutcomeSkipped, err
+	}
+	asked := d.cfg.Now() // the lease cannot have started earlier
 	wctx, cancel := writeContext(ctx)
 	c, err := d.cfg.Sink.Claim(wctx, key, d.cfg.Owner, d.cfg.Lease)
 	cancel()
@@ -307,14 +380,46 @@ func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
 	}
 	runCtx, release := d.graceContext(ctx)
 	defer release()
-	return d.runClaim(ctx, runCtx, c, nil)
+	return d.runClaim(ctx, runCtx, c, asked, nil)
+}
+
+// OutcomeMargin is how long before the end of a lease its holder stops
+// trying to record the attempt's outcome: max(lease/10, 5s). The lease ends
+// Lease after the last successful claim or renewal (measured from just
+// before it was asked for); the margin covers the last write's own duration
+// and a drift between this process's clock and the clock that judges the
+// lease (the database's, or another process's).
+func OutcomeMargin(lease time.Duration) time.Duration { return max(lease/10, 5*time.Second) }
+
+// leaseMark is when the claim's lease was last granted or renewed, by
+// Config.Now read just before the request was sent: the lease cannot have
+// started earlier, so the holder may count on it until at + Lease.
+type leaseMark struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func (m *leaseMark) get() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.at
+}
+
+func (m *leaseMark) set(t time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t.After(m.at) {
+		m.at = t
+	}
 }
 
 // runClaim runs the effect for a granted claim, renewing its lease, and
 // records the outcome with the claim's token. ctx is the caller's (values
-// only: writes outlive its cancellation); runCtx bounds the effect. mark,
-// when set, sees the outcome while outcomeMu is still held.
-func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark func(Outcome)) (out Outcome, err error) {
+// only: writes outlive its cancellation); runCtx bounds the effect and,
+// once done, the retries of the outcome write. leaseFrom is when the claim
+// (or its last renewal) was asked for, by Config.Now. mark, when set, sees
+// the outcome while outcomeMu is still held.
+func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFrom time.Time, mark func(Outcome)) (out Outcome, err error) {
 	log := d.log.With("key", c.Key, "token", c.Token, "attempt", c.Attempt)
 	if c.Takeover {
 		log.Warn("dispatch: took over a claim whose lease expired")
@@ -322,13 +427,14 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 	ev := eventFor(c)
 
 	effCtx, cancelTimeout := context.WithTimeoutCause(runCtx, d.cfg.EffectTimeout,
-		fmt.Errorf("effect timeout %v exceeded", d.cfg.EffectTimeout))
+		&effectTimeoutError{d: d.cfg.EffectTimeout})
 	defer cancelTimeout()
 	effCtx, cancelEffect := context.WithCancelCause(effCtx)
 	defer cancelEffect(nil)
 
 	// Renew the lease while the effect runs. A fenced renewal means someone
 	// took the key over: stop the effect; its outcome will be discarded.
+	lm := &leaseMark{at: leaseFrom}
 	renewDone := make(chan struct{})
 	stopRenew := make(chan struct{})
 	var renewFenced bool
@@ -345,9 +451,13 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 				return
 			case <-t.C:
 			}
+			asked := d.cfg.Now()
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
 			rerr := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
 			cancel()
+			if rerr == nil {
+				lm.set(asked)
+			}
 			if errors.Is(rerr, sink.ErrFenced) {
 				renewFenced = true
 				cancelEffect(sink.ErrFenced)
@@ -362,6 +472,9 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 	start := d.cfg.Now()
 	runErr := d.runEffect(effCtx, ev)
 	elapsed := d.cfg.Now().Sub(start)
+	if effect.IsBroken(runErr) {
+		d.markBroken(runErr) // before anything else is claimed
+	}
 	close(stopRenew)
 	<-renewDone
 
@@ -380,14 +493,14 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, mark fu
 		log.Error("dispatch: FENCED: another attempt took this key over while its effect ran; this attempt's outcome is discarded", "effect_err", errString(runErr))
 		out = OutcomeFenced
 	case runErr == nil:
-		out, err = d.complete(ctx, log, c, elapsed)
+		out, err = d.complete(ctx, runCtx, log, c, lm, elapsed)
 	default:
 		// Only a failure can make this key due again at once (a fenced
 		// key is another holder's): hold outcomeMu until mark has noted
 		// it, so that no batch claim of this Drain sees it due first.
 		d.outcomeMu.RLock()
 		defer d.outcomeMu.RUnlock()
-		out, err = d.fail(ctx, log, c, runCtx, effCtx, runErr, elapsed)
+		out, err = d.fail(ctx, runCtx, log, c, lm, effCtx, runErr, elapsed)
 	}
 	if mark != nil {
 		mark(out)
@@ -408,72 +521,163 @@ func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error)
 	return d.cfg.Effect.Run(ctx, ev)
 }
 
-// complete records success, retrying a write that failed for another reason
-// than fencing (the effect ran: losing its done record would run it again).
-func (d *Dispatcher) complete(ctx context.Context, log *slog.Logger, c sink.Claim, elapsed time.Duration) (Outcome, error) {
-	var err error
-	for try := 0; try < 3; try++ {
-		if try > 0 {
-			time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+// outcomeWrite is one attempt's outcome, to be written with the claim's
+// token.
+type outcomeWrite struct {
+	what  string                      // for logs: "done", "a failure"
+	write func(context.Context) error // Complete or Fail, fenced on the token
+	// landed reports whether the key's entry, read back with this claim's
+	// token, shows the write committed (a try whose answer was lost).
+	landed func(sink.Entry) bool
+}
+
+// record writes an attempt's outcome. The effect has run, so losing the
+// record would run it again (done) or leave the key claimed for the rest of
+// its lease (a failure): a write that fails for another reason than fencing
+// is tried again, with pauses, for as long as the lease is safely this
+// claim's — until the last successful claim or renewal + Lease −
+// OutcomeMargin, by Config.Now — and, once runCtx is done (shutdown's grace
+// ran out), not again. Meanwhile the lease is renewed every third of it.
+// Before each new try the key is read back, since a try that failed in
+// transit may have committed. It returns the entry read back when that is
+// how success was learnt (else nil), and nil, an error wrapping
+// sink.ErrFenced, or the last failure.
+func (d *Dispatcher) record(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, w outcomeWrite) (*sink.Entry, error) {
+	readBack := func() (*sink.Entry, bool) {
+		rctx, cancel := writeContext(ctx)
+		defer cancel()
+		e, err := d.cfg.Sink.Get(rctx, c.Key)
+		if err == nil && e.Token == c.Token && w.landed(e) {
+			return &e, true
 		}
+		return nil, false
+	}
+	pause := outcomeRetryFirst
+	for try := 1; ; try++ {
 		wctx, cancel := writeContext(ctx)
-		err = d.cfg.Sink.Complete(wctx, c.Key, c.Token)
+		err := w.write(wctx)
 		cancel()
 		if err == nil {
-			log.Debug("dispatch: effect done", "duration", elapsed)
-			return OutcomeDone, nil
+			return nil, nil
 		}
 		if errors.Is(err, sink.ErrFenced) {
-			if try > 0 && d.doneWith(ctx, c) {
-				// The earlier, failed-looking write had committed.
-				log.Debug("dispatch: effect done", "duration", elapsed)
-				return OutcomeDone, nil
+			if try > 1 {
+				if e, ok := readBack(); ok {
+					return e, nil // an earlier try had committed
+				}
 			}
-			log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
-			return OutcomeFenced, nil
+			return nil, err
 		}
-		log.Warn("dispatch: recording done failed", "err", err, "try", try+1)
+		now := d.cfg.Now()
+		deadline := lm.get().Add(d.cfg.Lease - OutcomeMargin(d.cfg.Lease))
+		switch {
+		case runCtx.Err() != nil:
+			return nil, fmt.Errorf("%w (tried %d times; shutdown's grace ran out)", err, try)
+		case !now.Before(deadline):
+			return nil, fmt.Errorf("%w (tried %d times, until the lease ran short)", err, try)
+		}
+		if try&(try-1) == 0 { // 1, 2, 4, 8…: an outage must not flood the log
+			log.Warn("dispatch: recording "+w.what+" failed; trying again while the lease lasts", "err", err, "try", try, "until", deadline)
+		}
+		_ = d.cfg.Sleep(runCtx, min(pause, deadline.Sub(now)))
+		pause = min(2*pause, outcomeRetryMax)
+		if e, ok := readBack(); ok {
+			return e, nil // the last try had committed
+		}
+		if asked := d.cfg.Now(); asked.Sub(lm.get()) >= d.cfg.Lease/3 {
+			rctx, cancel := writeContext(ctx)
+			rerr := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
+			cancel()
+			switch {
+			case rerr == nil:
+				lm.set(asked)
+			case errors.Is(rerr, sink.ErrFenced):
+				if e, ok := readBack(); ok {
+					return e, nil
+				}
+				return nil, rerr
+			}
+		}
 	}
-	log.Error("dispatch: could not record done; the key stays claimed until its lease expires and will run again", "err", err)
-	return OutcomeRetry, fmt.Errorf("dispatch: complete %s: %w", c.Key, err)
 }
 
-// doneWith reports whether the key is done under this claim's token.
-func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
-	rctx, cancel := writeContext(ctx)
-	defer cancel()
-	e, err := d.cfg.Sink.Get(rctx, c.Key)
-	return err == nil && e.State == sink.StateDone && e.Token == c.Token
-}
-
-// fail records a failed attempt.
-func (d *Dispatcher) fail(ctx context.Context, log *slog.Logger, c sink.Claim, runCtx, effCtx context.Context, runErr error, elapsed time.Duration) (Outcome, error) {
-	cause := runErr.Error()
+// complete records success (see record).
+func (d *Dispatcher) complete(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, elapsed time.Duration) (Outcome, error) {
+	_, err := d.record(ctx, runCtx, log, c, lm, outcomeWrite{
+		what:   "done",
+		write:  func(wctx context.Context) error { return d.cfg.Sink.Complete(wctx, c.Key, c.Token) },
+		landed: func(e sink.Entry) bool { return e.State == sink.StateDone },
+	})
 	switch {
-	case errors.Is(context.Cause(runCtx), errShutdown):
-		cause = "interrupted by shutdown: " + cause
-	case errors.Is(effCtx.Err(), context.DeadlineExceeded) && runCtx.Err() == nil:
-		cause = fmt.Sprintf("effect timed out after %v: %s", d.cfg.EffectTimeout, cause)
+	case err == nil:
+		log.Debug("dispatch: effect done", "duration", elapsed)
+		return OutcomeDone, nil
+	case errors.Is(err, sink.ErrFenced):
+		log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
+		return OutcomeFenced, nil
+	default:
+		log.Error("dispatch: could not record done; the key stays claimed until its lease expires and its effect will run again", "err", err)
+		return OutcomeRetry, fmt.Errorf("dispatch: complete %s: %w", c.Key, err)
 	}
-	f := sink.Failure{Cause: sink.TruncateError(cause), Permanent: effect.IsPermanent(runErr)}
+}
+
+// effectTimeoutError is the cause of an effect context that ran out of
+// --effect-timeout.
+type effectTimeoutError struct{ d time.Duration }
+
+func (e *effectTimeoutError) Error() string { return fmt.Sprintf("effect timeout %v exceeded", e.d) }
+
+// stoppedByContext reports whether an effect's error says the effect was
+// stopped by its context (it wraps the context's error), as opposed to
+// failing on its own. Only then does the context's cause explain the
+// failure: the context may well have ended after the effect had failed, or
+// succeeded, by itself (issue 12 item 3).
+func stoppedByContext(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// fail records a failed attempt. The effect's error decides what is said
+// about it: the effect context's state after the run does not (it may have
+// ended after the effect failed on its own).
+func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, effCtx context.Context, runErr error, elapsed time.Duration) (Outcome, error) {
+	cause := runErr.Error()
+	if stoppedByContext(runErr) {
+		var te *effectTimeoutError
+		switch why := context.Cause(effCtx); {
+		case errors.Is(why, errShutdown):
+			cause = "interrupted by shutdown: " + cause
+		case errors.As(why, &te):
+			cause = fmt.Sprintf("effect timed out after %v: %s", te.d, cause)
+		}
+	}
+	// A broken effect (gemrecon's stdout went away) is not the key's fault:
+	// the attempt uses up none of its budget.
+	f := sink.Failure{Cause: sink.TruncateError(cause), Permanent: effect.IsPermanent(runErr), NoAttempt: effect.IsBroken(runErr)}
 	if after, ok := effect.RetryAfterOf(runErr); ok {
 		f.NotBefore = d.cfg.Now().Add(after)
 	}
 	var state sink.State
-	var err error
-	for try := 0; try < 3; try++ {
-		if try > 0 {
-			time.Sleep(time.Duration(try) * 200 * time.Millisecond)
-		}
-		wctx, cancel := writeContext(ctx)
-		state, err = d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
-		cancel()
-		if err == nil || errors.Is(err, sink.ErrFenced) {
-			break
-		}
-		log.Warn("dispatch: recording a failure failed", "err", err, "try", try+1)
+	e, err := d.record(ctx, runCtx, log, c, lm, outcomeWrite{
+		what: "a failure",
+		write: func(wctx context.Context) error {
+			var err error
+			state, err = d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
+			return err
+		},
+		// Only this claim's Fail turns its claim into pending or dead
+		// without a new token.
+		landed: func(e sink.Entry) bool { return e.State == sink.StatePending || e.State == sink.StateDead },
+	})
+	if e != nil {
+		state = e.State
 	}
 	switch {
+	case errors.Is(err, sink.ErrFenced) && d.cfg.SQL != nil && d.doneWith(ctx, c):
+		// --sql: the transaction committed (the key is done with this
+		// claim's token) although CompleteSQL reported an error, as when
+		// the context ended during the commit: the outcome is the commit's.
+		log.Debug("dispatch: --sql done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)
 		return OutcomeFenced, nil
@@ -488,9 +692,21 @@ func (d *Dispatcher) fail(ctx context.Context, log *slog.Logger, c sink.Claim, r
 		if !f.NotBefore.IsZero() {
 			attrs = append(attrs, "not_before", f.NotBefore)
 		}
+		if f.NoAttempt {
+			log.Warn("dispatch: attempt handed back without using an attempt; the key is pending again", attrs...)
+			return OutcomeRetry, nil
+		}
 		log.Warn("dispatch: effect failed; retry scheduled", attrs...)
 		return OutcomeRetry, nil
 	}
+}
+
+// doneWith reports whether the key is done under this claim's token.
+func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
+	rctx, cancel := writeContext(ctx)
+	defer cancel()
+	e, err := d.cfg.Sink.Get(rctx, c.Key)
+	return err == nil && e.State == sink.StateDone && e.Token == c.Token
 }
 
 // eventFor builds the event document of spec §4 from a claim.

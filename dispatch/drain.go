@@ -32,7 +32,7 @@ type drainState struct {
 // job is one unit of work: a granted claim, or a key to claim first.
 type job struct {
 	claim     *sink.Claim
-	claimedAt time.Time // by Config.Now, for a claim granted ahead of its slot
+	claimedAt time.Time // by Config.Now, just before the claim (or its last renewal) was asked for
 	key       string
 }
 
@@ -94,6 +94,9 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	batch := max(1, conc/2)
 	ahead := conc // not more: a claim held ahead is a key other processes cannot run
 	for {
+		if ctx.Err() != nil || d.brokenErr() != nil {
+			break
+		}
 		startReady()
 		if ctx.Err() != nil {
 			break
@@ -127,8 +130,9 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 			}
 		}
 	}
-	// A sink error: run what was claimed already. Shutdown: hand it back.
-	for len(ready) > 0 && ctx.Err() == nil {
+	// A sink error: run what was claimed already. Shutdown or a broken
+	// effect: hand it back.
+	for len(ready) > 0 && ctx.Err() == nil && d.brokenErr() == nil {
 		if running == conc && !waitOne() {
 			break
 		}
@@ -146,18 +150,26 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	if err := ctx.Err(); err != nil {
 		return st.sum, fmt.Errorf("dispatch: drain interrupted: %w", err)
 	}
+	if berr := d.brokenErr(); berr != nil {
+		return st.sum, berr
+	}
 	if claimErr != nil {
 		st.errs = append(st.errs, claimErr)
 	}
 	return st.sum, errors.Join(st.errs...)
 }
 
-// giveBack records a claim granted ahead whose effect never started
-// (shutdown) as a retryable failure, so the key does not wait for its lease.
+// giveBack hands back a claim granted ahead whose effect never started
+// (shutdown, or a broken effect), so the key does not wait for its lease:
+// a failure that uses up no attempt.
 func (d *Dispatcher) giveBack(ctx context.Context, st *drainState, c sink.Claim) {
 	wctx, cancel := writeContext(ctx)
 	defer cancel()
-	state, err := d.cfg.Sink.Fail(wctx, c.Key, c.Token, sink.Failure{Cause: "interrupted by shutdown before the effect started"})
+	cause := "interrupted by shutdown before the effect started"
+	if d.brokenErr() != nil {
+		cause = "handed back before the effect started: the effect cannot run in this process any more"
+	}
+	state, err := d.cfg.Sink.Fail(wctx, c.Key, c.Token, sink.Failure{Cause: cause, NoAttempt: true})
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.sum.Claimed++
@@ -189,15 +201,15 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 		if claims <= 0 {
 			return nil, nil
 		}
+		asked := d.cfg.Now() // the leases cannot have started earlier
 		granted, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, claims)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: claim due keys: %w", err)
 		}
-		now := d.cfg.Now()
 		jobs := make([]job, len(granted))
 		st.mu.Lock()
 		for i := range granted {
-			jobs[i] = job{claim: &granted[i], claimedAt: now}
+			jobs[i] = job{claim: &granted[i], claimedAt: asked}
 			if st.seen[granted[i].Key] {
 				// Only after a stall past our own lease (see seen): a
 				// granted claim is a new attempt; run it rather than
@@ -237,9 +249,10 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 // runJob claims (when needed) and runs one job, and accounts for it.
 func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) {
 	if j.claim == nil {
-		if ctx.Err() != nil {
-			return // shutting down: claim nothing more
+		if ctx.Err() != nil || d.brokenErr() != nil {
+			return // shutting down, or the effect broke: claim nothing more
 		}
+		j.claimedAt = d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
 		c, err := d.cfg.Sink.Claim(wctx, j.key, d.cfg.Owner, d.cfg.Lease)
 		cancel()
@@ -256,9 +269,13 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 	} else if d.cfg.Now().Sub(j.claimedAt) > d.cfg.Lease/3 {
 		// Granted ahead and kept waiting for a slot: renew before the
 		// effect starts, so it gets its whole lease.
+		asked := d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
 		err := d.cfg.Sink.Renew(wctx, j.claim.Key, j.claim.Token, d.cfg.Lease)
 		cancel()
+		if err == nil {
+			j.claimedAt = asked
+		}
 		if err != nil {
 			st.mu.Lock()
 			st.sum.Claimed++
@@ -279,7 +296,7 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 	st.mu.Lock()
 	st.sum.Claimed++
 	st.mu.Unlock()
-	out, err := d.runClaim(ctx, runCtx, *j.claim, func(o Outcome) {
+	out, err := d.runClaim(ctx, runCtx, *j.claim, j.claimedAt, func(o Outcome) {
 		// Under outcomeMu (shared): marks the key before a batch claim
 		// can see it due again.
 		if o == OutcomeRetry || o == OutcomeFenced {

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("GDT_CHILD") == "1" {
 		os.Exit(childMain())
 	}
+	if path := os.Getenv("GDT_HOLD_LOCK"); path != "" {
+		os.Exit(holdLockMain(path))
+	}
 	os.Exit(m.Run())
 }
 

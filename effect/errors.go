@@ -56,3 +56,29 @@ func RetryAfterOf(err error) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// brokenError marks an error after which the effect cannot run any attempt
+// in this process: its output is gone or stalled (the NDJSON stdout).
+type brokenError struct{ err error }
+
+func (e *brokenError) Error() string { return e.err.Error() }
+func (e *brokenError) Unwrap() error { return e.err }
+
+// Broken marks err as the effect being unusable in this process (it was not
+// the key's fault: gemrecon's stdout went away or stopped taking data). The
+// dispatcher records the attempt as a failure that uses up no attempt
+// (sink.Failure.NoAttempt), claims nothing more, and returns an error that
+// ends the command. Broken(nil) is nil.
+func Broken(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &brokenError{err: err}
+}
+
+// IsBroken reports whether err, or any error it wraps, was marked with
+// Broken.
+func IsBroken(err error) bool {
+	var b *brokenError
+	return errors.As(err, &b)
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -31,12 +32,25 @@ const DefaultWaitDelay = 2 * time.Second
 // whose text ends with the tail of the command's stderr. The command runs in
 // its own process group, and when the context is done (the effect timeout or
 // shutdown) the whole group is killed with SIGKILL.
+//
+// The exit status decides: a command that exited 0 succeeded even when the
+// context ended after its exit and before it was reaped (the kill then hits
+// a finished group). Only a command that died of that kill reports an error
+// wrapping the context's (errors.Is context.DeadlineExceeded or Canceled);
+// one that failed on its own reports its own status, whatever the context
+// did afterwards.
 type Exec struct {
 	command   string
 	output    io.Writer
 	dir       string
 	tail      int
 	waitDelay time.Duration
+
+	// beforeWait, when set (tests only), is called after the command
+	// started and before it is waited for, with its pid and a channel that
+	// is closed once the context's kill was sent: a test can hold the
+	// command exited but not yet reaped while the timer fires.
+	beforeWait func(pid int, killed <-chan struct{})
 }
 
 // ExecOption configures an Exec.
@@ -122,37 +136,69 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	// command started: a shell pipeline or a backgrounded grandchild would
 	// otherwise survive the kill and run on after the attempt was given up.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	killSent := make(chan struct{})
+	var killed atomic.Bool // the kill reached a live group
 	cmd.Cancel = func() error {
-		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		defer close(killSent)
+		err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		switch {
+		case err == nil:
+			killed.Store(true)
+		case errors.Is(err, syscall.ESRCH):
+			// Reaped already: the command finished on its own.
+			return os.ErrProcessDone
+		}
+		return err
 	}
 	cmd.WaitDelay = e.waitDelay
 
-	runErr := cmd.Run()
+	runErr := cmd.Start()
 	if runErr == nil {
+		if e.beforeWait != nil {
+			e.beforeWait(cmd.Process.Pid, killSent)
+		}
+		runErr = cmd.Wait()
+	}
+	st := cmd.ProcessState
+	if st != nil && st.Success() {
+		// The exit status decides, not the context's state after the
+		// fact: a command that exited 0 did its work, even if the timer
+		// fired (and a kill was sent to its group) before it was reaped,
+		// or a background child kept its output open past the wait delay.
 		return nil
 	}
-	if errors.Is(runErr, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
-		// The command succeeded; something it left running in the
-		// background kept its output open. The effect is done.
-		return nil
-	}
-	var status string
-	if cmd.ProcessState != nil {
-		status = cmd.ProcessState.String() // "exit status 3", "signal: killed"
-	} else {
-		status = runErr.Error()
-	}
-	msg := "exec: " + status
-	if cerr := ctx.Err(); cerr != nil {
-		msg = fmt.Sprintf("exec: process group killed (%v): %s", context.Cause(ctx), status)
+	var msg string
+	var cause error = runErr
+	switch ws, _ := sysStatus(st); {
+	case st == nil: // it never started
+		msg = "exec: " + runErr.Error()
+	case killed.Load() && ws.Signaled() && ws.Signal() == syscall.SIGKILL:
+		// Our kill, sent because the context ended (timeout, shutdown,
+		// a takeover): the error wraps the context's, so that dispatch
+		// can say why.
+		msg = fmt.Sprintf("exec: process group killed (%v): %s", context.Cause(ctx), st)
+		cause = ctx.Err()
+	default:
+		// It ended on its own ("exit status 3", "signal: terminated"),
+		// even if the context ended meanwhile.
+		msg = "exec: " + st.String()
+		if ee := (*exec.ExitError)(nil); !errors.As(runErr, &ee) {
+			cause = &exec.ExitError{ProcessState: st}
+		}
 	}
 	if t := tail.String(); t != "" {
 		msg += "; stderr: " + t
 	}
-	if cerr := ctx.Err(); cerr != nil {
-		return &execError{msg: msg, err: cerr}
+	return &execError{msg: msg, err: cause}
+}
+
+// sysStatus returns the wait status of a finished command.
+func sysStatus(st *os.ProcessState) (syscall.WaitStatus, bool) {
+	if st == nil {
+		return 0, false
 	}
-	return &execError{msg: msg, err: runErr}
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	return ws, ok
 }
 
 // execError keeps the readable message and the cause for errors.Is (a

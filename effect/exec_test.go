@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -177,5 +178,81 @@ func TestExecCancelledBeforeStart(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
 		t.Errorf("the command ran although the context was cancelled")
+	}
+}
+
+// exitedUnreaped is a beforeWait hook that forces the interleaving of issue
+// 12 item 3: the command has exited (a zombie, not yet reaped), then the
+// effect's timer fires (stop) and the process group is killed, and only then
+// is the command waited for, as when gemrecon is paused or starved of CPU
+// between the child's exit and its reaping.
+func exitedUnreaped(t *testing.T, stop func()) func(pid int, killed <-chan struct{}) {
+	return func(pid int, killed <-chan struct{}) {
+		waitZombie(t, pid)
+		stop()
+		select {
+		case <-killed:
+		case <-time.After(10 * time.Second):
+			t.Error("the context's kill was not sent within 10s of the context ending")
+		}
+	}
+}
+
+// waitZombie waits (bounded) until pid has exited and is not yet reaped.
+func waitZombie(t *testing.T, pid int) {
+	t.Helper()
+	path := fmt.Sprintf("/proc/%d/stat", pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("read %s: %v (this test needs Linux /proc)", path, err)
+		}
+		// The state follows the command name, which ends with the last ')'.
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && strings.HasPrefix(string(b[i+1:]), " Z") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d did not exit within 10s: %s", pid, b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestExecExitZeroWinsOverALateTimeout: a command that exited 0 succeeded,
+// even when the effect's timer fired after its exit and before it was
+// reaped (issue 12 item 3: the success was thrown away and the effect run
+// again).
+func TestExecExitZeroWinsOverALateTimeout(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	e := NewExec("exit 0", ExecOutput(nil))
+	e.beforeWait = exitedUnreaped(t, func() { cancel(errors.New("effect timeout 2s exceeded")) })
+	if err := e.Run(ctx, testEvent()); err != nil {
+		t.Errorf("Run() = %v, want nil: the command exited 0 before the timer fired", err)
+	}
+}
+
+// TestExecOwnFailureIsNotBlamedOnALateTimeout: a command that failed on its
+// own before the timer fired reports its own status, not a kill it never
+// received, and its error does not pass for a context error (dispatch would
+// record "effect timed out").
+func TestExecOwnFailureIsNotBlamedOnALateTimeout(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	e := NewExec("echo boom >&2; exit 3", ExecOutput(nil))
+	e.beforeWait = exitedUnreaped(t, func() { cancel(errors.New("effect timeout 2s exceeded")) })
+	err := e.Run(ctx, testEvent())
+	if err == nil {
+		t.Fatal("Run() = nil, want exit status 3")
+	}
+	if !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("Run() = %q, want the exit status and the stderr tail", err)
+	}
+	if strings.Contains(err.Error(), "killed") || strings.Contains(err.Error(), "timeout") {
+		t.Errorf("Run() = %q, want no mention of a kill or a timeout: the command exited on its own", err)
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run() = %v: a context error, want the command's own failure", err)
 	}
 }

@@ -250,3 +250,40 @@ func TestForwardHonoursContext(t *testing.T) {
 		t.Errorf("Run(timeout) = %v, want a retryable DeadlineExceeded", err)
 	}
 }
+
+// roundTripFunc adapts a function to http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestForward2xxBeforeTheDeadlineIsSuccess: a 2xx whose status line arrived
+// before the effect's deadline is a success, even when the deadline fires
+// while the body is still being read (issue 12 item 3: the outcome is the
+// answer's, not the context's state afterwards). The transport ends the
+// context the moment the answer is handed over; the body never finishes.
+func TestForward2xxBeforeTheDeadlineIsSuccess(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = io.WriteString(w, "accepted; more follows")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the rest of the body never comes
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		cancel(errors.New("effect timeout 2s exceeded"))
+		return resp, err
+	})}
+	f, err := NewForward(srv.URL, "", client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Run(ctx, testEvent()); err != nil {
+		t.Errorf("Run() = %v, want nil: the 202 arrived before the deadline", err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the test's transport did not end the context")
+	}
+}

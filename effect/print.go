@@ -14,13 +14,29 @@ import (
 // when no other is configured). Run returns only after the line was written
 // and, when the writer can, flushed (Flush) or synced (Sync). It is safe for
 // concurrent use: lines never interleave.
+//
+// A writer that fails (stdout's reader went away: EPIPE) or that does not
+// take the line before Run's context ends (a reader that stopped reading)
+// breaks the effect for good: that Run and every later one return an error
+// marked Broken, so the dispatcher stops claiming and the command exits. The
+// write itself happens on a goroutine, so that a stalled writer cannot hold
+// Run past its context (the effect timeout, shutdown's grace); a write
+// abandoned that way may still complete if the reader resumes before the
+// process exits. For a signal-free EPIPE on stdout, the process must handle
+// SIGPIPE (os/signal.Notify; cmd/gemrecon does).
 type Print struct {
-	mu sync.Mutex
-	w  io.Writer
+	w    io.Writer
+	turn chan struct{} // one token: whose line is being written
+
+	mu     sync.Mutex
+	broken error         // set once; every later Run returns it
+	gone   chan struct{} // closed when broken is set
 }
 
 // NewPrint returns a Print effect writing to w (usually os.Stdout).
-func NewPrint(w io.Writer) *Print { return &Print{w: w} }
+func NewPrint(w io.Writer) *Print {
+	return &Print{w: w, turn: make(chan struct{}, 1), gone: make(chan struct{})}
+}
 
 // Run writes ev as one line.
 func (p *Print) Run(ctx context.Context, ev Event) error {
@@ -32,22 +48,71 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("print: not written: %w", err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	select {
+	case p.turn <- struct{}{}:
+	case <-p.gone:
+		return p.brokenErr()
+	case <-ctx.Done():
+		// Behind an earlier line that is taking this long: the output
+		// stalled; that line's Run says so.
+		return fmt.Errorf("print: not written: stdout is still busy with an earlier line: %w", ctx.Err())
+	}
+	if err := p.brokenErr(); err != nil {
+		<-p.turn
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-p.turn }() // only once the write returned: lines never interleave
+		done <- p.write(line)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", err))
+		}
+		return nil
+	case <-ctx.Done():
+		return p.breakWith(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
+	}
+}
+
+// write writes one line and flushes or syncs it.
+func (p *Print) write(line []byte) error {
 	if _, err := p.w.Write(line); err != nil {
-		return fmt.Errorf("print: %w", err)
+		return err
 	}
 	switch w := p.w.(type) {
 	case interface{ Flush() error }:
 		if err := w.Flush(); err != nil {
-			return fmt.Errorf("print: flush: %w", err)
+			return fmt.Errorf("flush: %w", err)
 		}
 	case interface{ Sync() error }:
 		// A terminal or a pipe cannot be synced; the line has reached the
 		// kernel, which is all "written" can mean there.
 		if err := w.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOTSUP) {
-			return fmt.Errorf("print: sync: %w", err)
+			return fmt.Errorf("sync: %w", err)
 		}
 	}
 	return nil
+}
+
+// breakWith marks the effect broken with err (the first cause stays) and
+// returns the Broken error.
+func (p *Print) breakWith(err error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken == nil {
+		p.broken = Broken(err)
+		close(p.gone)
+		return p.broken
+	}
+	return Broken(err)
+}
+
+// brokenErr returns the error that broke the effect, or nil.
+func (p *Print) brokenErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.broken
 }

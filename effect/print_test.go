@@ -5,10 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers.
@@ -95,5 +99,74 @@ func TestPrintFlushesBeforeReturning(t *testing.T) {
 	}
 	if len(f.flushedAt) != 1 || f.flushedAt[0] != len(want) {
 		t.Errorf("flushes at %v, want one after the whole line (%d)", f.flushedAt, len(want))
+	}
+}
+
+// bigEvent is an event whose line is far larger than a pipe's buffer.
+func bigEvent() Event {
+	ev := testEvent()
+	ev.Operation = json.RawMessage(`{"name":"batches/abc-123","pad":"` + strings.Repeat("x", 1<<20) + `"}`)
+	return ev
+}
+
+// TestPrintBrokenPipeBreaksTheEffect: a write to a pipe whose reader went
+// away fails the attempt as Broken, and every later Run fails at once.
+func TestPrintBrokenPipeBreaksTheEffect(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r.Close()
+	p := NewPrint(w)
+	err = p.Run(context.Background(), testEvent())
+	if !IsBroken(err) || !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("Run() = %v, want a Broken error wrapping EPIPE", err)
+	}
+	if err := p.Run(context.Background(), testEvent()); !IsBroken(err) {
+		t.Errorf("second Run() = %v, want Broken at once", err)
+	}
+}
+
+// TestPrintStalledReaderIsBoundedByTheContext: a reader that stops reading
+// cannot hold Run past its context; the effect is broken, and a Run queued
+// behind the stalled line fails too, without waiting for its own context.
+func TestPrintStalledReaderIsBoundedByTheContext(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	defer r.Close() // lets the abandoned write end
+	p := NewPrint(w)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	queued := make(chan error, 1)
+	first := make(chan error, 1)
+	go func() { first <- p.Run(ctx, bigEvent()) }()
+	for deadline := time.Now().Add(10 * time.Second); len(p.turn) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first Run did not start writing within 10s")
+		}
+	}
+	// The first is writing, and cannot finish: the pipe holds far less
+	// than its line. A second line waits behind it, with no deadline of
+	// its own.
+	go func() { queued <- p.Run(context.Background(), testEvent()) }()
+	cancel(errors.New("effect timeout 1s exceeded")) // the timer fires mid-write
+	select {
+	case err := <-first:
+		if !IsBroken(err) || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "stalled") {
+			t.Errorf("Run() = %v, want a Broken stall that wraps the context's error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run() did not return within 10s of its context ending")
+	}
+	select {
+	case err := <-queued:
+		if !IsBroken(err) {
+			t.Errorf("queued Run() = %v, want Broken", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued Run() did not return within 10s of the effect breaking")
 	}
 }

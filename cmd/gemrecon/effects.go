@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,8 +40,8 @@ func (f *effectFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @key @name @state @source @token @attempt @operation)")
 	fs.IntVar(&f.concurrency, "concurrency", 4, "effects run at once")
 	fs.DurationVar(&f.lease, "lease", 10*time.Minute, "claim lease; renewed every third of it while the effect runs")
-	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long; must be shorter than --lease")
-	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later")
+	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed")
 	fs.IntVar(&f.maxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
 	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
 	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
@@ -100,8 +103,23 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 		}
 		return fw, nil
 	default:
+		// Without a handler, a write to a broken stdout kills a Go
+		// program with SIGPIPE: nothing logged, keys left claimed. With
+		// one, the write returns EPIPE and the print effect breaks
+		// cleanly (issue 12 item 6). Notify, not Ignore: an ignored
+		// signal would be inherited by --exec commands.
+		handleSIGPIPE()
 		return effect.NewPrint(a.stdout), nil
 	}
+}
+
+var sigpipeOnce sync.Once
+
+// handleSIGPIPE makes writes to a broken pipe return EPIPE instead of
+// killing the process. The channel is never read: signal.Notify drops what
+// does not fit.
+func handleSIGPIPE() {
+	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 }
 
 // dispatcher wires a sink and the configured effect.
@@ -134,9 +152,12 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*d
 	return d, nil
 }
 
-// summaryExit maps a dispatch summary to the exit status of spec §5.
+// summaryExit maps a dispatch summary to the exit status of spec §5: 4 when
+// some effect failed (a retry is scheduled or the key went dead) or some
+// outcome was fenced (another attempt took the key over: the effect may have
+// run twice).
 func summaryExit(sum dispatch.Summary) error {
-	if sum.Failed > 0 || sum.Dead > 0 {
+	if sum.Failed > 0 || sum.Dead > 0 || sum.Fenced > 0 {
 		return withCode(exitNotDone, nil)
 	}
 	return nil
@@ -152,7 +173,8 @@ passed, claims whose lease expired — with the configured effect, then exit.
 poll does the same after its listing; drain needs no API credentials.
 
 Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
-scheduled or the key went dead), 1 a fatal error.`,
+scheduled or the key went dead) or some outcome was fenced (another attempt
+took the key over: the effect may have run twice), 1 a fatal error.`,
 		Example: `  gemrecon drain --exec ./publish.sh
   gemrecon drain --forward https://billing.internal/hooks/gemini --concurrency 8`,
 		Args: exactArgs(0),
@@ -173,6 +195,9 @@ scheduled or the key went dead), 1 a fatal error.`,
 			sum, err := d.Drain(cmd.Context())
 			fmt.Fprintf(a.stderr, "drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d duration=%s\n",
 				sum.Claimed, sum.OK, sum.Failed, sum.Dead, sum.Fenced, time.Since(start).Round(time.Millisecond))
+			if sum.Fenced > 0 {
+				fmt.Fprintf(a.stderr, "drain: %d outcome(s) fenced: another attempt took the key over, so an effect may have run twice (see the FENCED log lines; raise --lease, or make the downstream refuse stale fencing tokens)\n", sum.Fenced)
+			}
 			if err != nil {
 				return err
 			}

@@ -203,12 +203,24 @@ cron runs are safe: claims decide who runs each effect.`,
 				report(r)
 				return passExit(r)
 			}
-			_ = loop.Watch(ctx, func(r ingest.Result) {
+			// A broken stdout (the print effect's reader went away) ends the
+			// watch: no later pass could run an effect.
+			wctx, stop := context.WithCancelCause(ctx)
+			defer stop(nil)
+			_ = loop.Watch(wctx, func(r ingest.Result) {
 				report(r)
-				if err := r.Err(); err != nil && ctx.Err() == nil {
+				err := r.Err()
+				if errors.Is(err, dispatch.ErrEffectBroken) {
+					stop(err)
+					return
+				}
+				if err != nil && ctx.Err() == nil {
 					a.logger.Error("poll pass failed; the next pass retries", "err", err)
 				}
 			})
+			if err := context.Cause(wctx); errors.Is(err, dispatch.ErrEffectBroken) {
+				return err
+			}
 			return nil
 		},
 	}

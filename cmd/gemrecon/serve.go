@@ -104,11 +104,17 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 			// whatever is left is pending in the database for the next run.
 			workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 			defer stopWork()
+			// A dispatcher that stops on its own (the effect broke: the
+			// NDJSON stdout went away) stops the server too: accepting
+			// deliveries that nothing here can run would hide it.
+			ctx, stopServing := context.WithCancel(ctx)
+			defer stopServing()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				if err := d.Run(workCtx); err != nil && !errors.Is(err, context.Canceled) {
 					errs <- fmt.Errorf("dispatch: %w", err)
+					stopServing()
 				}
 			}()
 			if pollEvery > 0 {

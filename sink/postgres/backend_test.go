@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/gemrecon/gemrecon/internal/tcpproxy"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 )
@@ -174,7 +175,7 @@ func TestDatabaseClock(t *testing.T) {
 func TestCompleteOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/unknown"
@@ -190,13 +191,13 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 	if err := s.Complete(ctx, key, c.Token+100); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up Complete = %v, want ErrFenced", err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if err := s.Complete(cctx, key, c.Token); err != nil {
 		t.Fatalf("Complete with a lost reply = %v, want nil (read back: done)", err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 	e, err := s.Get(ctx, key)
@@ -214,7 +215,7 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 func TestClaimOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/claim-unknown"
@@ -227,14 +228,14 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 	if _, err := s.Claim(ctx, key+"-warm-up", "w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	c, err := s.Claim(cctx, key, "w", time.Minute)
 	if err != nil {
 		t.Fatalf("Claim with a lost reply = %v, want the claim read back", err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 	e, err := s.Get(ctx, key)
@@ -291,7 +292,7 @@ func TestCompleteCancelledWhileBlocked(t *testing.T) {
 func TestClaimDueOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	for i := range 4 {
@@ -303,14 +304,14 @@ func TestClaimDueOutcomeUnknown(t *testing.T) {
 	if cs, err := s.ClaimDue(ctx, "w", time.Minute, 1); err != nil || len(cs) != 1 {
 		t.Fatalf("warm-up ClaimDue = %v, %v", cs, err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	cs, err := s.ClaimDue(cctx, "w", time.Minute, 10)
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("ClaimDue with a lost reply = %d claims, %v; want 3 read back", len(cs), err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 	for _, c := range cs {
@@ -448,7 +449,7 @@ func TestDroppedIdleConnection(t *testing.T) {
 func TestFailOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/fail-unknown"
@@ -463,14 +464,14 @@ func TestFailOutcomeUnknown(t *testing.T) {
 	if _, err := s.Fail(ctx, key, c.Token+100, sink.Failure{Cause: "warm-up"}); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up Fail = %v, want ErrFenced", err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	st, err := s.Fail(cctx, key, c.Token, sink.Failure{Cause: "exit status 3"})
 	if err != nil || st != sink.StatePending {
 		t.Fatalf("Fail with a lost reply = %v, %v; want pending (read back)", st, err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StatePending || e.LastError != "exit status 3" {
@@ -483,7 +484,7 @@ func TestFailOutcomeUnknown(t *testing.T) {
 func TestRecordAndClaimOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	sg := sink.Sighting{Key: "gemini:batches/rc-unknown", Source: sink.SourceWebhook, Payload: []byte(`{"a":1}`)}
@@ -491,14 +492,14 @@ func TestRecordAndClaimOutcomeUnknown(t *testing.T) {
 	if _, _, err := s.RecordAndClaim(ctx, sink.Sighting{Key: sg.Key + "-warm-up", Source: sg.Source}, "w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	r, c, err := s.RecordAndClaim(cctx, sg, "w", time.Minute)
 	if err != nil || !r.New || r.State != sink.StateClaimed || c.Token != 1 || string(c.Payload) != `{"a":1}` {
 		t.Fatalf("RecordAndClaim with a lost reply = %+v, %+v, %v; want new and claimed, read back", r, c, err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 }

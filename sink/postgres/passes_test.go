@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/tcpproxy"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -15,21 +16,21 @@ import (
 func TestAcquirePassOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
 	if _, _, err := s.AcquirePass(ctx, "warm-up", "w", time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	l, r, err := s.AcquirePass(cctx, "s", "w", time.Minute, 0)
 	if err != nil || l.Token != 1 || l.Owner != "w" || r.Holder != "w" || l.Until.IsZero() {
 		t.Fatalf("AcquirePass with a lost reply = %+v, %+v, %v; want the lease, read back", l, r, err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 	other := openDSN(t, dsn, sink.Options{})
@@ -46,7 +47,7 @@ func TestAcquirePassOutcomeUnknown(t *testing.T) {
 func TestEndPassOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	dsn, _ := testSchema(t)
-	p, pdsn := startProxy(t, dsn)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
 	ctx := context.Background()
 	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	l, _, err := s.AcquirePass(ctx, "s", "w", time.Minute, 0)
@@ -59,14 +60,14 @@ func TestEndPassOutcomeUnknown(t *testing.T) {
 	if err := s.EndPass(ctx, stale, sink.PassOutcome{Start: time.Now(), End: time.Now()}); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up EndPass = %v, want ErrFenced", err)
 	}
-	p.blackhole()
+	p.DropReplies()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	if err := s.EndPass(cctx, l, sink.PassOutcome{Start: start, End: start.Add(time.Second), Success: true}); err != nil {
 		t.Fatalf("EndPass with a lost reply = %v, want nil (read back)", err)
 	}
-	if p.dropped.Load() == 0 {
+	if p.Dropped() == 0 {
 		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 	}
 	other := openDSN(t, dsn, sink.Options{})
