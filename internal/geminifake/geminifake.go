@@ -164,6 +164,8 @@ type Server struct {
 
 	srv *http.Server
 	ln  net.Listener
+
+	webhooks *WebhookService // created on first use (webhooks.go)
 }
 
 // New returns a fake with no batches.
@@ -213,8 +215,10 @@ func (s *Server) URL() string {
 	return "http://" + s.ln.Addr().String() + "/"
 }
 
-// Close stops a started server, dropping open connections.
+// Close stops a started server, dropping open connections, and stops
+// webhook deliveries.
 func (s *Server) Close() error {
+	s.closeWebhooks()
 	s.mu.Lock()
 	srv := s.srv
 	s.mu.Unlock()
@@ -240,6 +244,7 @@ func (s *Server) Add(bs ...Batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, b := range bs {
+		s.noteAdd(s.byName[b.Name], b) // webhook events (delivery.go)
 		if e, ok := s.byName[b.Name]; ok {
 			e.b = b
 			continue
@@ -278,6 +283,7 @@ func (s *Server) Update(name string, fn func(*Batch)) bool {
 	if !ok {
 		return false
 	}
+	defer s.noteUpdate(e.b, e) // webhook events (delivery.go)
 	fn(&e.b)
 	e.b.Name = name
 	return true
@@ -451,6 +457,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 		w.Header().Set("Content-Type", "application/json; charset=UTF-8")
 		w.WriteHeader(code)
 		_, _ = w.Write([]byte(f.Body))
+		return
+	}
+	if s.serveWebhooks(w, r) { // webhooks.go
 		return
 	}
 	if r.Method != http.MethodGet {
