@@ -521,11 +521,10 @@ func (a *app) webhooksPingCommand(f *webhooksFlags) *cobra.Command {
 		Use:   "ping ID",
 		Short: "Ask the API to send a test event to a webhook",
 		Long: `Ask the API to send a test event to the webhook's URL, signed like every
-delivery. The ping's event type is not documented; gemrecon serve answers any
-event that is not a batch event "200 {"status":"ignored"}" and records
-nothing, so a ping checks the route, TLS and the signature without running an
-effect (a wrong secret shows as 401 in serve's log and metrics). The API
-answers before it delivers: look at serve's log for the request.`,
+delivery. The API answers before it delivers: look for the request in serve's
+log and metrics. A 401 there means serve does not hold this webhook's secret.
+The ping's type and body are not documented; it names no batch, so serve
+records nothing and runs no effect for it.`,
 		Example: `  gemrecon webhooks ping ID`,
 		Args:    oneID,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -550,11 +549,11 @@ func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
 		Use:   "rotate ID [--now] [--secret-file PATH]",
 		Short: "Give a webhook a new signing secret; the old one stays valid for 24 h unless --now",
 		Long: `Give the webhook a new signing secret. By default the previous secrets stay
-valid for 24 hours and every delivery is signed with each valid secret, so
-serve keeps accepting deliveries whichever secret it has: give serve the new
-one within the 24 hours (both may be configured at once). --now revokes the
-previous secrets immediately: deliveries fail verification (401, and the API
-retries them) until serve has the new secret.
+valid for 24 hours: give serve the new one alongside the old (serve accepts a
+delivery that any of its secrets verifies) within that time, whichever of the
+two the API signs with meanwhile. --now revokes the previous secrets
+immediately: deliveries fail verification (401, and the API retries them)
+until serve has the new secret.
 
 Without --secret-file the new secret is printed on stdout ("secret:
 whsec_…"). With --secret-file PATH it is appended to PATH (a comment line,
@@ -649,7 +648,7 @@ func (a *app) explainRotation(id, file, until string, now bool) {
 		fmt.Fprintln(w, "Deliveries are signed with the new secret only: serve answers them 401 (the API retries) until it has it.")
 	} else {
 		fmt.Fprintf(w, "Rotated the signing secret of webhook %s; the previous secrets stay %s.\n", id, until)
-		fmt.Fprintln(w, "Until then every delivery is signed with both, so serve accepts it with either: give serve the new one before they expire.")
+		fmt.Fprintln(w, "Give serve the new secret alongside the old one before then: serve accepts a delivery that any of its secrets verifies.")
 	}
 	if file != "" {
 		fmt.Fprintf(w, "The new secret was appended to %s; serve --secret-file reads one secret per line and accepts any of them.\n", file)

@@ -254,7 +254,7 @@ func TestWebhooksSecretFile(t *testing.T) {
 	if strings.Contains(r.stdout, "whsec_") {
 		t.Fatalf("rotate --secret-file printed the secret: %q", r.stdout)
 	}
-	for _, want := range []string{"valid until", "signed with both", path, "Restart serve"} {
+	for _, want := range []string{"valid until", "alongside the old", path, "Restart serve"} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("rotate's explanation lacks %q: %q", want, r.stderr)
 		}
