@@ -256,7 +256,7 @@ type DeliveryAttempt struct {
 	WebhookID string // the static webhook; "" for a Send
 	URL       string
 	EventType string
-	Attempt   int // 1 for the first send of a message
+	Attempt   int // 1 for the first send of a message; 0 for a dropped one
 	Time      time.Time
 	Outcome   string
 	Status    int    // the receiver's HTTP status; 0 when there was none
