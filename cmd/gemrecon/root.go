@@ -113,6 +113,7 @@ line) runs until it succeeds, and never again once it is done.`,
 		a.pollCommand(),
 		a.serveCommand(),
 		a.demoCommand(),
+		a.webhooksCommand(),
 		a.versionCommand(),
 	)
 	return root

@@ -231,6 +231,8 @@ type Server struct {
 
 	srv *http.Server
 	ln  net.Listener
+
+	webhooks *WebhookService // created on first use (webhooks.go)
 }
 
 // New returns a fake with no batches.
@@ -280,8 +282,10 @@ func (s *Server) URL() string {
 	return "http://" + s.ln.Addr().String() + "/"
 }
 
-// Close stops a started server, dropping open connections.
+// Close stops a started server, dropping open connections, and stops
+// webhook deliveries.
 func (s *Server) Close() error {
+	s.closeWebhooks()
 	s.mu.Lock()
 	srv := s.srv
 	s.mu.Unlock()
@@ -349,6 +353,7 @@ func (s *Server) Add(bs ...Batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, b := range bs {
+		s.noteAdd(s.byName[b.Name], b) // webhook events (delivery.go)
 		if e, ok := s.byName[b.Name]; ok {
 			e.b = b
 			e.key = s.keyOf(b)
@@ -389,6 +394,7 @@ func (s *Server) Update(name string, fn func(*Batch)) bool {
 	if !ok {
 		return false
 	}
+	defer s.noteUpdate(e.b, e) // webhook events (delivery.go)
 	fn(&e.b)
 	e.b.Name = name
 	if k := s.keyOf(e.b); k != e.key { // a new createTime moves it in a time order
@@ -566,6 +572,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 		w.Header().Set("Content-Type", "application/json; charset=UTF-8")
 		w.WriteHeader(code)
 		_, _ = w.Write([]byte(f.Body))
+		return
+	}
+	if s.serveWebhooks(w, r) { // webhooks.go
 		return
 	}
 	if r.Method != http.MethodGet {

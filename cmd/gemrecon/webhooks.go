@@ -1,0 +1,696 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/genai"
+	"google.golang.org/genai/interactions"
+	"google.golang.org/genai/interactions/models/apierrors"
+	"google.golang.org/genai/interactions/models/operations"
+	"google.golang.org/genai/interactions/models/webhooks"
+	"google.golang.org/genai/interactions/retry"
+
+	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/webhook"
+)
+
+// webhooksFlags are the credential and endpoint flags of every webhooks
+// subcommand: poll's rules (spec §10).
+type webhooksFlags struct {
+	backend string
+	baseURL string
+}
+
+// defaultEvents is what `webhooks create` subscribes to without --events:
+// the batch completions the API lets a webhook subscribe to
+// (batch.cancelled is in the guide's catalogue, not in the API's enum).
+const defaultEvents = "batch.succeeded,batch.failed,batch.expired"
+
+func (a *app) webhooksCommand() *cobra.Command {
+	var f webhooksFlags
+	cmd := &cobra.Command{
+		Use:   "webhooks",
+		Short: "Set up the Gemini API's side: register, list, ping, rotate and delete static webhooks",
+		Long: `Manage the Gemini API's static webhooks (registered per project, fired for
+every subscribed event) through the genai SDK's WebhookService
+(client.Webhooks): create one that points at gemrecon serve, list them, send
+a ping, rotate the signing secret, delete one.
+
+Credentials as for poll: the API key from GOOGLE_API_KEY, else
+GEMINI_API_KEY; --base-url for an emulator or a proxy. The WebhookService is
+the Gemini API's only: --backend vertex is refused (Vertex AI has no push
+notifications for batch prediction jobs; poll is the only path there).
+
+Errors from the service are shown with their HTTP status and message (exit
+1); wrong words on the command line exit 2.`,
+		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
+  gemrecon webhooks list
+  gemrecon webhooks ping ID
+  gemrecon webhooks rotate ID --secret-file /etc/gemrecon/whsec
+  gemrecon webhooks delete ID`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError("unknown command %q for %q: see 'gemrecon webhooks --help'", args[0], cmd.CommandPath())
+			}
+			return cmd.Help()
+		},
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.backend, "backend", "gemini", "API backend: gemini only (API key from GOOGLE_API_KEY or GEMINI_API_KEY); vertex is refused")
+	pf.StringVar(&f.baseURL, "base-url", "", "API base URL, to point at an emulator or proxy (default: the SDK's)")
+	cmd.AddCommand(
+		a.webhooksCreateCommand(&f),
+		a.webhooksListCommand(&f),
+		a.webhooksPingCommand(&f),
+		a.webhooksRotateCommand(&f),
+		a.webhooksDeleteCommand(&f),
+	)
+	return cmd
+}
+
+// oneID checks the single webhook id argument of ping, rotate and delete.
+func oneID(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usageError("%s takes one webhook ID, got %d arguments: see 'gemrecon webhooks list' for the IDs", cmd.CommandPath(), len(args))
+	}
+	if strings.TrimSpace(args[0]) == "" {
+		return usageError("%s: the webhook ID is empty", cmd.CommandPath())
+	}
+	return nil
+}
+
+// client builds the SDK's WebhookService client the way poll builds its
+// genai client: the same key rule, --base-url, one request timeout.
+func (a *app) webhooksClient(ctx context.Context, f *webhooksFlags) (*interactions.Webhooks, error) {
+	switch f.backend {
+	case "gemini":
+	case "vertex":
+		return nil, usageError("--backend vertex: the WebhookService is the Gemini API's only (Vertex AI sends no notifications for batch prediction jobs; use poll there)")
+	default:
+		return nil, usageError("--backend %q: webhooks work with the Gemini API only (--backend gemini)", f.backend)
+	}
+	key := os.Getenv("GOOGLE_API_KEY")
+	if key == "" {
+		key = os.Getenv("GEMINI_API_KEY")
+	}
+	if key == "" {
+		return nil, withCode(exitFatal, errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key"))
+	}
+	c, err := genai.NewClient(ctx, &genai.ClientConfig{
+		APIKey:      key,
+		Backend:     genai.BackendGeminiAPI,
+		HTTPClient:  &http.Client{Timeout: poller.DefaultRequestTimeout},
+		HTTPOptions: genai.HTTPOptions{BaseURL: f.baseURL},
+	})
+	if err != nil {
+		return nil, withCode(exitFatal, fmt.Errorf("genai client: %w", err))
+	}
+	return c.Webhooks, nil
+}
+
+// noRetries is for calls whose repetition is not harmless: a create retried
+// after a lost answer registers a second webhook whose secret nobody has;
+// a rotate or delete retried answers for the second call, not the first.
+var noRetries = operations.WithRetries(retry.Config{Strategy: "none"})
+
+// apiError shows an error from the service with its status and message;
+// advice, if any, is appended.
+func apiError(what string, err error, advice ...string) error {
+	tail := ""
+	for _, a := range advice {
+		tail += "; " + a
+	}
+	var ae *apierrors.APIError
+	if !errors.As(err, &ae) {
+		return withCode(exitFatal, fmt.Errorf("%s: %w%s", what, err, tail))
+	}
+	var body struct {
+		Error struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+			Status  string `json:"status"`
+		} `json:"error"`
+	}
+	msg := ""
+	if json.Unmarshal([]byte(ae.Body), &body) == nil && body.Error.Message != "" {
+		msg = body.Error.Message
+		if body.Error.Status != "" {
+			msg = body.Error.Status + ": " + msg
+		}
+	} else {
+		msg = canon.Quote(strings.TrimSpace(ae.Body))
+	}
+	hint := ""
+	switch ae.StatusCode {
+	case http.StatusUnauthorized, http.StatusForbidden:
+		hint = " (check GEMINI_API_KEY, or GOOGLE_API_KEY, which wins when both are set)"
+	case http.StatusNotFound:
+		hint = " (see 'gemrecon webhooks list' for the IDs)"
+	}
+	return withCode(exitFatal, fmt.Errorf("%s: the API answered %d %s%s%s", what, ae.StatusCode, printable(msg), hint, tail))
+}
+
+// printable escapes a string from the API that holds control characters,
+// so that it cannot move the terminal's cursor (spec §12's rule for list).
+func printable(s string) string {
+	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	return strings.Trim(strconv.Quote(s), `"`)
+}
+
+func checkWebhookURL(raw string) error {
+	if raw == "" {
+		return usageError("--url is required: the address of gemrecon serve's webhook path, e.g. https://hooks.example.com/webhook")
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError("--url %s: want an absolute http(s) URL such as https://hooks.example.com/webhook", canon.Quote(raw))
+	}
+	return nil
+}
+
+func parseEvents(s string) ([]webhooks.WebhookSubscribedEvent, error) {
+	var out []webhooks.WebhookSubscribedEvent
+	seen := map[string]bool{}
+	for _, e := range strings.Split(s, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			return nil, usageError("--events %s: an empty event name; want a comma-separated list such as %s", canon.Quote(s), defaultEvents)
+		}
+		if !seen[e] {
+			seen[e] = true
+			out = append(out, webhooks.WebhookSubscribedEvent(e))
+		}
+	}
+	return out, nil
+}
+
+// secretFile is a --secret-file opened before the API call, so that a path
+// that cannot be written is found before a secret exists.
+type secretFile struct {
+	path    string
+	f       *os.File
+	created bool // the file did not exist: remove it if nothing gets written
+	needNL  bool // the existing contents do not end with a newline
+}
+
+// reserveSecretFile creates path (mode 0600) for create; it must not exist.
+func reserveSecretFile(path string) (*secretFile, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil, usageError("--secret-file %s exists: refusing to overwrite a secret; choose a new path, or add a secret to it with 'gemrecon webhooks rotate ID --secret-file %s'", path, path)
+	}
+	if err != nil {
+		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
+	}
+	return &secretFile{path: path, f: f, created: true}, nil
+}
+
+// openSecretFileForAppend opens path for rotate: an existing file must
+// already be one serve reads (so the appended secret does not make serve
+// refuse to start); a missing one is created with mode 0600.
+func (a *app) openSecretFileForAppend(path string) (*secretFile, error) {
+	old, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return reserveSecretFile(path)
+	case err != nil:
+		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
+	}
+	if _, err := webhook.LoadSecrets("", path); err != nil {
+		return nil, usageError("--secret-file %s: %v; fix the file before a secret is added to it", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
+	}
+	if st, err := f.Stat(); err == nil && st.Mode().Perm()&0o077 != 0 {
+		fmt.Fprintf(a.stderr, "warning: %s is readable by others (mode %04o); run: chmod 600 %s\n", path, st.Mode().Perm(), path)
+	}
+	return &secretFile{path: path, f: f, needNL: len(old) > 0 && old[len(old)-1] != '\n'}, nil
+}
+
+// abandon removes a file this command created and left empty.
+func (s *secretFile) abandon() {
+	s.f.Close()
+	if s.created {
+		os.Remove(s.path)
+	}
+}
+
+// write appends a comment line and the secret, and makes them durable.
+func (s *secretFile) write(comment, secret string) error {
+	text := "# " + comment + "\n" + secret + "\n"
+	if s.needNL {
+		text = "\n" + text
+	}
+	_, err := s.f.WriteString(text)
+	if err == nil {
+		err = s.f.Sync()
+	}
+	if cerr := s.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if s.created {
+			os.Remove(s.path) // no half-written secret left behind
+		}
+		return err
+	}
+	if s.created { // the new name must survive a crash too
+		if d, err := os.Open(filepath.Dir(s.path)); err == nil {
+			_ = d.Sync()
+			d.Close()
+		}
+	}
+	return nil
+}
+
+func (a *app) webhooksCreateCommand(f *webhooksFlags) *cobra.Command {
+	var uri, events, name, file string
+	cmd := &cobra.Command{
+		Use:   "create --url URL [--events LIST] [--name N] [--secret-file PATH]",
+		Short: "Register a static webhook and get its signing secret (shown once)",
+		Long: `Register a static webhook: the Gemini API will POST every subscribed event of
+this project to --url, signed per Standard Webhooks with a whsec_ secret that
+the API returns only this once.
+
+Without --secret-file the ID and the secret are printed on stdout
+("id: …", "secret: whsec_…"): store the secret where serve reads it
+(GEMRECON_WEBHOOK_SECRET, or a file for serve --secret-file). With
+--secret-file PATH the secret is written to PATH with mode 0600 (a comment
+line, then the secret: the format serve --secret-file reads) and only the ID
+is printed. PATH must not exist: an existing secret is never overwritten
+(add one with 'webhooks rotate ID --secret-file PATH').
+
+A create is never retried: if the answer is lost (a 5xx, a timeout), run
+'gemrecon webhooks list' to see whether the webhook exists before trying
+again.`,
+		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
+  gemrecon webhooks create --url https://hooks.example.com/webhook --events batch.succeeded,batch.failed --name nightly`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkWebhookURL(uri); err != nil {
+				return err
+			}
+			evs, err := parseEvents(events)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			wc, err := a.webhooksClient(ctx, f)
+			if err != nil {
+				return err
+			}
+			var sf *secretFile
+			if file != "" {
+				if sf, err = reserveSecretFile(file); err != nil {
+					return err
+				}
+			}
+			in := webhooks.WebhookInput{SubscribedEvents: evs, URI: uri}
+			if name != "" {
+				in.Name = &name
+			}
+			res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
+			if err != nil {
+				if sf != nil {
+					sf.abandon()
+				}
+				var ae *apierrors.APIError
+				if !errors.As(err, &ae) || ae.StatusCode >= 500 {
+					return apiError("webhooks create", err, "the webhook may have been created before the answer was lost: run 'gemrecon webhooks list' before trying again")
+				}
+				return apiError("webhooks create", err)
+			}
+			w := res.Webhook
+			id, secret := "", ""
+			if w != nil && w.ID != nil {
+				id = *w.ID
+			}
+			if w != nil && w.NewSigningSecret != nil {
+				secret = *w.NewSigningSecret
+			}
+			if id == "" || secret == "" {
+				if sf != nil {
+					sf.abandon()
+				}
+				return withCode(exitFatal, fmt.Errorf("webhooks create: the API's answer has no id or no new_signing_secret (id %s); see 'gemrecon webhooks list', and rotate or delete that webhook", canon.Quote(id)))
+			}
+			fmt.Fprintf(a.stdout, "id: %s\n", printable(id))
+			what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(joinEvents(w.SubscribedEvents)))
+			if sf == nil {
+				fmt.Fprintf(a.stdout, "secret: %s\n", secret)
+				fmt.Fprintln(a.stderr, what+`
+The signing secret is shown only this once. Give it to serve:
+  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve …
+or put it on a line of its own in a file (mode 0600) and run: gemrecon serve --secret-file FILE …
+Next time, --secret-file PATH writes it there for you.`)
+				return nil
+			}
+			comment := fmt.Sprintf("gemrecon webhooks create: webhook %s (%s), %s", id, w.URI, time.Now().UTC().Format(time.RFC3339))
+			if err := sf.write(printable(comment), secret); err != nil {
+				return withCode(exitFatal, fmt.Errorf("webhook %s was created, but its secret could not be written to %s: %v; get a new secret with 'gemrecon webhooks rotate %s --now --secret-file PATH', or remove the webhook with 'gemrecon webhooks delete %s'", id, file, err, id, id))
+			}
+			fmt.Fprintf(a.stderr, "%s\nThe signing secret is in %s (mode 0600). Start serve with: gemrecon serve --secret-file %s …\n", what, file, file)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&uri, "url", "", "where the API sends events: serve's public URL and --path (required)")
+	fl.StringVar(&events, "events", defaultEvents, "comma-separated event types to subscribe to")
+	fl.StringVar(&name, "name", "gemrecon", "the webhook's name, shown by list")
+	fl.StringVar(&file, "secret-file", "", "write the signing secret to this new file (mode 0600) instead of stdout")
+	return cmd
+}
+
+func joinEvents(evs []webhooks.WebhookSubscribedEvent) string {
+	s := make([]string, len(evs))
+	for i, e := range evs {
+		s[i] = string(e)
+	}
+	return strings.Join(s, ",")
+}
+
+// webhookJSON is one webhook in `webhooks list --json`: the API's fields and
+// names.
+type webhookJSON struct {
+	ID               string       `json:"id"`
+	Name             string       `json:"name,omitempty"`
+	URI              string       `json:"uri"`
+	State            string       `json:"state,omitempty"`
+	SubscribedEvents []string     `json:"subscribed_events"`
+	SigningSecrets   []secretJSON `json:"signing_secrets"`
+	CreateTime       *time.Time   `json:"create_time,omitempty"`
+	UpdateTime       *time.Time   `json:"update_time,omitempty"`
+}
+
+type secretJSON struct {
+	TruncatedSecret string     `json:"truncated_secret,omitempty"`
+	ExpireTime      *time.Time `json:"expire_time,omitempty"`
+}
+
+func toJSON(w webhooks.Webhook) webhookJSON {
+	out := webhookJSON{URI: w.URI, CreateTime: w.CreateTime, UpdateTime: w.UpdateTime,
+		SubscribedEvents: []string{}, SigningSecrets: []secretJSON{}}
+	if w.ID != nil {
+		out.ID = *w.ID
+	}
+	if w.Name != nil {
+		out.Name = *w.Name
+	}
+	if w.State != nil {
+		out.State = string(*w.State)
+	}
+	for _, e := range w.SubscribedEvents {
+		out.SubscribedEvents = append(out.SubscribedEvents, string(e))
+	}
+	for _, s := range w.SigningSecrets {
+		j := secretJSON{ExpireTime: s.ExpireTime}
+		if s.TruncatedSecret != nil {
+			j.TruncatedSecret = *s.TruncatedSecret
+		}
+		out.SigningSecrets = append(out.SigningSecrets, j)
+	}
+	return out
+}
+
+// secretsSummary says how many secrets sign and when the first one ends.
+func secretsSummary(ss []secretJSON) string {
+	var first *time.Time
+	for _, s := range ss {
+		if s.ExpireTime != nil && (first == nil || s.ExpireTime.Before(*first)) {
+			first = s.ExpireTime
+		}
+	}
+	if first == nil {
+		return strconv.Itoa(len(ss))
+	}
+	return fmt.Sprintf("%d (one expires %s)", len(ss), first.UTC().Format(time.RFC3339))
+}
+
+const maxListPages = 10000
+
+func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list [--json]",
+		Short: "List the project's static webhooks",
+		Long: `List every static webhook of the project (all pages): ID, name, state,
+subscribed events, signing secrets (how many are valid, and when the previous
+one expires after a rotation) and URL. --json prints an array of objects with
+the API's field names (id, name, uri, state, subscribed_events,
+signing_secrets with truncated_secret and expire_time, create_time,
+update_time). A webhook in state disabled_due_to_failed_deliveries gets no
+events: fix the receiver, then re-enable it (the API's update method).`,
+		Example: `  gemrecon webhooks list
+  gemrecon webhooks list --json | jq -r '.[] | select(.state != "enabled") | .id'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			wc, err := a.webhooksClient(ctx, f)
+			if err != nil {
+				return err
+			}
+			var all []webhookJSON
+			var token *string
+			seen := map[string]bool{}
+			for page := 0; ; page++ {
+				if page == maxListPages {
+					return withCode(exitFatal, fmt.Errorf("webhooks list: more than %d pages; the API keeps handing out page tokens", maxListPages))
+				}
+				res, err := wc.List(ctx, operations.ListWebhooksRequest{PageSize: genai.Ptr(100), PageToken: token})
+				if err != nil {
+					return apiError("webhooks list", err)
+				}
+				for _, w := range res.WebhookListResponse.GetWebhooks() {
+					all = append(all, toJSON(w))
+				}
+				token = res.WebhookListResponse.GetNextPageToken()
+				if token == nil || *token == "" {
+					break
+				}
+				if seen[*token] {
+					return withCode(exitFatal, errors.New("webhooks list: the API repeated a page token; stopping instead of looping"))
+				}
+				seen[*token] = true
+			}
+			if asJSON {
+				if all == nil {
+					all = []webhookJSON{}
+				}
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(all)
+			}
+			if len(all) == 0 {
+				fmt.Fprintln(a.stderr, "No webhooks: register one with 'gemrecon webhooks create --url URL'.")
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tEVENTS\tSECRETS\tURL")
+			for _, w := range all {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(w.ID), printable(w.Name), printable(w.State),
+					printable(strings.Join(w.SubscribedEvents, ",")), secretsSummary(w.SigningSecrets), printable(w.URI))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+func (a *app) webhooksPingCommand(f *webhooksFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "ping ID",
+		Short: "Ask the API to send a test event to a webhook",
+		Long: `Ask the API to send a test event to the webhook's URL, signed like every
+delivery. The API answers before it delivers: look for the request in serve's
+log and metrics. A 401 there means serve does not hold this webhook's secret.
+The ping's type and body are not documented; it names no batch, so serve
+records nothing and runs no effect for it.`,
+		Example: `  gemrecon webhooks ping ID`,
+		Args:    oneID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			wc, err := a.webhooksClient(ctx, f)
+			if err != nil {
+				return err
+			}
+			if _, err := wc.Ping(ctx, operations.PingWebhookRequest{ID: args[0], Body: &webhooks.PingWebhookRequest{}}); err != nil {
+				return apiError("webhooks ping "+printable(args[0]), err)
+			}
+			fmt.Fprintf(a.stdout, "ping sent to webhook %s\n", printable(args[0]))
+			return nil
+		},
+	}
+}
+
+func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
+	var now bool
+	var file string
+	cmd := &cobra.Command{
+		Use:   "rotate ID [--now] [--secret-file PATH]",
+		Short: "Give a webhook a new signing secret; the old one stays valid for 24 h unless --now",
+		Long: `Give the webhook a new signing secret. By default the previous secrets stay
+valid for 24 hours: give serve the new one alongside the old (serve accepts a
+delivery that any of its secrets verifies) within that time, whichever of the
+two the API signs with meanwhile. --now revokes the previous secrets
+immediately: deliveries fail verification (401, and the API retries them)
+until serve has the new secret.
+
+Without --secret-file the new secret is printed on stdout ("secret:
+whsec_…"). With --secret-file PATH it is appended to PATH (a comment line,
+then the secret), which serve --secret-file reads as one secret per line;
+a missing PATH is created with mode 0600; an existing one must already be a
+file serve accepts. serve reads its secrets at start: restart it afterwards.
+
+A rotation is never retried: if the answer is lost, rotate again.`,
+		Example: `  gemrecon webhooks rotate ID --secret-file /etc/gemrecon/whsec && systemctl restart gemrecon
+  gemrecon webhooks rotate ID        # prints the new secret; then GEMRECON_WEBHOOK_SECRET="whsec_new whsec_old"
+  gemrecon webhooks rotate ID --now  # the old secret leaked: revoke it at once`,
+		Args: oneID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			ctx := cmd.Context()
+			wc, err := a.webhooksClient(ctx, f)
+			if err != nil {
+				return err
+			}
+			var sf *secretFile
+			if file != "" {
+				if sf, err = a.openSecretFileForAppend(file); err != nil {
+					return err
+				}
+			}
+			behavior := webhooks.RevocationBehaviorRevokePreviousSecretsAfterH24
+			if now {
+				behavior = webhooks.RevocationBehaviorRevokePreviousSecretsImmediately
+			}
+			res, err := wc.RotateSigningSecret(ctx, operations.RotateSigningSecretRequest{ID: id,
+				Body: webhooks.RotateSigningSecretRequest{RevocationBehavior: behavior.ToPointer()}}, noRetries)
+			if err != nil {
+				if sf != nil {
+					sf.abandon()
+				}
+				return apiError("webhooks rotate "+printable(id), err)
+			}
+			secret := res.WebhookRotateSigningSecretResponse.GetSecret()
+			if secret == nil || *secret == "" {
+				if sf != nil {
+					sf.abandon()
+				}
+				return withCode(exitFatal, fmt.Errorf("webhooks rotate %s: the API's answer has no secret; rotate again", printable(id)))
+			}
+			until := a.previousSecretsEnd(ctx, wc, id, now)
+			if sf != nil {
+				comment := fmt.Sprintf("gemrecon webhooks rotate %s, %s; previous secrets %s", id, time.Now().UTC().Format(time.RFC3339), until)
+				if err := sf.write(printable(comment), *secret); err != nil {
+					advice := "the previous secrets stay valid " + until + ": rotate again to get another one"
+					if now {
+						advice = "the previous secrets are revoked: run 'gemrecon webhooks rotate " + id + " --now' again and give serve that secret"
+					}
+					return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), file, err, advice))
+				}
+			} else {
+				fmt.Fprintf(a.stdout, "secret: %s\n", *secret)
+			}
+			a.explainRotation(printable(id), file, until, now)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&now, "now", false, "revoke the previous secrets immediately instead of after 24 h")
+	cmd.Flags().StringVar(&file, "secret-file", "", "append the new secret to this file (created with mode 0600 if missing) instead of printing it")
+	return cmd
+}
+
+// previousSecretsEnd reads back when the previous secrets expire ("valid
+// until T"), best effort: the rotation itself has succeeded.
+func (a *app) previousSecretsEnd(ctx context.Context, wc *interactions.Webhooks, id string, now bool) string {
+	if now {
+		return "revoked now"
+	}
+	res, err := wc.Get(ctx, operations.GetWebhookRequest{ID: id})
+	if err == nil && res.Webhook != nil {
+		var last *time.Time
+		for _, s := range res.Webhook.SigningSecrets {
+			if s.ExpireTime != nil && (last == nil || s.ExpireTime.After(*last)) {
+				last = s.ExpireTime
+			}
+		}
+		if last != nil {
+			return "valid until " + last.UTC().Format(time.RFC3339)
+		}
+	}
+	return "valid for 24 h"
+}
+
+func (a *app) explainRotation(id, file, until string, now bool) {
+	w := a.stderr
+	if now {
+		fmt.Fprintf(w, "Rotated the signing secret of webhook %s; the previous secrets are revoked now.\n", id)
+		fmt.Fprintln(w, "Deliveries are signed with the new secret only: serve answers them 401 (the API retries) until it has it.")
+	} else {
+		fmt.Fprintf(w, "Rotated the signing secret of webhook %s; the previous secrets stay %s.\n", id, until)
+		fmt.Fprintln(w, "Give serve the new secret alongside the old one before then: serve accepts a delivery that any of its secrets verifies.")
+	}
+	if file != "" {
+		fmt.Fprintf(w, "The new secret was appended to %s; serve --secret-file reads one secret per line and accepts any of them.\n", file)
+		fmt.Fprintf(w, "Restart serve (it reads its secrets at start): gemrecon serve --secret-file %s …\n", file)
+		if !now {
+			fmt.Fprintln(w, "After the old secret expires, its line may be removed.")
+		}
+		return
+	}
+	if now {
+		fmt.Fprintln(w, "Give serve the new secret and restart it, as a line of its --secret-file FILE or as")
+		fmt.Fprintln(w, `  GEMRECON_WEBHOOK_SECRET="whsec_NEW" gemrecon serve …`)
+		return
+	}
+	fmt.Fprintln(w, "Give serve both secrets and restart it, either as a file with one secret per line:")
+	fmt.Fprintln(w, "  gemrecon serve --secret-file FILE …")
+	fmt.Fprintln(w, "or in the environment, separated by a space or a comma:")
+	fmt.Fprintln(w, `  GEMRECON_WEBHOOK_SECRET="whsec_NEW whsec_OLD" gemrecon serve …`)
+	fmt.Fprintln(w, "Next time, rotate --secret-file FILE appends the new secret for you.")
+}
+
+func (a *app) webhooksDeleteCommand(f *webhooksFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete ID",
+		Short: "Delete a static webhook: the API stops sending it events",
+		Long: `Delete the webhook: the API sends it no more events (deliveries already
+under way may still arrive). Completions are still found by poll. A delete is
+never retried: if the answer is lost, 'gemrecon webhooks list' tells whether
+it is gone.`,
+		Example: `  gemrecon webhooks delete ID`,
+		Args:    oneID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			wc, err := a.webhooksClient(ctx, f)
+			if err != nil {
+				return err
+			}
+			if _, err := wc.Delete(ctx, operations.DeleteWebhookRequest{ID: args[0]}, noRetries); err != nil {
+				return apiError("webhooks delete "+printable(args[0]), err)
+			}
+			fmt.Fprintf(a.stdout, "deleted webhook %s\n", printable(args[0]))
+			return nil
+		},
+	}
+}
