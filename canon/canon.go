@@ -62,26 +62,29 @@ func (e *NoNameError) Error() string {
 		return b.String()
 	}
 	b.WriteString("fields present: ")
+	listed := b.Len()
 	for i, f := range e.Fields {
-		if i == maxFieldsListed {
-			fmt.Fprintf(&b, ", … (%d more)", len(e.Fields)-maxFieldsListed)
+		if !plainField(f) {
+			f = Quote(f) // bounded, control characters escaped
+		}
+		if i == maxFieldsListed || b.Len()-listed+len(f) > maxFieldsText {
+			fmt.Fprintf(&b, "… (%d more)", len(e.Fields)-i)
 			break
 		}
-		if i > 0 {
+		b.WriteString(f)
+		if i < len(e.Fields)-1 {
 			b.WriteString(", ")
-		}
-		if plainField(f) {
-			b.WriteString(f)
-		} else {
-			b.WriteString(Quote(f)) // bounded, control characters escaped
 		}
 	}
 	return b.String()
 }
 
-// maxFieldsListed bounds how many field names NoNameError's text lists: the
-// body comes from the network and may hold thousands.
-const maxFieldsListed = 20
+// maxFieldsListed and maxFieldsText bound the field names NoNameError's
+// text lists: the body comes from the network and may hold thousands.
+const (
+	maxFieldsListed = 20
+	maxFieldsText   = 600
+)
 
 // plainField reports whether a field name can be written as it is: short
 // printable ASCII.
