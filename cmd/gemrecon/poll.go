@@ -121,8 +121,11 @@ func (a *app) pollPass(ctx context.Context, s sink.Sink, p *poller.Poller, d *di
 	}
 	r.list, r.listErr = p.Pass(ctx, func(op poller.Operation) error {
 		key, err := canon.Key(op.Name)
+		if err == nil {
+			err = canon.CheckKey(key) // spec §12: a name that could never be stored or run
+		}
 		if err != nil {
-			a.logger.Warn("listed operation has no usable name; skipped", "name", op.Name, "err", err)
+			a.logger.Warn("listed operation has no usable name; skipped", "name", canon.Quote(op.Name), "err", err)
 			return nil
 		}
 		res, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw})
