@@ -123,7 +123,7 @@ func fromDoc(body []byte, depth int) (Event, error) {
 	} else {
 		ev.Key = Prefix + name
 	}
-	if err := checkKey(ev.Key); err != nil {
+	if err := checkBytes(ev.Key); err != nil {
 		return typed, err
 	}
 	ev.Name = ev.Key[len(Prefix):]

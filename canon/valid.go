@@ -37,9 +37,26 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// checkKey is CheckKey without the "canon: " prefix, for FromEvent (which
-// adds it once).
+// checkKey is CheckKey without the "canon: " prefix.
 func checkKey(key string) error {
+	if err := checkBytes(key); err != nil {
+		return err
+	}
+	name := trimPrefixFold(key, Prefix)
+	if strings.TrimRight(name, "/") == "" {
+		return fmt.Errorf("%w: %w: %s", ErrInvalidKey, ErrEmptyName, Quote(key))
+	}
+	if collectionOnly(name) {
+		return fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
+	}
+	return nil
+}
+
+// checkBytes is the part of checkKey that looks at every byte: the length,
+// the encoding and control characters. FromEvent calls it alone, having
+// tested the name for emptiness and a collection word before the key was
+// built.
+func checkBytes(key string) error {
 	if len(key) > MaxKeyLen {
 		return fmt.Errorf("%w: %d bytes, over the limit of %d bytes: %s", ErrInvalidKey, len(key), MaxKeyLen, Quote(key))
 	}
@@ -48,13 +65,6 @@ func checkKey(key string) error {
 			return fmt.Errorf("%w: not valid UTF-8 (byte %#02x at offset %d): %s", ErrInvalidKey, key[i], i, Quote(key))
 		}
 		return fmt.Errorf("%w: control character %U at offset %d: %s", ErrInvalidKey, r, i, Quote(key))
-	}
-	name := trimPrefixFold(key, Prefix)
-	if strings.TrimRight(name, "/") == "" {
-		return fmt.Errorf("%w: %w: %s", ErrInvalidKey, ErrEmptyName, Quote(key))
-	}
-	if collectionOnly(name) {
-		return fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
 	}
 	return nil
 }
