@@ -34,13 +34,25 @@ func Name(key string) string { return canonName(key) }
 // whose "<collection>/<id>" pair ends a canonical name, or "" for any other
 // segment. Matching ignores case; batchJobs is an alias of batches.
 func collection(seg string) string {
-	switch {
-	case strings.EqualFold(seg, "operations"):
-		return "operations"
-	case strings.EqualFold(seg, "batches"), strings.EqualFold(seg, "batchJobs"):
-		return "batches"
-	case strings.EqualFold(seg, "batchPredictionJobs"):
-		return "batchPredictionJobs"
+	// The length picks the one word to compare: every event's id passes
+	// through here (spec §12's collection-word test), most of them no word.
+	switch len(seg) {
+	case len("operations"):
+		if strings.EqualFold(seg, "operations") {
+			return "operations"
+		}
+	case len("batches"):
+		if strings.EqualFold(seg, "batches") {
+			return "batches"
+		}
+	case len("batchJobs"):
+		if strings.EqualFold(seg, "batchJobs") {
+			return "batches"
+		}
+	case len("batchPredictionJobs"):
+		if strings.EqualFold(seg, "batchPredictionJobs") {
+			return "batchPredictionJobs"
+		}
 	}
 	return ""
 }
