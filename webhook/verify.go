@@ -86,8 +86,24 @@ func NewVerifier(secrets []string, now func() time.Time) (*Verifier, error) {
 func (v *Verifier) Verify(body []byte, h http.Header) error {
 	id := h.Get(standardwebhooks.HeaderWebhookID)
 	ts := h.Get(standardwebhooks.HeaderWebhookTimestamp)
-	sigs := signatureEntries(h.Values(standardwebhooks.HeaderWebhookSignature))
-	if id == "" || ts == "" || len(sigs) == 0 {
+	lines := h.Values(standardwebhooks.HeaderWebhookSignature)
+	signed := h
+	if len(lines) != 1 {
+		// The library reads only the first webhook-signature line (Get):
+		// hand it every entry of every line as one line, which it splits
+		// on spaces. (One line, the usual case, it reads as it is.)
+		sigs := signatureEntries(lines)
+		if len(sigs) == 0 {
+			return ErrUnsigned
+		}
+		signed = http.Header{}
+		signed.Set(standardwebhooks.HeaderWebhookID, id)
+		signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
+		signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
+	} else if strings.TrimSpace(lines[0]) == "" {
+		return ErrUnsigned
+	}
+	if id == "" || ts == "" {
 		return ErrUnsigned
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
@@ -104,17 +120,11 @@ func (v *Verifier) Verify(body []byte, h http.Header) error {
 	if at.After(now.Add(Tolerance)) {
 		return ErrFuture
 	}
-	// The library reads only the first webhook-signature line (Get): hand
-	// it every entry of every line as one line, which it splits on spaces.
-	one := http.Header{}
-	one.Set(standardwebhooks.HeaderWebhookID, id)
-	one.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
-	one.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
 	// Try every secret even after a match, so the time taken does not say
 	// which secret (old or new) signed the request.
 	ok := false
 	for _, wh := range v.hooks {
-		if wh.VerifyIgnoringTimestamp(body, one) == nil {
+		if wh.VerifyIgnoringTimestamp(body, signed) == nil {
 			ok = true
 		}
 	}
