@@ -44,3 +44,22 @@ func BenchmarkFromEvent(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCheckKey is the cost spec §12 adds to every new sighting (FromEvent
+// runs the same byte scan on the key it builds).
+func BenchmarkCheckKey(b *testing.B) {
+	for _, bc := range []struct{ name, key string }{
+		{"batch", "gemini:batches/aaa111"},
+		{"vertex", "gemini:batchPredictionJobs/1234567890123456789"},
+		{"non-ASCII", "gemini:batches/é😀-ünïcödé"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := canon.CheckKey(bc.key); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

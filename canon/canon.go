@@ -6,6 +6,7 @@ package canon
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 )
 
@@ -16,8 +17,15 @@ const Prefix = "gemini:"
 type Event struct {
 	Key  string // "gemini:batches/x"
 	Name string // "batches/x"
-	// Type is the event's "type" (e.g. "batch.succeeded"), "" when absent.
+	// Type is the event's "type" (e.g. "batch.succeeded"), "" when absent
+	// or not a string. FromEvent fills Type and HasType even when it returns
+	// an error for a document that was an object, so that a receiver can tell
+	// an event it should ignore from one it cannot use (spec §6).
 	Type string
+	// HasType is true when the document has a "type" that is not null (a
+	// string, even an empty one, or any other JSON value). Spec §6: such an
+	// event is a batch completion only when Type is a batch.* type.
+	HasType bool
 	// State is the operation state normalised by NormalizeState ("SUCCEEDED",
 	// "RUNNING", …), "" when the event says nothing of its state.
 	State string
@@ -54,6 +62,40 @@ func (e *NoNameError) Error() string {
 		return b.String()
 	}
 	b.WriteString("fields present: ")
-	b.WriteString(strings.Join(e.Fields, ", "))
+	listed := b.Len()
+	for i, f := range e.Fields {
+		if !plainField(f) {
+			f = Quote(f) // bounded, control characters escaped
+		}
+		if i == maxFieldsListed || b.Len()-listed+len(f) > maxFieldsText {
+			fmt.Fprintf(&b, "… (%d more)", len(e.Fields)-i)
+			break
+		}
+		b.WriteString(f)
+		if i < len(e.Fields)-1 {
+			b.WriteString(", ")
+		}
+	}
 	return b.String()
+}
+
+// maxFieldsListed and maxFieldsText bound the field names NoNameError's
+// text lists: the body comes from the network and may hold thousands.
+const (
+	maxFieldsListed = 20
+	maxFieldsText   = 600
+)
+
+// plainField reports whether a field name can be written as it is: short
+// printable ASCII.
+func plainField(f string) bool {
+	if len(f) > 64 {
+		return false
+	}
+	for i := 0; i < len(f); i++ {
+		if f[i] <= ' ' || f[i] >= 0x7f || f[i] == ',' {
+			return false
+		}
+	}
+	return true
 }

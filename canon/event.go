@@ -11,9 +11,36 @@ import (
 	"unicode/utf8"
 )
 
-// ErrNotObject is wrapped by FromEvent when the document is valid JSON but not
-// an object (an array, a string, a number, …).
-var ErrNotObject = errors.New("event is not a JSON object")
+// Classes of FromEvent's errors, matched with errors.Is. Besides these,
+// FromEvent returns a *NoNameError when no name candidate is present, and
+// wraps ErrInvalidKey when the name is one spec §12 refuses.
+var (
+	// ErrNotObject: the document is valid JSON but not an object (an array,
+	// a string, a number, …).
+	ErrNotObject = errors.New("event is not a JSON object")
+	// ErrNotJSON: the document is empty or not valid JSON.
+	ErrNotJSON = errors.New("event is not JSON")
+	// ErrEnvelope: a Pub/Sub push envelope whose message.data is not a
+	// non-empty base64 string, or envelopes nested too deep.
+	ErrEnvelope = errors.New("bad Pub/Sub envelope")
+	// ErrFieldType: a name candidate of the wrong JSON type (a number, an
+	// array, an object whose "name" is not a string).
+	ErrFieldType = errors.New("name candidate of the wrong JSON type")
+)
+
+// classError is an error of one of the classes above whose text is written
+// out in full (the class's own text would only repeat it).
+type classError struct {
+	class error
+	msg   string
+}
+
+func (e *classError) Error() string        { return e.msg }
+func (e *classError) Is(target error) bool { return target == e.class }
+
+func classed(class error, format string, a ...any) error {
+	return &classError{class: class, msg: fmt.Sprintf(format, a...)}
+}
 
 // maxPubSubDepth bounds how many Pub/Sub envelopes FromEvent unwraps, so that
 // a hostile body cannot make it recurse without end.
@@ -23,28 +50,33 @@ const maxPubSubDepth = 2
 // a Pub/Sub push envelope (message.data, base64 JSON) and a webhook's data
 // envelope, takes the first non-empty name candidate, and says whether the
 // event announces a completion (spec §6). A document without a candidate gives
-// a *NoNameError; one that is not a JSON object wraps ErrNotObject.
-// Event.Operation never aliases body.
+// a *NoNameError; the other errors are of the classes ErrNotJSON,
+// ErrNotObject, ErrEnvelope, ErrFieldType and ErrInvalidKey (spec §12: the
+// name is checked in the raw bytes, so invalid UTF-8 and unpaired surrogate
+// escapes are refused, not replaced, and then by CheckKey). On error the
+// Event holds only Type and HasType. Event.Operation never aliases body.
 func FromEvent(body []byte) (Event, error) {
 	ev, err := fromDoc(body, 0)
 	if err != nil {
+		typed := Event{Type: ev.Type, HasType: ev.HasType}
 		if nn, ok := err.(*NoNameError); ok {
-			return Event{}, nn // its message is already complete
+			return typed, nn // its message is already complete
 		}
-		return Event{}, fmt.Errorf("canon: %w", err)
+		return typed, fmt.Errorf("canon: %w", err)
 	}
 	return ev, nil
 }
 
 // fromDoc does FromEvent's work at one envelope depth. Its errors do not
-// carry the "canon: " prefix; FromEvent adds it once.
+// carry the "canon: " prefix; FromEvent adds it once. With an error, the
+// Event returned holds Type and HasType once they are known.
 func fromDoc(body []byte, depth int) (Event, error) {
 	raw := bytes.TrimSpace(body)
 	if len(raw) == 0 {
-		return Event{}, errors.New("empty event body")
+		return Event{}, classed(ErrNotJSON, "empty event body")
 	}
 	if !json.Valid(raw) {
-		return Event{}, fmt.Errorf("parsing event: %w", syntaxError(raw))
+		return Event{}, classed(ErrNotJSON, "parsing event: %v", syntaxError(raw))
 	}
 	if raw[0] != '{' {
 		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
@@ -55,35 +87,44 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		return Event{}, err
 	} else if ok {
 		if depth >= maxPubSubDepth {
-			return Event{}, fmt.Errorf("Pub/Sub envelopes nested more than %d deep", maxPubSubDepth)
+			return Event{}, classed(ErrEnvelope, "Pub/Sub envelopes nested more than %d deep", maxPubSubDepth)
 		}
 		ev, err := fromDoc(data, depth+1)
 		if nn, ok := err.(*NoNameError); ok {
 			nn.Within = "Pub/Sub message.data"
-			return Event{}, nn
+			return ev, nn
 		}
 		if err != nil {
-			return Event{}, fmt.Errorf("Pub/Sub message.data: %w", err)
+			return ev, fmt.Errorf("Pub/Sub message.data: %w", err)
 		}
 		return ev, nil
 	}
 
-	ev := Event{Type: str(top.typ)}
+	ev := Event{Type: str(top.typ), HasType: len(top.typ) > 0 && top.typ[0] != 'n'}
+	typed := Event{Type: ev.Type, HasType: ev.HasType}
 	data := readObject(top.data)
 	batch := IsBatchType(ev.Type)
 
 	name, from, err := findName(&top, &data)
 	if err != nil {
-		return Event{}, err
+		return typed, err
 	}
 	if name == "" {
-		return Event{}, &NoNameError{Fields: fieldNames(raw, top.data)}
+		return typed, &NoNameError{Fields: fieldNames(raw, top.data)}
+	}
+	if collectionOnly(name) {
+		// Checked before a batch event's bare id gets its collection, so
+		// that "batches/" does not become the batch named "batches".
+		return typed, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
 	}
 	if batch && !strings.Contains(name, "/") {
 		// The Gemini webhook names a batch by its bare id.
 		ev.Key = Prefix + "batches/" + name
 	} else {
 		ev.Key = Prefix + name
+	}
+	if err := checkBytes(ev.Key); err != nil {
+		return typed, err
 	}
 	ev.Name = ev.Key[len(Prefix):]
 
@@ -129,8 +170,10 @@ func findName(top, data *view) (string, view, error) {
 
 // candidate reads one name candidate: a string, or an object whose own
 // "name" is a string. Absent, null, blank and name-less values are empty.
-// The field is named parent+field in errors (kept apart so that the happy
-// path builds no string).
+// A string that is not valid UTF-8 or holds an unpaired surrogate escape is
+// refused (spec §12), not decoded with replacement characters: two different
+// names must never become one key. The field is named parent+field in errors
+// (kept apart so that the happy path builds no string).
 func candidate(parent, field string, raw json.RawMessage) (string, view, error) {
 	if len(raw) == 0 {
 		return "", view{}, nil
@@ -139,15 +182,31 @@ func candidate(parent, field string, raw json.RawMessage) (string, view, error) 
 	case 'n':
 		return "", view{}, nil
 	case '"':
-		return canonName(str(raw)), view{}, nil
+		s, ok := strictStr(raw)
+		if !ok {
+			return "", view{}, badString(parent+field, raw)
+		}
+		return canonName(s), view{}, nil
 	case '{':
 		obj := readObject(raw)
-		if n := obj.name; len(n) > 0 && n[0] != '"' && n[0] != 'n' {
-			return "", view{}, fmt.Errorf("field %q is %s, want a string", parent+field+".name", kind(n))
+		n := obj.name
+		if len(n) > 0 && n[0] != '"' && n[0] != 'n' {
+			return "", view{}, classed(ErrFieldType, "field %q is %s, want a string", parent+field+".name", kind(n))
 		}
-		return canonName(str(obj.name)), obj, nil
+		s, ok := strictStr(n)
+		if !ok {
+			return "", view{}, badString(parent+field+".name", n)
+		}
+		return canonName(s), obj, nil
 	}
-	return "", view{}, fmt.Errorf("field %q is %s, want a string or an object with a name", parent+field, kind(raw))
+	return "", view{}, classed(ErrFieldType, "field %q is %s, want a string or an object with a name", parent+field, kind(raw))
+}
+
+// badString is the error for a name candidate that strictStr refuses; it
+// quotes the JSON text as received.
+func badString(field string, raw json.RawMessage) error {
+	return fmt.Errorf("%w: field %q is not valid UTF-8 or holds an unpaired surrogate escape: %s",
+		ErrInvalidKey, field, Quote(string(raw[1:len(raw)-1])))
 }
 
 // stateScan gathers what the event says about its state.
@@ -195,11 +254,11 @@ func pubSubData(top *view) (data []byte, ok bool, err error) {
 		return nil, false, nil
 	}
 	if msg.data[0] != '"' {
-		return nil, false, fmt.Errorf("Pub/Sub message.data is %s, want a base64 string", kind(msg.data))
+		return nil, false, classed(ErrEnvelope, "Pub/Sub message.data is %s, want a base64 string", kind(msg.data))
 	}
 	enc := strings.TrimRight(str(msg.data), "=")
 	if enc == "" {
-		return nil, false, errors.New("Pub/Sub message.data is empty")
+		return nil, false, classed(ErrEnvelope, "Pub/Sub message.data is empty")
 	}
 	codec := base64.RawStdEncoding
 	if strings.ContainsAny(enc, "-_") {
@@ -207,7 +266,7 @@ func pubSubData(top *view) (data []byte, ok bool, err error) {
 	}
 	data, err = codec.DecodeString(enc)
 	if err != nil {
-		return nil, false, fmt.Errorf("Pub/Sub message.data is not base64: %w", err)
+		return nil, false, classed(ErrEnvelope, "Pub/Sub message.data is not base64: %v", err)
 	}
 	return data, true, nil
 }
@@ -228,7 +287,10 @@ func fieldNames(top, data json.RawMessage) []string {
 	return slices.Compact(names) // a repeated field is one field
 }
 
-// str returns raw's value when it is a JSON string, and "" otherwise.
+// str returns raw's value when it is a JSON string, and "" otherwise. Invalid
+// UTF-8 and unpaired surrogates become U+FFFD, as in encoding/json: right
+// for a state or a type (an unknown state counts as non-terminal), wrong for
+// a name (strictStr).
 func str(raw json.RawMessage) string {
 	if len(raw) < 2 || raw[0] != '"' {
 		return ""

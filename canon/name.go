@@ -13,23 +13,17 @@ var ErrEmptyName = errors.New("empty operation name")
 
 // Key returns the idempotency key for an operation name: Prefix followed by the
 // canonical name (spec §2). It accepts a bare name, a full resource name, a
-// URL, or an existing key, and Key(Key(x)) == Key(x).
+// URL, or an existing key, and Key(Key(x)) == Key(x). Key does not apply
+// the limits of spec §12 (CheckKey does), so that a key stored before them
+// can still be named.
 func Key(name string) (string, error) {
 	c := canonName(name)
 	if c == "" {
-		return "", fmt.Errorf("canon: %w: %q", ErrEmptyName, clip(name))
+		// A name comes from the network: a megabyte of it does not belong
+		// in an error text.
+		return "", fmt.Errorf("canon: %w: %s", ErrEmptyName, Quote(name))
 	}
 	return Prefix + c, nil
-}
-
-// clip shortens s for an error message: a name comes from the network, and a
-// megabyte of it does not belong in a log line.
-func clip(s string) string {
-	const max = 80
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "…"
 }
 
 // Name returns the canonical operation name of a key or a name: the key
@@ -40,13 +34,25 @@ func Name(key string) string { return canonName(key) }
 // whose "<collection>/<id>" pair ends a canonical name, or "" for any other
 // segment. Matching ignores case; batchJobs is an alias of batches.
 func collection(seg string) string {
-	switch {
-	case strings.EqualFold(seg, "operations"):
-		return "operations"
-	case strings.EqualFold(seg, "batches"), strings.EqualFold(seg, "batchJobs"):
-		return "batches"
-	case strings.EqualFold(seg, "batchPredictionJobs"):
-		return "batchPredictionJobs"
+	// The length picks the one word to compare: every event's id passes
+	// through here (spec §12's collection-word test), most of them no word.
+	switch len(seg) {
+	case len("operations"):
+		if strings.EqualFold(seg, "operations") {
+			return "operations"
+		}
+	case len("batches"):
+		if strings.EqualFold(seg, "batches") {
+			return "batches"
+		}
+	case len("batchJobs"):
+		if strings.EqualFold(seg, "batchJobs") {
+			return "batches"
+		}
+	case len("batchPredictionJobs"):
+		if strings.EqualFold(seg, "batchPredictionJobs") {
+			return "batchPredictionJobs"
+		}
 	}
 	return ""
 }

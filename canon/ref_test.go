@@ -14,9 +14,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // candidates are the fields that may hold the operation name, in order of
@@ -32,10 +36,11 @@ type refObject = map[string]json.RawMessage
 func refFromEvent(body []byte) (Event, error) {
 	ev, err := refFromDoc(body, 0)
 	if err != nil {
+		typed := Event{Type: ev.Type, HasType: ev.HasType}
 		if nn, ok := err.(*NoNameError); ok {
-			return Event{}, nn // its message is already complete
+			return typed, nn // its message is already complete
 		}
-		return Event{}, fmt.Errorf("canon: %w", err)
+		return typed, fmt.Errorf("canon: %w", err)
 	}
 	return ev, nil
 }
@@ -67,25 +72,33 @@ func refFromDoc(body []byte, depth int) (Event, error) {
 		}
 		ev, err := refFromDoc(data, depth+1)
 		if err != nil {
-			return Event{}, fmt.Errorf("Pub/Sub message.data: %w", err)
+			return ev, fmt.Errorf("Pub/Sub message.data: %w", err)
 		}
 		return ev, nil
 	}
 
-	ev := Event{Type: str(top["type"])}
+	typ, hasType := top["type"]
+	ev := Event{Type: str(typ), HasType: hasType && string(typ) != "null"}
+	typed := Event{Type: ev.Type, HasType: ev.HasType}
 	data := refAsObject(top["data"])
 	batch := IsBatchType(ev.Type)
 
 	name, from, err := refFindName(top, data)
 	if err != nil {
-		return Event{}, err
+		return typed, err
 	}
 	if name == "" {
-		return Event{}, &NoNameError{Fields: refFieldNames(top, data)}
+		return typed, &NoNameError{Fields: refFieldNames(top, data)}
+	}
+	if refCollectionOnly(name) {
+		return typed, fmt.Errorf("%w: collection", ErrInvalidKey)
 	}
 	if batch && !strings.Contains(name, "/") {
 		// The Gemini webhook names a batch by its bare id.
 		name = "batches/" + name
+	}
+	if err := refCheckKey(Prefix + name); err != nil {
+		return typed, err
 	}
 	ev.Name = name
 	ev.Key = Prefix + name
@@ -138,15 +151,88 @@ func refCandidate(field string, raw json.RawMessage) (string, refObject, error) 
 	case 'n':
 		return "", nil, nil
 	case '"':
+		if !refValidString(raw) {
+			return "", nil, fmt.Errorf("%w: %s", ErrInvalidKey, field)
+		}
 		return canonName(str(raw)), nil, nil
 	case '{':
 		obj := refAsObject(raw)
-		if n := obj["name"]; len(n) > 0 && n[0] != '"' && n[0] != 'n' {
-			return "", nil, fmt.Errorf("field %q is %s, want a string", field+".name", kind(n))
+		n := obj["name"]
+		if len(n) > 0 && n[0] != '"' && n[0] != 'n' {
+			return "", nil, fmt.Errorf("%w: field %q is %s, want a string", ErrFieldType, field+".name", kind(n))
 		}
-		return canonName(str(obj["name"])), obj, nil
+		if len(n) > 0 && n[0] == '"' && !refValidString(n) {
+			return "", nil, fmt.Errorf("%w: %s.name", ErrInvalidKey, field)
+		}
+		return canonName(str(n)), obj, nil
 	}
-	return "", nil, fmt.Errorf("field %q is %s, want a string or an refObject with a name", field, kind(raw))
+	return "", nil, fmt.Errorf("%w: field %q is %s, want a string or an refObject with a name", ErrFieldType, field, kind(raw))
+}
+
+// refEscape matches one escape of a JSON string; matched left to right, an
+// escaped backslash is consumed whole, so "\\ud800" holds no \u escape.
+var refEscape = regexp.MustCompile(`\\(u[0-9a-fA-F]{4}|.)`)
+
+// refValidString reports whether the JSON string token raw decodes without
+// replacement characters: its bytes are valid UTF-8 and every \u escape of a
+// surrogate is a high one directly followed by an escaped low one.
+func refValidString(raw json.RawMessage) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	esc := refEscape.FindAllSubmatchIndex(raw, -1)
+	for i := 0; i < len(esc); i++ {
+		r, ok := refSurrogate(raw, esc[i])
+		if !ok {
+			continue
+		}
+		if r >= 0xdc00 || i+1 == len(esc) || esc[i+1][0] != esc[i][1] {
+			return false
+		}
+		lo, ok := refSurrogate(raw, esc[i+1])
+		if !ok || lo < 0xdc00 {
+			return false
+		}
+		i++ // the pair's low half
+	}
+	return true
+}
+
+// refSurrogate returns the code unit of a \u escape when it is a surrogate.
+func refSurrogate(raw []byte, m []int) (rune, bool) {
+	arg := string(raw[m[2]:m[3]])
+	if len(arg) != 5 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(arg[1:], 16, 32)
+	if err != nil || v < 0xd800 || v > 0xdfff {
+		return 0, false
+	}
+	return rune(v), true
+}
+
+// refCollectionOnly: the name's last segment is a collection word and the
+// segment before it (if any) is not.
+func refCollectionOnly(name string) bool {
+	segs := strings.Split(strings.TrimRight(name, "/"), "/")
+	isColl := func(s string) bool {
+		for _, c := range []string{"operations", "batches", "batchJobs", "batchPredictionJobs"} {
+			if strings.EqualFold(s, c) {
+				return true
+			}
+		}
+		return false
+	}
+	n := len(segs)
+	return isColl(segs[n-1]) && (n == 1 || !isColl(segs[n-2]))
+}
+
+// refCheckKey is CheckKey written with the unicode package.
+func refCheckKey(key string) error {
+	if len(key) > MaxKeyLen || !utf8.ValidString(key) || strings.IndexFunc(key, unicode.IsControl) >= 0 {
+		return ErrInvalidKey
+	}
+	return nil
 }
 
 // refStateScan gathers what the event says about its state.
@@ -265,6 +351,19 @@ func FuzzFromEventMatchesReference(f *testing.F) {
 	}
 	f.Add([]byte(`{"n\u0061me":"batches/esc","name":"batches/dup","name":"batches/last"}`))
 	f.Add([]byte(`{"data":{"id":"x\"y"},"type":"batch.succeeded","done" : false }`))
+	f.Add([]byte(`{"name":"batches/\ud800"}`))
+	f.Add([]byte(`{"name":"batches/\ud83d\ude00"}`))
+	f.Add([]byte(`{"name":"batches/\\ud800"}`))
+	f.Add([]byte(`{"name":"batches/\udc00\ud800"}`))
+	f.Add([]byte("{\"name\":\"batches/a\xff\"}"))
+	f.Add([]byte(`{"name":"batches/"}`))
+	f.Add([]byte(`{"type":"batch.succeeded","data":{"id":"batches/"}}`))
+	f.Add([]byte(`{"name":"batches/batches"}`))
+	f.Add([]byte(`{"type":null,"name":"batches/n"}`))
+	f.Add([]byte(`{"type":7,"data":{"x":1}}`))
+	f.Add([]byte(`{"name":"batches/\u0000"}`))
+	f.Add([]byte(`{"name":"batches/\u0085"}`))
+	f.Add([]byte(`{"operation":{"name":"batches/\ud800x"}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, gotErr := FromEvent(body)
 		want, wantErr := refFromEvent(body)
@@ -273,6 +372,12 @@ func FuzzFromEventMatchesReference(f *testing.F) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("FromEvent(%q) = %+v, reference = %+v", body, got, want)
+		}
+		if errors.Is(gotErr, ErrInvalidKey) != errors.Is(wantErr, ErrInvalidKey) {
+			t.Fatalf("FromEvent(%q) error = %v, reference error = %v: only one is ErrInvalidKey", body, gotErr, wantErr)
+		}
+		if errors.Is(gotErr, ErrFieldType) != errors.Is(wantErr, ErrFieldType) {
+			t.Fatalf("FromEvent(%q) error = %v, reference error = %v: only one is ErrFieldType", body, gotErr, wantErr)
 		}
 		var gotNN, wantNN *NoNameError
 		if errors.As(gotErr, &gotNN) != errors.As(wantErr, &wantNN) {

@@ -3,6 +3,8 @@ package canon
 import (
 	"bytes"
 	"encoding/json"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // view holds the raw values of the fields of one JSON object that canon
@@ -185,4 +187,104 @@ func skipValue(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// strictStr decodes the JSON string raw (a token json.Valid has accepted)
+// and reports ok false when it holds invalid UTF-8 or an unpaired surrogate
+// escape such as \ud800, which encoding/json would both replace with U+FFFD
+// (spec §12). Absent and null values decode to "", ok. A string without
+// escapes is returned as a substring of raw's bytes, copied once.
+func strictStr(raw json.RawMessage) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", true
+	}
+	s := raw[1 : len(raw)-1]
+	if bytes.IndexByte(s, '\\') < 0 {
+		if !utf8.Valid(s) {
+			return "", false
+		}
+		return string(s), true
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c != '\\' {
+			if c < utf8.RuneSelf {
+				b = append(b, c)
+				i++
+				continue
+			}
+			r, size := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				return "", false
+			}
+			b = append(b, s[i:i+size]...)
+			i += size
+			continue
+		}
+		if i+1 >= len(s) {
+			return "", false
+		}
+		switch e := s[i+1]; e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r, ok := hex4(s[i+2:])
+			if !ok {
+				return "", false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				// Only a high surrogate followed at once by an escaped low
+				// one is a character.
+				lo, ok := rune(-1), false
+				if r < 0xdc00 && i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					lo, ok = hex4(s[i+2:])
+				}
+				if !ok || lo < 0xdc00 || lo > 0xdfff {
+					return "", false
+				}
+				r = utf16.DecodeRune(r, lo)
+				i += 6
+			}
+			b = utf8.AppendRune(b, r)
+			continue
+		default:
+			return "", false
+		}
+		i += 2
+	}
+	return string(b), true
+}
+
+// hex4 reads the four hex digits that start s.
+func hex4(s []byte) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }

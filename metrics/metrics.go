@@ -31,12 +31,12 @@ const (
 	OutcomeAccepted    = "accepted"    // a new key, durably pending
 	OutcomeDuplicate   = "duplicate"   // a known key that is not done
 	OutcomeDone        = "done"        // a known key that is already done
-	OutcomeIgnored     = "ignored"     // a non-terminal event, nothing recorded
-	OutcomeBadRequest  = "bad_request" // unparsable JSON or no operation name (400)
+	OutcomeIgnored     = "ignored"     // not a batch event, or not a completion: 200, nothing recorded
+	OutcomeInvalid     = "invalid"     // a verified body, or a listed name, that cannot be a key (spec §12): 200, logged, never recorded
+	OutcomeBadRequest  = "bad_request" // the body could not be read (400)
 	OutcomeTooLarge    = "too_large"   // body over the limit (413)
 	OutcomeUnverified  = "unverified"  // signature missing, wrong or stale (401)
 	OutcomeUnavailable = "unavailable" // the database refused the write (503)
-	OutcomeInvalid     = "invalid"     // a name that can never be a key (spec §12): logged, never recorded
 )
 
 // DefaultStatsTTL is how long one sink.Stats result serves scrapes.
@@ -70,6 +70,7 @@ type Metrics struct {
 	fenced         prometheus.Counter
 	effectDuration *prometheus.HistogramVec
 	requests       *prometheus.HistogramVec
+	webhook        webhookCounters // webhook.go
 	stats          *statsCollector // nil without a sink
 }
 
@@ -119,6 +120,7 @@ func NewWithOptions(s sink.Sink, opt Options) *Metrics {
 		}, []string{"code"}),
 	}
 	m.reg.MustRegister(m.deliveries, m.duplicates, m.effects, m.fenced, m.effectDuration, m.requests)
+	m.webhook = newWebhookCounters(m.reg)
 	if s != nil {
 		m.stats = newStatsCollector(s, opt)
 		m.reg.MustRegister(m.stats)

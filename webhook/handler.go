@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/metrics"
@@ -35,7 +36,8 @@ const (
 	StatusAccepted  = "accepted"  // a new key, durably pending
 	StatusDuplicate = "duplicate" // a known key that is not done yet
 	StatusDone      = "done"      // the key is done
-	StatusIgnored   = "ignored"   // a non-terminal event: nothing recorded
+	StatusIgnored   = "ignored"   // not a batch event, or not a completion: nothing recorded
+	StatusInvalid   = "invalid"   // a verified body that cannot be used: nothing recorded
 )
 
 // Dispatcher is what the receiver needs of dispatch.Dispatcher: Kick wakes
@@ -138,10 +140,14 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	return h, nil
 }
 
-// response is a 2xx body.
+// response is a 2xx body: {"key","status"} for a recorded or non-terminal
+// event, {"status":"ignored","type"} for one that is not a batch event,
+// {"status":"invalid","error"} for a body that cannot be used.
 type response struct {
-	Key    string `json:"key"`
+	Key    string `json:"key,omitempty"`
 	Status string `json:"status"`
+	Type   string `json:"type,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // statusWriter remembers the status code for metrics and logs.
@@ -220,8 +226,53 @@ func (h *handler) retryAfter() string {
 // reject answers a request that records nothing.
 func (h *handler) reject(w http.ResponseWriter, r *http.Request, code int, outcome, msg string) {
 	h.metrics.ObserveDelivery(sink.SourceWebhook, outcome)
-	h.log.Info("webhook rejected", "status", code, "reason", msg, "remote", r.RemoteAddr, "webhook_id", r.Header.Get("webhook-id"))
+	h.log.Info("webhook rejected", "status", code, "reason", msg, "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
 	writeError(w, code, msg)
+}
+
+// invalid answers a verified body that cannot be used: 200, so that the
+// sender does not retry for a day what no retry can fix (and does not
+// disable the webhook), recorded nowhere, logged at error level and counted
+// (spec §6).
+func (h *handler) invalid(w http.ResponseWriter, r *http.Request, err error) {
+	reason := invalidReason(err)
+	h.metrics.ObserveInvalid(reason)
+	h.log.Error("webhook: a verified body cannot be used; answered 200 invalid and recorded nothing",
+		"reason", reason, "err", err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
+	writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: err.Error()})
+}
+
+// invalidReason maps canon's error classes to the reasons of
+// gemrecon_webhook_invalid_total.
+func invalidReason(err error) string {
+	var nn *canon.NoNameError
+	switch {
+	case errors.As(err, &nn):
+		return metrics.InvalidNoName
+	case errors.Is(err, canon.ErrInvalidKey):
+		return metrics.InvalidName
+	case errors.Is(err, canon.ErrFieldType):
+		return metrics.InvalidFieldType
+	case errors.Is(err, canon.ErrEnvelope):
+		return metrics.InvalidEnvelope
+	case errors.Is(err, canon.ErrNotJSON), errors.Is(err, canon.ErrNotObject):
+		return metrics.InvalidJSON
+	}
+	return metrics.InvalidOther
+}
+
+// clip bounds a sender-controlled string for a log line or a response body:
+// at most canon.MaxQuoted bytes, cut at a character boundary. (slog and
+// encoding/json escape what they write.)
+func clip(s string) string {
+	if len(s) <= canon.MaxQuoted {
+		return s
+	}
+	cut := canon.MaxQuoted
+	for cut > canon.MaxQuoted-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
@@ -251,21 +302,37 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	// 3. Key.
+	// 3. What the body is (spec §6). canon reads the type even when it
+	// cannot read a name: an event that is not a batch event is ignored
+	// whatever else it holds (a ping has no name; interaction.* names are
+	// not batches and must never run the effect). A body with no type is
+	// read as spec §2 says.
 	ev, err := canon.FromEvent(body)
+	if ev.HasType && !canon.IsBatchType(ev.Type) {
+		h.metrics.ObserveIgnored(ev.Type, true)
+		h.log.Debug("webhook ignored: not a batch event", "type", clip(ev.Type))
+		writeJSON(w, http.StatusOK, response{Status: StatusIgnored, Type: clip(ev.Type)})
+		return
+	}
+	// 4. A usable name. A verified body without one is answered 200: no
+	// retry can fix it.
 	if err != nil {
-		h.reject(w, r, http.StatusBadRequest, metrics.OutcomeBadRequest, err.Error())
+		h.invalid(w, r, err)
 		return
 	}
 	if !ev.Terminal {
-		h.metrics.ObserveDelivery(sink.SourceWebhook, metrics.OutcomeIgnored)
-		h.log.Debug("webhook ignored: not a completion", "key", ev.Key, "type", ev.Type, "state", ev.State)
-		writeJSON(w, http.StatusOK, response{Key: ev.Key, Status: StatusIgnored})
+		h.metrics.ObserveIgnored(ev.Type, ev.HasType)
+		h.log.Debug("webhook ignored: not a completion", "key", ev.Key, "type", clip(ev.Type), "state", ev.State)
+		writeJSON(w, http.StatusOK, response{Key: ev.Key, Status: StatusIgnored, Type: clip(ev.Type)})
 		return
 	}
 
-	// 4. Durable record before any 2xx.
+	// 5. Durable record before any 2xx.
 	res, err := h.cfg.Sink.Record(r.Context(), sink.Sighting{Key: ev.Key, Source: sink.SourceWebhook, Payload: ev.Operation})
+	if errors.Is(err, canon.ErrInvalidKey) {
+		h.invalid(w, r, err) // canon refused it already; the sink's own check, should they ever differ
+		return
+	}
 	if err != nil {
 		h.metrics.ObserveDelivery(sink.SourceWebhook, metrics.OutcomeUnavailable)
 		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", ev.Key, "err", err)

@@ -117,11 +117,16 @@ func TestBadInput(t *testing.T) {
 		{name: "valid new key", body: event("b1"), header: sign, wantCode: 202, wantStatus: "accepted", records: true},
 		{name: "valid duplicate", body: event("b1"), header: sign, wantCode: 202, wantStatus: "duplicate", records: true},
 		{name: "body of MaxBody+1 bytes", body: big, header: sign, wantCode: 413, wantErr: "limit"},
-		{name: "invalid JSON", body: []byte(`{"name":"batches/x"`), header: sign, wantCode: 400, wantErr: "JSON"},
-		{name: "JSON array", body: []byte(`[{"name":"batches/x"}]`), header: sign, wantCode: 400, wantErr: "not a JSON object"},
-		{name: "JSON string", body: []byte(`"batches/x"`), header: sign, wantCode: 400, wantErr: "not a JSON object"},
-		{name: "empty body", body: nil, header: sign, wantCode: 400},
-		{name: "no operation name", body: []byte(`{"type":"batch.succeeded","data":{"size":3}}`), header: sign, wantCode: 400, wantErr: "fields present: data, data.size, type"},
+		// A verified body that cannot be used is 200 invalid (spec §6).
+		{name: "invalid JSON", body: []byte(`{"name":"batches/x"`), header: sign, wantCode: 200, wantStatus: "invalid", wantErr: "JSON"},
+		{name: "JSON array", body: []byte(`[{"name":"batches/x"}]`), header: sign, wantCode: 200, wantStatus: "invalid", wantErr: "not a JSON object"},
+		{name: "JSON string", body: []byte(`"batches/x"`), header: sign, wantCode: 200, wantStatus: "invalid", wantErr: "not a JSON object"},
+		{name: "empty body", body: nil, header: sign, wantCode: 200, wantStatus: "invalid", wantErr: "empty"},
+		{name: "no operation name", body: []byte(`{"type":"batch.succeeded","data":{"size":3}}`), header: sign, wantCode: 200, wantStatus: "invalid", wantErr: "fields present: data, data.size, type"},
+		{name: "a name spec §12 refuses", body: []byte(`{"name":"batches/\u0000"}`), header: sign, wantCode: 200, wantStatus: "invalid", wantErr: "control character"},
+		{name: "not a batch event", body: []byte(`{"type":"interaction.completed","data":{"id":"int_1"}}`), header: sign, wantCode: 200, wantStatus: "ignored"},
+		// An unverified body is 401 whatever it holds: the signature comes first.
+		{name: "unusable and unsigned", body: []byte(`{`), header: func([]byte) http.Header { return http.Header{} }, wantCode: 401, wantErr: "missing"},
 		{name: "non-terminal state", body: []byte(`{"name":"batches/r1","metadata":{"state":"BATCH_STATE_RUNNING"}}`), header: sign, wantCode: 200, wantStatus: "ignored"},
 		{name: "non-terminal done:false", body: []byte(`{"name":"operations/o1","done":false}`), header: sign, wantCode: 200, wantStatus: "ignored"},
 		{name: "bad signature", body: event("b2"), header: func(b []byte) http.Header {
@@ -227,10 +232,12 @@ func TestBadInput(t *testing.T) {
 	r := do(t, client, http.MethodGet, base+"/metrics", nil, nil)
 	for _, want := range []string{
 		`gemrecon_deliveries_total{outcome="accepted",source="webhook"} 2`,
-		`gemrecon_deliveries_total{outcome="unverified",source="webhook"} 7`,
+		`gemrecon_deliveries_total{outcome="unverified",source="webhook"} 8`,
+		`gemrecon_deliveries_total{outcome="invalid",source="webhook"} 6`,
+		`gemrecon_webhook_invalid_total{reason="bad_json"} 4`,
 		`gemrecon_deliveries_total{outcome="unavailable",source="webhook"} 1`,
 		`gemrecon_deliveries_total{outcome="too_large",source="webhook"} 1`,
-		`gemrecon_deliveries_total{outcome="ignored",source="webhook"} 2`,
+		`gemrecon_deliveries_total{outcome="ignored",source="webhook"} 3`,
 		`gemrecon_keys{state="done"} 2`,
 		"gemrecon_db_up 1",
 	} {

@@ -90,6 +90,7 @@ type reply struct {
 	Code   int
 	Key    string `json:"key"`
 	Status string `json:"status"`
+	Type   string `json:"type"`
 	Error  string `json:"error"`
 	Header http.Header
 	Raw    string

@@ -80,12 +80,30 @@ func NewVerifier(secrets []string, now func() time.Time) (*Verifier, error) {
 
 // Verify checks the three headers and the signature over body. It returns
 // nil, or one of ErrUnsigned, ErrBadTimestamp, ErrStale, ErrFuture,
-// ErrBadSignature.
+// ErrBadSignature. Every webhook-signature header line and every
+// space-separated entry in each is considered (spec §6): a request passes
+// when any entry verifies.
 func (v *Verifier) Verify(body []byte, h http.Header) error {
 	id := h.Get(standardwebhooks.HeaderWebhookID)
 	ts := h.Get(standardwebhooks.HeaderWebhookTimestamp)
-	sig := h.Get(standardwebhooks.HeaderWebhookSignature)
-	if id == "" || ts == "" || sig == "" {
+	lines := h.Values(standardwebhooks.HeaderWebhookSignature)
+	signed := h
+	if len(lines) != 1 {
+		// The library reads only the first webhook-signature line (Get):
+		// hand it every entry of every line as one line, which it splits
+		// on spaces. (One line, the usual case, it reads as it is.)
+		sigs := signatureEntries(lines)
+		if len(sigs) == 0 {
+			return ErrUnsigned
+		}
+		signed = http.Header{}
+		signed.Set(standardwebhooks.HeaderWebhookID, id)
+		signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
+		signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
+	} else if strings.TrimSpace(lines[0]) == "" {
+		return ErrUnsigned
+	}
+	if id == "" || ts == "" {
 		return ErrUnsigned
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
@@ -106,7 +124,7 @@ func (v *Verifier) Verify(body []byte, h http.Header) error {
 	// which secret (old or new) signed the request.
 	ok := false
 	for _, wh := range v.hooks {
-		if wh.VerifyIgnoringTimestamp(body, h) == nil {
+		if wh.VerifyIgnoringTimestamp(body, signed) == nil {
 			ok = true
 		}
 	}
@@ -114,6 +132,18 @@ func (v *Verifier) Verify(body []byte, h http.Header) error {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// signatureEntries returns the entries ("v1,<base64>", …) of every
+// webhook-signature header line, split on white space. A proxy that joined
+// several lines into one with ", " leaves "v1,<base64>," entries, which the
+// library still reads (it takes the part after the first comma).
+func signatureEntries(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		out = append(out, strings.Fields(l)...)
+	}
+	return out
 }
 
 // Sign returns the three Standard Webhooks headers for body, signed with

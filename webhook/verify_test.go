@@ -201,3 +201,42 @@ func TestNewVerifierErrorsOmitSecret(t *testing.T) {
 		t.Errorf("NewVerifier(nil) = nil error, want one")
 	}
 }
+
+// TestSignatureHeaderLines: every webhook-signature header line and every
+// space-separated entry in each is considered (spec §6), not only the first
+// line.
+func TestSignatureHeaderLines(t *testing.T) {
+	at := time.Unix(vecTimestamp, 0)
+	other := "v1,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc="
+	lines := func(sigs ...string) http.Header {
+		h := vecHeader("", vecTimestamp)
+		h.Del("webhook-signature")
+		for _, s := range sigs {
+			h.Add("webhook-signature", s)
+		}
+		return h
+	}
+	tests := []struct {
+		name   string
+		header http.Header
+		want   error
+	}{
+		{"valid on the second of two lines", lines(other, vecSignature), nil},
+		{"valid on the third line", lines(other, "v2,xyz", vecSignature), nil},
+		{"valid among entries of the second line", lines(other, "v1a,abc "+vecSignature+" v1,zzz"), nil},
+		{"first line empty", lines("", vecSignature), nil},
+		{"lines joined by a proxy with a comma", lines(other + ", " + vecSignature), nil},
+		{"extra spaces and tabs", lines("  " + other + " \t " + vecSignature + "  "), nil},
+		{"no line valid", lines(other, vecBadSig), ErrBadSignature},
+		{"only empty lines", lines("", " "), ErrUnsigned},
+	}
+	v, err := NewVerifier([]string{vecSecret}, func() time.Time { return at })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		if got := v.Verify([]byte(vecPayload), tt.header); !errors.Is(got, tt.want) {
+			t.Errorf("Verify(%s: %q) = %v, want %v", tt.name, tt.header.Values("webhook-signature"), got, tt.want)
+		}
+	}
+}

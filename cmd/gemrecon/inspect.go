@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -34,28 +36,44 @@ and last sighting with their sources, lease, next attempt, done time, last
 error and payload conflicts. The argument may be a key (gemini:batches/x) or
 any operation name canon understands (batches/x, a full resource path or URL).
 
+A key stored exactly as typed (gemini:…) is found even when today's
+canonical form of it differs. Control characters in what is printed are
+escaped (the text is then Go-quoted); --json escapes as JSON does.
+
 Exit status: 0 done, 3 unknown key (the canonical key is still printed),
-4 pending or claimed, 5 dead, 1 when the database cannot be read.`,
+4 pending or claimed, 5 dead, 1 when the database cannot be read, 2 when the
+argument is no operation name or one that could never be recorded (spec §12:
+invalid UTF-8, a control character, over 512 bytes, a collection word).`,
 		Example: `  gemrecon status batches/abc123
   gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
   gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key, err := canon.Key(args[0])
+			keys, err := keysFor(args[0])
 			if err != nil {
-				return usageError("%q is not an operation name: %v", args[0], err)
+				return err
 			}
+			key := keys[0]
 			s, err := a.openReadOnly(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			e, err := s.Get(cmd.Context(), key)
+			var e sink.Entry
+			for _, k := range keys {
+				if e, err = s.Get(cmd.Context(), k); !errors.Is(err, sink.ErrNotFound) {
+					break
+				}
+			}
 			if errors.Is(err, sink.ErrNotFound) {
+				if cerr := canon.CheckKey(key); cerr != nil {
+					// Not "unknown": no sighting of it could ever be recorded.
+					return usageError("%v; no such key is recorded, and none could be", cerr)
+				}
 				if asJSON {
 					writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
 				} else {
-					fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", key, a.db)
+					fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
 				}
 				return withCode(exitUnknownKey, nil)
 			}
@@ -81,6 +99,37 @@ Exit status: 0 done, 3 unknown key (the canonical key is still printed),
 	return cmd
 }
 
+// keysFor returns the keys a typed name may be stored under, first the
+// canonical key, then — for an argument that is a key (gemini:…) whose
+// canonical form differs — the argument exactly, so that a key stored under
+// an older canon stays reachable (spec §12). A name that is no operation
+// name at all is a usage error.
+func keysFor(arg string) ([]string, error) {
+	key, err := canon.Key(arg)
+	if err != nil {
+		return nil, usageError("%s is not an operation name: %v", canon.Quote(arg), err)
+	}
+	if arg != key && strings.HasPrefix(arg, canon.Prefix) {
+		return []string{key, arg}, nil
+	}
+	return []string{key}, nil
+}
+
+// printable returns s as it is when every character in it prints as itself
+// (strconv.IsPrint), and Go-quoted otherwise, so that a stored key, source or
+// error with a control character, an escape sequence or invalid UTF-8 cannot
+// rewrite the terminal or hide what it holds (spec §12).
+func printable(s string) string {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+		i += size
+	}
+	return s
+}
+
 func rawOrNil(b []byte) json.RawMessage {
 	if len(b) == 0 || !json.Valid(b) {
 		return nil
@@ -91,15 +140,19 @@ func rawOrNil(b []byte) json.RawMessage {
 func printStatus(w io.Writer, e sink.Entry) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
-	row("key", e.Key)
+	row("key", printable(e.Key))
 	row("state", string(e.State))
 	row("attempts", fmt.Sprint(e.Attempts))
 	row("fencing token", fmt.Sprint(e.Token))
-	row("first seen", fmt.Sprintf("%s via %s", fmtTime(e.FirstSeenAt), e.FirstSource))
+	row("first seen", fmt.Sprintf("%s via %s", fmtTime(e.FirstSeenAt), printable(e.FirstSource)))
 	row("last seen", fmtTime(e.LastSeenAt))
-	row("seen", fmt.Sprintf("%d× from %s", e.SeenCount, strings.Join(e.Sources, ", ")))
+	sources := make([]string, len(e.Sources))
+	for i, src := range e.Sources {
+		sources[i] = printable(src)
+	}
+	row("seen", fmt.Sprintf("%d× from %s", e.SeenCount, strings.Join(sources, ", ")))
 	if e.State == sink.StateClaimed {
-		row("lease", fmt.Sprintf("held by %s until %s", e.LeaseOwner, fmtTime(e.LeaseUntil)))
+		row("lease", fmt.Sprintf("held by %s until %s", printable(e.LeaseOwner), fmtTime(e.LeaseUntil)))
 	}
 	if e.State == sink.StatePending {
 		row("next attempt", fmtTime(e.NextAttemptAt))
@@ -108,7 +161,7 @@ func printStatus(w io.Writer, e sink.Entry) {
 		row("done at", fmtTime(e.DoneAt))
 	}
 	if e.LastError != "" {
-		row("last error", oneLine(e.LastError))
+		row("last error", printable(oneLine(e.LastError)))
 	}
 	row("conflicts", fmt.Sprint(e.Conflicts))
 	tw.Flush()
@@ -171,8 +224,8 @@ func (a *app) listCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "KEY\tSTATE\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
 			for _, e := range entries {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", e.Key, e.State, e.Attempts, e.SeenCount,
-					e.FirstSource, fmtTime(e.LastSeenAt), truncate(oneLine(e.LastError), 60))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, e.Attempts, e.SeenCount,
+					printable(e.FirstSource), fmtTime(e.LastSeenAt), printable(truncate(oneLine(e.LastError), 60)))
 			}
 			return tw.Flush()
 		},

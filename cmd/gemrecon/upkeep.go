@@ -27,12 +27,16 @@ kept. Keys that are not dead are left alone and reported.`,
 				return usageError("give one or more keys, or --all-dead (not both)")
 			}
 			keys := make([]string, 0, len(args))
+			exact := map[string]string{} // canonical key → the key exactly as typed (spec §12)
 			for _, arg := range args {
-				k, err := canon.Key(arg)
+				ks, err := keysFor(arg)
 				if err != nil {
-					return usageError("%q is not an operation name: %v", arg, err)
+					return err
 				}
-				keys = append(keys, k)
+				keys = append(keys, ks[0])
+				if len(ks) > 1 {
+					exact[ks[0]] = ks[1]
+				}
 			}
 			s, err := a.openSink(cmd.Context(), sink.Options{})
 			if err != nil {
@@ -51,12 +55,22 @@ kept. Keys that are not dead are left alone and reported.`,
 			var failed int
 			for _, k := range keys {
 				err := s.Retry(cmd.Context(), k)
+				if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
+					if err = s.Retry(cmd.Context(), as); !errors.Is(err, sink.ErrNotFound) {
+						k = as
+					}
+				}
+				if errors.Is(err, sink.ErrNotFound) {
+					if cerr := canon.CheckKey(k); cerr != nil {
+						err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
+					}
+				}
 				switch {
 				case err == nil:
-					fmt.Fprintf(a.stdout, "%s: pending, due now\n", k)
+					fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
 				case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
 					failed++
-					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", k, err)
+					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
 				default:
 					return err
 				}

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/genai"
@@ -163,15 +162,6 @@ func apiError(what string, err error, advice ...string) error {
 		hint = " (see 'gemrecon webhooks list' for the IDs)"
 	}
 	return withCode(exitFatal, fmt.Errorf("%s: the API answered %d %s%s%s", what, ae.StatusCode, printable(msg), hint, tail))
-}
-
-// printable escapes a string from the API that holds control characters,
-// so that it cannot move the terminal's cursor (spec §12's rule for list).
-func printable(s string) string {
-	if strings.IndexFunc(s, unicode.IsControl) < 0 {
-		return s
-	}
-	return strings.Trim(strconv.Quote(s), `"`)
 }
 
 func checkWebhookURL(raw string) error {

@@ -54,6 +54,9 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if sg.Key == "" {
 		return sink.RecordResult{}, errors.New("postgres: record: empty key")
 	}
+	if err := sink.CheckKey(sg.Key); err != nil { // spec §12
+		return sink.RecordResult{}, err
+	}
 	if sg.Source == "" {
 		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
 	}
@@ -945,6 +948,9 @@ var _ sink.RecordClaimer = (*Sink)(nil)
 func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner string, lease time.Duration) (sink.RecordResult, sink.Claim, error) {
 	if sg.Key == "" {
 		return sink.RecordResult{}, sink.Claim{}, errors.New("postgres: record: empty key")
+	}
+	if err := sink.CheckKey(sg.Key); err != nil { // spec §12
+		return sink.RecordResult{}, sink.Claim{}, err
 	}
 	if sg.Source == "" {
 		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)

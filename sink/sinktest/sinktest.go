@@ -122,6 +122,7 @@ func Run(t *testing.T, open Opener) {
 		{"RecordNew", testRecordNew},
 		{"RecordDuplicate", testRecordDuplicate},
 		{"RecordConflict", testRecordConflict},
+		{"RecordRefusesInvalidKeys", testRecordRefusesInvalidKeys},
 		{"Claim", testClaim},
 		{"Complete", testComplete},
 		{"Fenced", testFenced},

@@ -57,6 +57,9 @@ func checkSighting(sg sink.Sighting) error {
 	if sg.Key == "" {
 		return errors.New("sqlite sink: record: empty key")
 	}
+	if err := sink.CheckKey(sg.Key); err != nil { // spec §12
+		return err
+	}
 	if sg.Source == "" {
 		return fmt.Errorf("sqlite sink: record %s: empty source", sg.Key)
 	}
