@@ -17,7 +17,10 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/tcpproxy"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/postgres"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -265,4 +268,69 @@ func TestPollDamagedDatabase(t *testing.T) {
 	api.Add(geminifake.Batch{Name: geminifake.GeminiName("k-01999"), State: "SUCCEEDED", CreateTime: time.Now().Add(-time.Hour)})
 	r := gemrecon(t, pollArgs(db, api)...)
 	wantDamaged(t, r, db)
+}
+
+// runBounded runs cmd and returns its exit status and stderr, failing the
+// test if it is still running after max.
+func runBounded(t *testing.T, cmd *exec.Cmd, max time.Duration) (int, string, time.Duration) {
+	t.Helper()
+	var stderr safeBuffer
+	cmd.Stderr = &stderr
+	cmd.Stdout = io.Discard
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return exitStatus(err), stderr.String(), time.Since(start)
+	case <-time.After(max):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still running after %v (killed)\n%s", max, &stderr)
+		return 0, "", 0
+	}
+}
+
+// drain against a PostgreSQL server that accepts TCP and never answers
+// (connecting is bounded by the default connect timeout, 10 s), or that stops
+// answering mid-run (here connect_timeout=1 and statement_timeout=100ms, so
+// one round trip may take 100ms + 5s; then settling the unknown outcome
+// costs two connect timeouts), exits 1 within those deadlines, saying what
+// timed out. Before, connecting waited for as long as the peer kept the
+// connection, and a claim for 30 s of dispatch's own timeout.
+func TestDrainStalledPostgres(t *testing.T) {
+	base := pgtest.Schema(t)
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, base, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/stalled", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	t.Run("connect", func(t *testing.T) {
+		t.Parallel()
+		p, pdsn := tcpproxy.ForDSN(t, base)
+		p.Stall()
+		// No connect_timeout in the DSN: the default bounds it.
+		code, stderr, took := runBounded(t, child(t, "--db", pdsn, "drain", "--exec", "true"), 60*time.Second)
+		if code != exitFatal || !strings.Contains(stderr, "could not connect within the connect timeout of 10s") || took > 20*time.Second {
+			t.Fatalf("drain against a stalled connect: exit %d after %v\n%s", code, took, stderr)
+		}
+		t.Logf("exit 1 after %v", took.Round(time.Millisecond))
+	})
+	t.Run("mid-run", func(t *testing.T) {
+		t.Parallel()
+		p, pdsn := tcpproxy.ForDSN(t, base)
+		p.StallWhenClientSends([]byte("SKIP LOCKED")) // ClaimDue's statement
+		code, stderr, took := runBounded(t, child(t, "--db", pdsn+"&connect_timeout=1&statement_timeout=100", "drain", "--exec", "true"), 60*time.Second)
+		if code != exitFatal || !strings.Contains(stderr, "no reply from the PostgreSQL server within 5.1s") || took > 20*time.Second {
+			t.Fatalf("drain against a server that stops answering: exit %d after %v\n%s", code, took, stderr)
+		}
+		t.Logf("exit 1 after %v", took.Round(time.Millisecond))
+	})
 }
