@@ -17,7 +17,7 @@ import (
 
 // corruptKeys is how many keys the corruption fixtures hold: enough for the
 // keys table and its index to have several levels of pages.
-const corruptKeys = 2000
+const corruptKeys = 600
 
 func corruptKey(i int) string { return fmt.Sprintf("gemini:batches/corrupt-%05d", i) }
 

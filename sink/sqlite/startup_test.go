@@ -92,7 +92,7 @@ func startTogether(t *testing.T, path string, n int) []string {
 // about 1 start in 100 here (19 of 2,000 starts), so 30 rounds of 4 met the
 // bug about 7 times in 10; TestOpenWhileAnotherHoldsTheNewFile forces it
 // every time. Under the race detector each child starts ten times slower:
-// 8 rounds there. GEMRECON_STARTUP_ROUNDS sets another number.
+// 5 rounds there. GEMRECON_STARTUP_ROUNDS sets another number.
 const startRounds = 30
 
 // Processes started at the same instant (a barrier) on a file that does not
@@ -103,7 +103,7 @@ func TestStartTogether(t *testing.T) {
 	}
 	rounds := startRounds
 	if raceEnabled {
-		rounds = 8
+		rounds = 5
 	}
 	if n, err := strconv.Atoi(os.Getenv("GEMRECON_STARTUP_ROUNDS")); err == nil && n > 0 {
 		rounds = n
