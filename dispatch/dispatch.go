@@ -568,6 +568,12 @@ func (d *Dispatcher) record(ctx, runCtx context.Context, log *slog.Logger, c sin
 			}
 			return nil, err
 		}
+		if errors.Is(err, sink.ErrUnusable) {
+			// Damaged, deleted or replaced: it will not come back in this
+			// process, so trying until the lease runs short only delays the
+			// exit (the command ends with exit 1 and says what to do).
+			return nil, err
+		}
 		now := d.cfg.Now()
 		deadline := lm.get().Add(d.cfg.Lease - OutcomeMargin(d.cfg.Lease))
 		switch {

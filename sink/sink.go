@@ -59,6 +59,10 @@ var (
 	ErrNotDead = errors.New("key is not dead")
 	// ErrNoDatabase: a read-only open found no database at the path.
 	ErrNoDatabase = errors.New("no database")
+	// ErrUnusable: this process can no longer use the database (its file is
+	// damaged, or was deleted or replaced under it). Retrying cannot help:
+	// every later write and Ping of the sink fails too, and commands exit 1.
+	ErrUnusable = errors.New("the database is unusable")
 )
 
 // Sighting is one report of a completion, from the poller or the webhook.

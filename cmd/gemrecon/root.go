@@ -29,6 +29,9 @@ type app struct {
 	logFormat string
 	logLevel  string
 	logger    *slog.Logger
+
+	sinksMu sync.Mutex
+	sinks   []sink.Sink // every sink the command opened
 }
 
 // execute builds the command tree, runs args and returns the exit status.
@@ -44,6 +47,7 @@ func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
+	err = a.withBrokenSink(err)
 	if err != nil {
 		if isCobraUsageError(err) {
 			err = withCode(exitUsage, err)
@@ -165,7 +169,39 @@ func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error)
 	if err != nil {
 		return nil, err
 	}
+	a.sinksMu.Lock()
+	a.sinks = append(a.sinks, s)
+	a.sinksMu.Unlock()
 	return s, nil
+}
+
+// withBrokenSink makes a command whose database became unusable while it ran
+// (a damaged file, a file deleted or replaced under it: see
+// sink.ErrUnusable) fail with exit 1 and the sink's message, which says what
+// to do, whatever the command itself returned (spec §8).
+func (a *app) withBrokenSink(err error) error {
+	a.sinksMu.Lock()
+	defer a.sinksMu.Unlock()
+	for _, s := range a.sinks {
+		b, ok := s.(interface{ Broken() error })
+		if !ok {
+			continue
+		}
+		berr := b.Broken()
+		if berr == nil {
+			continue
+		}
+		var ee *exitError
+		switch {
+		case errors.Is(err, sink.ErrUnusable): // it says so already
+			return withCode(exitFatal, err)
+		case err == nil || (errors.As(err, &ee) && ee.err == nil):
+			return berr
+		default:
+			return withCode(exitFatal, errors.Join(err, berr))
+		}
+	}
+	return err
 }
 
 // openReadOnly opens the database for the inspection commands.

@@ -12,13 +12,15 @@
 //   - Stall / Resume: nothing is relayed in either direction and new
 //     connections are accepted but never answered (a peer that accepts TCP
 //     and never replies); Resume delivers what was held back and relays
-//     again.
+//     again. StallWhenClientSends stalls at a chosen moment: when a client
+//     sends given bytes (a statement's text), before they are relayed.
 //
 // Everything it does is counted, so that a test can assert that it exercised
 // what it meant to (Dropped, Resets, Accepted).
 package tcpproxy
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"net/url"
@@ -43,6 +45,7 @@ type Proxy struct {
 	resetting bool
 	resetEnd  *time.Timer
 	gate      chan struct{} // closed while relaying; open (not closed) while stalled
+	trigger   []byte        // StallWhenClientSends; nil when none
 	closed    chan struct{}
 	wg        sync.WaitGroup
 }
@@ -207,6 +210,30 @@ func (p *Proxy) Stall() {
 	}
 }
 
+// StallWhenClientSends stalls the proxy (see Stall), once, when a client
+// sends data containing pattern, before that data is relayed: the request
+// never reaches the target. (A pattern split across two reads is not seen:
+// use a short one.)
+func (p *Proxy) StallWhenClientSends(pattern []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trigger = bytes.Clone(pattern)
+}
+
+// triggered reports whether b fires the StallWhenClientSends pattern, and
+// stalls if so.
+func (p *Proxy) triggered(b []byte) {
+	p.mu.Lock()
+	fire := p.trigger != nil && bytes.Contains(b, p.trigger)
+	if fire {
+		p.trigger = nil
+	}
+	p.mu.Unlock()
+	if fire {
+		p.Stall()
+	}
+}
+
 // Resume ends a Stall: held bytes are delivered and held connections are
 // relayed.
 func (p *Proxy) Resume() {
@@ -305,6 +332,9 @@ func (p *Proxy) pump(r *relay, dst, src net.Conn, fromServer bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			if !fromServer {
+				p.triggered(buf[:n])
+			}
 			if !p.pass(r) {
 				return
 			}

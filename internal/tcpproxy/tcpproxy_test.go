@@ -228,3 +228,26 @@ func TestCloseWhileStalled(t *testing.T) {
 		t.Fatal("Close did not return while stalled")
 	}
 }
+
+// StallWhenClientSends holds back the request that carries the pattern, and
+// everything after it, until Resume.
+func TestStallWhenClientSends(t *testing.T) {
+	p := start(t)
+	c, r := dial(t, p)
+	p.StallWhenClientSends([]byte("SKIP"))
+	if got, err := roundTrip(c, r, "relayed", 10*time.Second); err != nil || got != "relayed" {
+		t.Fatalf("round trip before the pattern = %q, %v", got, err)
+	}
+	if got, err := roundTrip(c, r, "SELECT SKIP LOCKED", 200*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("round trip with the pattern = %q, %v; want a timeout", got, err)
+	}
+	p.Resume()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got, err := r.ReadString('\n'); err != nil || got != "SELECT SKIP LOCKED\n" {
+		t.Fatalf("after Resume = %q, %v", got, err)
+	}
+	// One shot: the pattern does not stall again.
+	if got, err := roundTrip(c, r, "SKIP again", 10*time.Second); err != nil || got != "SKIP again" {
+		t.Fatalf("the pattern again = %q, %v", got, err)
+	}
+}

@@ -94,10 +94,18 @@ func TestSchemaTooNew(t *testing.T) {
 		`INSERT INTO `+schema+`.gemrecon_schema_version (version, name) VALUES ($1, 'from the future')`, SchemaVersion()+1); err != nil {
 		t.Fatal(err)
 	}
-	for _, ro := range []bool{false, true} {
-		_, err := Open(context.Background(), dsn, sink.Options{ReadOnly: ro})
-		if !errors.Is(err, sink.ErrSchemaTooNew) {
-			t.Errorf("Open(ReadOnly=%v) error = %v, want ErrSchemaTooNew", ro, err)
+	for _, minReader := range []string{
+		`UPDATE ` + schema + `.gemrecon_counters SET value = ` + fmt.Sprint(SchemaVersion()+1) + ` WHERE name = 'min_reader'`,
+		`DELETE FROM ` + schema + `.gemrecon_counters WHERE name = 'min_reader'`,
+	} {
+		if _, err := admin.Exec(context.Background(), minReader); err != nil {
+			t.Fatal(err)
+		}
+		for _, ro := range []bool{false, true} {
+			_, err := Open(context.Background(), dsn, sink.Options{ReadOnly: ro})
+			if !errors.Is(err, sink.ErrSchemaTooNew) {
+				t.Errorf("%s; Open(ReadOnly=%v) error = %v, want ErrSchemaTooNew", minReader, ro, err)
+			}
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,7 +72,9 @@ type config struct {
 	schema           string
 	statementTimeout time.Duration
 	maxConns         int
+	roundTrip        time.Duration // 0: statement_timeout + RoundTripMargin
 	pingIdleAfter    time.Duration // see the constant; tests change it
+	extraMigrations  []migration   // tests: a newer binary's migrations
 }
 
 // WithLogger sets where payload conflicts, fenced outcomes and settled
@@ -93,6 +96,12 @@ func WithStatementTimeout(d time.Duration) Option {
 // when present, wins.
 func WithMaxConns(n int) Option { return func(c *config) { c.maxConns = n } }
 
+// WithRoundTripTimeout sets the client-side deadline of one round trip
+// (default: statement_timeout + RoundTripMargin, 35 s with the default
+// statement_timeout): a read waiting for the server's reply, or a write
+// waiting for it to take a request, fails after d.
+func WithRoundTripTimeout(d time.Duration) Option { return func(c *config) { c.roundTrip = d } }
+
 // withPingIdleAfter changes how long a pooled connection may idle before it
 // is pinged on acquire (default pingIdleAfter; 0 pings every time).
 func withPingIdleAfter(d time.Duration) Option { return func(c *config) { c.pingIdleAfter = d } }
@@ -113,6 +122,9 @@ type Sink struct {
 	flusherWG sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+
+	connectTimeout time.Duration // for messages
+	migrations     []migration   // what this binary knows
 }
 
 // sighting is the buffered statistics of duplicate sightings of one key.
@@ -188,6 +200,23 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	if opt.ReadOnly {
 		rp["default_transaction_read_only"] = "on"
 	}
+	// Client-side deadlines: the server's statement_timeout cannot help when
+	// the server (or the network) accepts TCP and never answers.
+	if cfg.ConnConfig.ConnectTimeout <= 0 {
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	rt := c.roundTrip
+	if rt <= 0 {
+		rt = roundTripTimeout(rp["statement_timeout"])
+	}
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newDeadlineConn(nc, rt), nil
+	}
 	// Ask the server to cancel a statement whose context ends, so that most
 	// cancellations get a definite answer; the deadline is the fallback,
 	// after which the outcome is unknown and settled by reading back.
@@ -209,10 +238,13 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		done:    make(map[string]doneInfo),
 		stop:    make(chan struct{}),
 	}
-	if opt.ReadOnly {
-		err = s.checkSchema(ctx)
-	} else {
-		err = s.migrate(ctx, c.schema)
+	s.connectTimeout = cfg.ConnConfig.ConnectTimeout
+	if s.migrations, err = allMigrations(c.extraMigrations); err == nil {
+		if opt.ReadOnly {
+			err = s.checkSchema(ctx)
+		} else {
+			err = s.migrate(ctx, c.schema)
+		}
 	}
 	if err != nil {
 		s.pool.Close()
@@ -231,38 +263,67 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// migration is one embedded schema step.
+// migration is one embedded schema step. minReader is the oldest schema
+// version a binary must know to use the database once this step is applied
+// (spec §3): an additive step keeps its predecessor's. Each file starts with
+// the line "-- min_reader: N".
 type migration struct {
-	version int
-	name    string
-	sql     string
+	version   int
+	minReader int
+	name      string
+	sql       string
 }
 
-// migrations returns the embedded migrations in version order. File names
-// are NNNN_description.sql.
-func migrations() ([]migration, error) {
+// minReaderPrefix starts the first line of every migration file.
+const minReaderPrefix = "-- min_reader:"
+
+// parseMigration reads a migration file's version (from its name, which is
+// NNNN_description.sql) and minimum reader (from its first line).
+func parseMigration(base, text string) (migration, error) {
+	num, _, ok := strings.Cut(base, "_")
+	v, err := strconv.Atoi(num)
+	if !ok || err != nil || v < 1 {
+		return migration{}, fmt.Errorf("postgres: migration %s: name must start with a version number", base)
+	}
+	first, _, _ := strings.Cut(text, "\n")
+	n, ok := strings.CutPrefix(strings.TrimSpace(first), minReaderPrefix)
+	mr, err := strconv.Atoi(strings.TrimSpace(n))
+	if !ok || err != nil || mr < 1 || mr > v {
+		return migration{}, fmt.Errorf("postgres: migration %s: the first line must be %q with 1 <= N <= %d, got %q", base, minReaderPrefix+" N", v, first)
+	}
+	return migration{version: v, minReader: mr, name: base, sql: text}, nil
+}
+
+// migrations returns the embedded migrations in version order.
+func migrations() ([]migration, error) { return allMigrations(nil) }
+
+// allMigrations is migrations followed by extra (tests simulate a newer
+// binary with them), checked: versions 1..n, minimum readers never falling.
+func allMigrations(extra []migration) ([]migration, error) {
 	names, err := fs.Glob(migrationFS, "migrations/*.sql")
 	if err != nil {
 		return nil, err
 	}
 	var ms []migration
 	for _, name := range names {
-		base := strings.TrimPrefix(name, "migrations/")
-		num, _, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v < 1 {
-			return nil, fmt.Errorf("postgres: migration %s: name must start with a version number", name)
-		}
 		b, err := migrationFS.ReadFile(name)
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
+		m, err := parseMigration(strings.TrimPrefix(name, "migrations/"), string(b))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, m)
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	ms = append(ms, extra...)
 	for i, m := range ms {
 		if m.version != i+1 {
 			return nil, fmt.Errorf("postgres: migration %s: want version %d", m.name, i+1)
+		}
+		if i > 0 && m.minReader < ms[i-1].minReader {
+			return nil, fmt.Errorf("postgres: migration %s: min_reader %d is below its predecessor's %d", m.name, m.minReader, ms[i-1].minReader)
 		}
 	}
 	return ms, nil
@@ -293,13 +354,50 @@ func SchemaVersion() int {
 
 const migrateLock = `SELECT pg_advisory_xact_lock(hashtext('gemrecon.migrate'), hashtext(current_setting('search_path')))`
 
-// migrate applies pending migrations in one transaction holding an advisory
-// lock, so that processes opening the database at once take turns.
-func (s *Sink) migrate(ctx context.Context, schema string) error {
-	ms, err := migrations()
-	if err != nil {
-		return err
+// upsertMinReader records the schema's minimum reader in gemrecon_counters
+// (it never goes down).
+const upsertMinReader = `INSERT INTO gemrecon_counters (name, value) VALUES ('min_reader', $1)
+	ON CONFLICT (name) DO UPDATE SET value = greatest(gemrecon_counters.value, excluded.value)`
+
+// minReaderOf reads the minimum reader the database records; ok is false
+// when it records none.
+func minReaderOf(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (mr int, ok bool, err error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('gemrecon_counters') IS NOT NULL`).Scan(&exists); err != nil || !exists {
+		return 0, false, err
 	}
+	err = q.QueryRow(ctx, `SELECT value FROM gemrecon_counters WHERE name = 'min_reader'`).Scan(&mr)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	return mr, err == nil, err
+}
+
+// readerError is the rule of spec §3: a binary that knows versions up to
+// latest uses schema version cur unless its minimum reader mr is newer (or it
+// records none).
+func readerError(cur, mr int, ok bool, latest int) error {
+	switch {
+	case cur <= latest:
+		return nil
+	case !ok:
+		return fmt.Errorf("postgres: schema version %d records no minimum reader, and this gemrecon knows versions up to %d (upgrade gemrecon): %w",
+			cur, latest, sink.ErrSchemaTooNew)
+	case mr > latest:
+		return fmt.Errorf("postgres: schema version %d needs a gemrecon that knows schema version %d or later (its minimum reader), and this one knows versions up to %d (upgrade gemrecon): %w",
+			cur, mr, latest, sink.ErrSchemaTooNew)
+	}
+	return nil
+}
+
+// migrate applies pending migrations in one transaction holding an advisory
+// lock, so that processes opening the database at once take turns, and
+// records the schema's minimum reader. A schema newer than this binary is
+// used as it is when its minimum reader is not newer than this binary.
+func (s *Sink) migrate(ctx context.Context, schema string) error {
+	ms := s.migrations
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		tx, err := c.Begin(ctx)
 		if err != nil {
@@ -335,7 +433,14 @@ func (s *Sink) migrate(ctx context.Context, schema string) error {
 			return fmt.Errorf("postgres: read schema version: %w", err)
 		}
 		if cur > len(ms) {
-			return fmt.Errorf("postgres: schema version %d, this gemrecon knows up to %d: %w", cur, len(ms), sink.ErrSchemaTooNew)
+			mr, ok, err := minReaderOf(ctx, tx)
+			if err != nil {
+				return fmt.Errorf("postgres: read the schema's minimum reader: %w", err)
+			}
+			if err := readerError(cur, mr, ok, len(ms)); err != nil {
+				return err
+			}
+			return tx.Commit(ctx) // a newer schema this binary may use as it is
 		}
 		for _, m := range ms[cur:] {
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
@@ -345,14 +450,20 @@ func (s *Sink) migrate(ctx context.Context, schema string) error {
 				return fmt.Errorf("postgres: migration %s: %w", m.name, err)
 			}
 		}
+		// Also for databases migrated before the minimum reader was kept.
+		if _, err := tx.Exec(ctx, upsertMinReader, ms[len(ms)-1].minReader); err != nil {
+			return fmt.Errorf("postgres: record the schema's minimum reader: %w", err)
+		}
 		return tx.Commit(ctx)
 	})
 }
 
-// checkSchema is the read-only open's check: the tables exist at a version
-// this binary reads.
+// checkSchema is the read-only open's check, which never migrates: the
+// tables exist at this binary's version, or at a newer one whose minimum
+// reader this binary is. An older schema is refused: this binary's queries
+// need its tables, and a command that writes upgrades it.
 func (s *Sink) checkSchema(ctx context.Context) error {
-	want := SchemaVersion()
+	want := len(s.migrations)
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		var exists bool
 		if err := c.QueryRow(ctx, `SELECT to_regclass('gemrecon_schema_version') IS NOT NULL AND to_regclass('gemrecon_keys') IS NOT NULL`).Scan(&exists); err != nil {
@@ -369,7 +480,11 @@ func (s *Sink) checkSchema(ctx context.Context) error {
 		}
 		switch {
 		case cur > want:
-			return fmt.Errorf("postgres: schema version %d, this gemrecon knows up to %d: %w", cur, want, sink.ErrSchemaTooNew)
+			mr, ok, err := minReaderOf(ctx, c)
+			if err != nil {
+				return fmt.Errorf("postgres: read the schema's minimum reader: %w", err)
+			}
+			return readerError(cur, mr, ok, want)
 		case cur < want:
 			return fmt.Errorf("postgres: schema version %d is older than %d: run a command that writes (poll, serve, drain) to migrate it", cur, want)
 		}
@@ -386,7 +501,7 @@ func (s *Sink) withConn(ctx context.Context, fn func(c *pgx.Conn) error) error {
 		var pc *pgxpool.Conn
 		pc, err = s.pool.Acquire(ctx)
 		if err != nil {
-			return acquireError{err}
+			return acquireError{err: err, connectTimeout: s.connectTimeout, callerEnded: ctx.Err() != nil}
 		}
 		err = fn(pc.Conn())
 		// Release destroys the connection instead if it is closed, busy or
@@ -416,9 +531,19 @@ func retryable(err error) bool {
 // acquireError wraps an error getting a pooled connection (the pool is
 // closed, the context ended while waiting, the server refused a new
 // connection): no statement was sent, so the outcome is known.
-type acquireError struct{ err error }
+type acquireError struct {
+	err            error
+	connectTimeout time.Duration
+	callerEnded    bool // the caller's context ended (not the connect timeout)
+}
 
-func (e acquireError) Error() string { return "postgres: acquire a connection: " + e.err.Error() }
+func (e acquireError) Error() string {
+	var nr *noReply
+	if !e.callerEnded && !errors.As(e.err, &nr) && (pgconn.Timeout(e.err) || errors.Is(e.err, context.DeadlineExceeded)) {
+		return fmt.Sprintf("postgres: could not connect within the connect timeout of %v (connect_timeout in the DSN sets it): %v", e.connectTimeout, e.err)
+	}
+	return "postgres: acquire a connection: " + e.err.Error()
+}
 func (e acquireError) Unwrap() error { return e.err }
 
 // unknownOutcome reports an error after which the statement may or may not
@@ -513,8 +638,15 @@ func (s *Sink) flusher() {
 	}
 }
 
+// closeWait bounds how long Close waits for the driver to finish closing
+// connections: closing one the server stopped answering takes the driver up
+// to 15 s (a cancel request and a drain, each bounded by the round-trip
+// deadline), which would only delay a command's exit.
+const closeWait = 2 * time.Second
+
 // Close flushes buffered statistics and closes the connections, waiting for
-// any still in use by other calls to be given back.
+// any still in use by other calls to be given back, and at most closeWait
+// for the driver to finish closing them.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
@@ -524,7 +656,16 @@ func (s *Sink) Close() error {
 			s.closeErr = s.Flush(ctx)
 			cancel()
 		}
-		s.pool.Close()
+		closed := make(chan struct{})
+		go func() {
+			s.pool.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(closeWait):
+			s.log.Warn("postgres sink: the server does not answer; not waiting for the last connections to close", "waited", closeWait)
+		}
 	})
 	return s.closeErr
 }

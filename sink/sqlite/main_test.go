@@ -21,13 +21,19 @@ const childEnv = "GEMRECON_SQLITE_TEST_CHILD"
 func TestMain(m *testing.M) {
 	switch os.Getenv(childEnv) {
 	case "":
-		os.Exit(m.Run())
+		code := m.Run()
+		for _, f := range cleanups {
+			f()
+		}
+		os.Exit(code)
 	case "race":
 		os.Exit(raceChild(os.Args[len(os.Args)-1]))
 	case "hold":
 		os.Exit(holdChild(os.Args[len(os.Args)-1]))
 	case "open":
 		os.Exit(openChild(os.Args[len(os.Args)-1]))
+	case "start":
+		os.Exit(startChild(os.Args[len(os.Args)-1]))
 	case "crash":
 		os.Exit(crashChild(os.Args[len(os.Args)-1]))
 	default:
@@ -35,6 +41,9 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 }
+
+// cleanups run after every test of the binary (for fixtures shared by tests).
+var cleanups []func()
 
 // child starts the test binary in role on path.
 func child(t *testing.T, role, path string) *exec.Cmd {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -19,32 +20,69 @@ var migrationFiles embed.FS
 // applicationID marks a database as gemrecon's ('gemr').
 const applicationID = 1734700402
 
-// migration is one schema step; version is the number its file name starts with.
+// migration is one schema step; version is the number its file name starts
+// with. minReader is the oldest schema version a binary must know to use the
+// database once this step is applied (spec §3): an additive step (new
+// columns with defaults, new tables, new indexes) keeps its predecessor's, a
+// step older binaries cannot live with raises it. Each file starts with the
+// line "-- min_reader: N".
 type migration struct {
-	version int
-	name    string
-	sql     string
+	version   int
+	minReader int
+	name      string
+	sql       string
+}
+
+// minReaderPrefix starts the first line of every migration file.
+const minReaderPrefix = "-- min_reader:"
+
+// parseMigration reads a migration file's version (from its name) and
+// minimum reader (from its first line).
+func parseMigration(base, text string) (migration, error) {
+	v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
+	if err != nil || v < 1 {
+		return migration{}, fmt.Errorf("migration %s: the name must start with a version number", base)
+	}
+	first, _, _ := strings.Cut(text, "\n")
+	num, ok := strings.CutPrefix(strings.TrimSpace(first), minReaderPrefix)
+	mr, err := strconv.Atoi(strings.TrimSpace(num))
+	if !ok || err != nil || mr < 1 || mr > v {
+		return migration{}, fmt.Errorf("migration %s: the first line must be %q with 1 <= N <= %d, got %q", base, minReaderPrefix+" N", v, first)
+	}
+	return migration{version: v, minReader: mr, name: base, sql: text}, nil
 }
 
 // migrations lists the embedded migrations in order; their versions are 1..n.
-func migrations() ([]migration, error) {
+func migrations() ([]migration, error) { return allMigrations(nil) }
+
+// allMigrations is migrations followed by extra (tests simulate a newer
+// binary with them), checked: versions 1..n, minimum readers never falling.
+func allMigrations(extra []migration) ([]migration, error) {
 	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
 	if err != nil {
 		return nil, err
 	}
 	sort.Strings(names)
 	var ms []migration
-	for i, n := range names {
-		base := strings.TrimPrefix(n, "migrations/")
-		v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
-		if err != nil || v != i+1 {
-			return nil, fmt.Errorf("migration %s: want version %d", base, i+1)
-		}
+	for _, n := range names {
 		b, err := migrationFiles.ReadFile(n)
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
+		m, err := parseMigration(strings.TrimPrefix(n, "migrations/"), string(b))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, m)
+	}
+	ms = append(ms, extra...)
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("migration %s: want version %d", m.name, i+1)
+		}
+		if i > 0 && m.minReader < ms[i-1].minReader {
+			return nil, fmt.Errorf("migration %s: min_reader %d is below its predecessor's %d", m.name, m.minReader, ms[i-1].minReader)
+		}
 	}
 	return ms, nil
 }
@@ -60,14 +98,13 @@ func SchemaVersion() int {
 
 // migrate applies the missing migrations, each in its own BEGIN IMMEDIATE
 // transaction that re-reads the version (another process may have migrated
-// meanwhile). Even an up-to-date database gets one empty write transaction:
-// it proves at Open that the file is writable and not held by another
-// process beyond the busy timeout.
+// meanwhile), and records the schema's minimum reader with each. A schema
+// newer than this binary is used as it is when its minimum reader is not
+// newer than this binary, and refused otherwise. Even an up-to-date
+// database gets one write transaction: it proves at Open that the file is
+// writable and not held by another process beyond the busy timeout.
 func (s *Sink) migrate(ctx context.Context) error {
-	ms, err := migrations()
-	if err != nil {
-		return fmt.Errorf("sqlite sink %s: %w", s.path, err)
-	}
+	ms := s.migrations
 	latest := len(ms)
 	for {
 		tx, err := s.wdb.BeginTx(ctx, nil)
@@ -79,13 +116,23 @@ func (s *Sink) migrate(ctx context.Context) error {
 			tx.Rollback()
 			return s.fail(err)
 		}
-		if err := s.checkVersion(ctx, tx, cur, app, latest); err != nil {
+		if err := s.checkVersion(ctx, tx, cur, app); err != nil {
 			tx.Rollback()
 			return err
 		}
-		if cur == latest {
-			// The write probe: a no-op write must be allowed.
-			if _, err := tx.ExecContext(ctx, `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 0) ON CONFLICT (name) DO NOTHING`); err != nil {
+		if err := checkReader(ctx, tx, s.path, cur, ms); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if cur >= latest {
+			// The write probe: a no-op write must be allowed. On this
+			// binary's own version it also records the minimum reader for
+			// databases migrated before it was recorded.
+			q, args := `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 0) ON CONFLICT (name) DO NOTHING`, []any(nil)
+			if cur == latest {
+				q, args = upsertMinReader, []any{ms[latest-1].minReader}
+			}
+			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 				tx.Rollback()
 				return s.fail(err)
 			}
@@ -100,11 +147,19 @@ func (s *Sink) migrate(ctx context.Context) error {
 			tx.Rollback()
 			return s.fail(err)
 		}
+		if _, err := tx.ExecContext(ctx, upsertMinReader, m.minReader); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %s: record min_reader: %w", m.name, s.fail(err))
+		}
 		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("migration %s: %w", m.name, s.fail(err))
 		}
 	}
 }
+
+// upsertMinReader records the schema's minimum reader (it never goes down).
+const upsertMinReader = `INSERT INTO gemrecon_meta (name, value) VALUES ('min_reader', ?1)
+	ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)`
 
 // rowQuerier is what *sql.DB, *sql.Tx and *sql.Conn share.
 type rowQuerier interface {
@@ -122,11 +177,56 @@ func versionOf(ctx context.Context, q rowQuerier) (version, app int, err error) 
 	return version, app, nil
 }
 
-// checkVersion refuses newer schemas and databases of other applications.
-func (s *Sink) checkVersion(ctx context.Context, q rowQuerier, cur, app, latest int) error {
-	if cur > latest {
-		return fmt.Errorf("sqlite sink %s: schema version %d, but this gemrecon knows versions up to %d (upgrade gemrecon): %w", s.path, cur, latest, sink.ErrSchemaTooNew)
+// storedMinReader reads the minimum reader the database records; ok is false
+// when it records none.
+func storedMinReader(ctx context.Context, q rowQuerier) (mr int, ok bool, err error) {
+	var exists int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'gemrecon_meta'`).Scan(&exists); err != nil {
+		return 0, false, err
 	}
+	if exists == 0 {
+		return 0, false, nil
+	}
+	err = q.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return mr, err == nil, err
+}
+
+// checkReader refuses a schema newer than the migrations ms know whose
+// minimum reader is newer than they are too (or that records none). A schema
+// this binary knows needs no check: it is one of ms's.
+func checkReader(ctx context.Context, q rowQuerier, path string, cur int, ms []migration) error {
+	if cur <= len(ms) {
+		return nil
+	}
+	mr, ok, err := storedMinReader(ctx, q)
+	if err != nil {
+		return classify(path, err, -1, 0)
+	}
+	return readerError(path, cur, mr, ok, len(ms))
+}
+
+// readerError is checkReader's rule: a binary that knows versions up to
+// latest may use schema version cur whose minimum reader is mr (ok: the
+// database records one).
+func readerError(path string, cur, mr int, ok bool, latest int) error {
+	switch {
+	case cur <= latest:
+		return nil
+	case !ok:
+		return fmt.Errorf("sqlite sink %s: schema version %d records no minimum reader, and this gemrecon knows versions up to %d (upgrade gemrecon): %w",
+			path, cur, latest, sink.ErrSchemaTooNew)
+	case mr > latest:
+		return fmt.Errorf("sqlite sink %s: schema version %d needs a gemrecon that knows schema version %d or later (its minimum reader), and this one knows versions up to %d (upgrade gemrecon): %w",
+			path, cur, mr, latest, sink.ErrSchemaTooNew)
+	}
+	return nil
+}
+
+// checkVersion refuses databases of other applications.
+func (s *Sink) checkVersion(ctx context.Context, q rowQuerier, cur, app int) error {
 	if app != 0 && app != applicationID {
 		return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", s.path, app)
 	}
@@ -142,20 +242,25 @@ func (s *Sink) checkVersion(ctx context.Context, q rowQuerier, cur, app, latest 
 	return nil
 }
 
-// checkReadable validates a read-only open: the schema must be exactly the
-// one this build reads (a read-only open never migrates).
+// checkReadable validates a read-only open, which never migrates: the schema
+// must be this build's, or a newer one whose minimum reader this build is. An
+// older schema is refused: this build's queries need its tables, and a
+// writing command upgrades it.
 func (s *Sink) checkReadable(ctx context.Context) error {
 	cur, app, err := versionOf(ctx, s.rdb)
 	if err != nil {
 		return s.fail(err)
 	}
-	if err := s.checkVersion(ctx, s.rdb, cur, app, SchemaVersion()); err != nil {
+	if err := s.checkVersion(ctx, s.rdb, cur, app); err != nil {
+		return err
+	}
+	if err := checkReader(ctx, s.rdb, s.path, cur, s.migrations); err != nil {
 		return err
 	}
 	if cur == 0 {
 		return fmt.Errorf("sqlite sink %s: %w (the file holds no gemrecon schema yet)", s.path, sink.ErrNoDatabase)
 	}
-	if latest := SchemaVersion(); cur < latest {
+	if latest := len(s.migrations); cur < latest {
 		return fmt.Errorf("sqlite sink %s: schema version %d is older than this gemrecon's %d: run a writing command (poll, drain) once to upgrade it", s.path, cur, latest)
 	}
 	return nil

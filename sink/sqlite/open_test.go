@@ -121,10 +121,10 @@ func TestOpenBadInput(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.Close()
-				rawExec(t, path, "PRAGMA user_version = 99")
+				rawExec(t, path, "PRAGMA user_version = 99", "UPDATE gemrecon_meta SET value = 98 WHERE name = 'min_reader'")
 			},
 			is:   sink.ErrSchemaTooNew,
-			want: []string{"schema version 99", fmt.Sprintf("up to %d", sqlite.SchemaVersion())},
+			want: []string{"schema version 99", "knows schema version 98 or later", fmt.Sprintf("up to %d", sqlite.SchemaVersion())},
 		},
 		{
 			name: "schema too new read-only",
@@ -134,11 +134,25 @@ func TestOpenBadInput(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.Close()
-				rawExec(t, path, fmt.Sprintf("PRAGMA user_version = %d", sqlite.SchemaVersion()+1))
+				v := sqlite.SchemaVersion() + 1
+				rawExec(t, path, fmt.Sprintf("PRAGMA user_version = %d", v), fmt.Sprintf("UPDATE gemrecon_meta SET value = %d WHERE name = 'min_reader'", v))
 			},
 			opt:  sink.Options{ReadOnly: true},
 			is:   sink.ErrSchemaTooNew,
 			want: []string{fmt.Sprintf("schema version %d", sqlite.SchemaVersion()+1), fmt.Sprintf("up to %d", sqlite.SchemaVersion())},
+		},
+		{
+			name: "schema too new without a minimum reader",
+			setup: func(t *testing.T, path string) {
+				s, err := openRW(path, sink.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+				rawExec(t, path, "PRAGMA user_version = 99", "DELETE FROM gemrecon_meta WHERE name = 'min_reader'")
+			},
+			is:   sink.ErrSchemaTooNew,
+			want: []string{"schema version 99 records no minimum reader"},
 		},
 	}
 	for _, tt := range tests {

@@ -100,8 +100,8 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, err
 	}
-	if s.wdb == nil {
-		return sink.RecordResult{}, fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
+	if err := s.writable(); err != nil {
+		return sink.RecordResult{}, err
 	}
 	if info, ok := s.done.get(sg.Key); ok {
 		s.noteDuplicate(sg, info.firstSource, info.sha)
@@ -174,8 +174,8 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	if err := checkLease("record and claim "+sg.Key, lease); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
-	if s.wdb == nil {
-		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
+	if err := s.writable(); err != nil {
+		return sink.RecordResult{}, sink.Claim{}, err
 	}
 	if info, ok := s.done.get(sg.Key); ok {
 		s.noteDuplicate(sg, info.firstSource, info.sha)
@@ -507,6 +507,9 @@ func (s *Sink) NoteLookback(ctx context.Context, lookback time.Duration) error {
 // read-only, that the writer can begin and commit a transaction (a file
 // locked by another process beyond the busy timeout fails here).
 func (s *Sink) Ping(ctx context.Context) error {
+	if err := s.Broken(); err != nil {
+		return err
+	}
 	var n int64
 	if err := s.readQueryRow(ctx, qPing).Scan(&n); err != nil {
 		return s.fail(err)

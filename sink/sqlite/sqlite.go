@@ -49,8 +49,9 @@ const maxBatch = 512
 type Option func(*config)
 
 type config struct {
-	logger        *slog.Logger
-	doneCacheSize int
+	logger          *slog.Logger
+	doneCacheSize   int
+	extraMigrations []migration // tests: a newer binary's migrations
 }
 
 // WithLogger sets where payload conflicts and fenced outcomes are logged
@@ -63,9 +64,12 @@ func WithDoneCacheSize(n int) Option { return func(c *config) { c.doneCacheSize 
 
 // Sink is the SQLite implementation of sink.Sink and sink.RecordClaimer.
 type Sink struct {
-	path string
-	opt  sink.Options
-	log  *slog.Logger
+	path       string
+	opt        sink.Options
+	log        *slog.Logger
+	migrations []migration // what this binary knows
+	ident      *identity   // the opened file; nil when read-only
+	broken     atomic.Pointer[brokenErr]
 
 	rdb *sql.DB // reader pool
 	wdb *sql.DB // one writer connection; nil when read-only
@@ -120,6 +124,13 @@ const sqliteHeader = "SQLite format 3\x00"
 
 // Open opens (and, unless opt.ReadOnly, creates and migrates) the sink stored
 // in the SQLite file at path.
+//
+// Processes that start together on a file that does not exist yet race to
+// create it and switch it to WAL mode, and SQLite answers some of those races
+// with SQLITE_BUSY at once, without calling the busy handler (it would risk a
+// deadlock). Open therefore runs again whenever it meets a busy database,
+// until the busy timeout has passed by the clock since it began: every start
+// succeeds unless another process really holds the lock that long.
 func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (*Sink, error) {
 	cfg := config{doneCacheSize: DefaultDoneCacheSize}
 	for _, o := range extra {
@@ -132,17 +143,35 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 	if err := processSetup(); err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
 	}
-	if err := checkFile(path, opt.ReadOnly); err != nil {
+	var s *Sink
+	err := retryBusy(ctx, opt.BusyTimeout, func() error {
+		var err error
+		s, err = openOnce(ctx, path, opt, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openOnce is one attempt of Open; on error it leaves nothing open.
+func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*Sink, error) {
+	ms, err := allMigrations(cfg.extraMigrations)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
+	}
+	if err := checkFile(path, opt.ReadOnly, ms); err != nil {
 		return nil, err
 	}
 	s := &Sink{
-		path:  path,
-		opt:   opt,
-		log:   cfg.logger,
-		done:  newDoneCache(cfg.doneCacheSize),
-		stats: newStatBuffer(),
+		path:       path,
+		opt:        opt,
+		log:        cfg.logger,
+		migrations: ms,
+		done:       newDoneCache(cfg.doneCacheSize),
+		stats:      newStatBuffer(),
 	}
-	var err error
 	if opt.ReadOnly {
 		s.rdb, err = openDB(path, opt.BusyTimeout, true)
 		if err != nil {
@@ -154,42 +183,74 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 			s.rdb.Close()
 			return nil, err
 		}
+		if err := s.checkStructure(ctx, s.rdb); err != nil {
+			s.rdb.Close()
+			return nil, err
+		}
 		if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
 			s.rdb.Close()
 			return nil, s.fail(err)
 		}
 		return s, nil
 	}
+	// The descriptor that says which file this sink opened: after every
+	// commit, the path must still name it (see checkIdentity). It is taken
+	// before SQLite opens the path and compared once SQLite has.
+	if s.ident, err = openIdentity(path); err != nil {
+		return nil, err
+	}
+	closeAll := func() {
+		if s.wprep != nil {
+			s.wprep.close()
+		}
+		if s.rprep != nil {
+			s.rprep.close()
+		}
+		if s.rdb != nil {
+			s.rdb.Close()
+		}
+		if s.wdb != nil {
+			s.wdb.Close()
+		}
+		s.ident.close()
+	}
 	s.wdb, err = openDB(path, opt.BusyTimeout, false)
 	if err != nil {
+		closeAll()
 		return nil, s.fail(err)
 	}
 	s.wdb.SetMaxOpenConns(1)
 	s.wdb.SetMaxIdleConns(1)
 	s.wdb.SetConnMaxLifetime(0)
 	s.wdb.SetConnMaxIdleTime(0)
+	// A damaged file is refused before anything is written to it.
+	if err := s.checkStructure(ctx, s.wdb); err != nil {
+		closeAll()
+		return nil, err
+	}
 	if err := s.migrate(ctx); err != nil {
-		s.wdb.Close()
+		closeAll()
 		return nil, err
 	}
 	s.rdb, err = openDB(path, opt.BusyTimeout, false)
 	if err != nil {
-		s.wdb.Close()
+		closeAll()
 		return nil, s.fail(err)
 	}
 	// Every reader connection stays open, with its prepared statements.
 	s.rdb.SetMaxOpenConns(4)
 	s.rdb.SetMaxIdleConns(4)
 	if s.wprep, err = prepare(ctx, s.wdb, writerQueries()); err != nil {
-		s.rdb.Close()
-		s.wdb.Close()
+		closeAll()
 		return nil, s.fail(err)
 	}
 	if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
-		s.wprep.close()
-		s.rdb.Close()
-		s.wdb.Close()
+		closeAll()
 		return nil, s.fail(err)
+	}
+	if err := s.checkIdentity(); err != nil {
+		closeAll()
+		return nil, err
 	}
 	s.batchStmts = make(map[string]*sql.Stmt)
 	s.ops = make(chan *op, maxBatch)
@@ -200,9 +261,10 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 }
 
 // checkFile refuses, before SQLite touches anything, a path that is a
-// directory, a file that is not SQLite, a file this process may not write,
-// and (read-only) a missing file. A missing file is created with mode 0600.
-func checkFile(path string, readOnly bool) error {
+// directory, a file that is not SQLite, a damaged header, a schema this
+// binary may not use, a file this process may not write, and (read-only) a
+// missing file. A missing file is created with mode 0600.
+func checkFile(path string, readOnly bool, ms []migration) error {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -234,25 +296,30 @@ func checkFile(path string, readOnly bool) error {
 			return fmt.Errorf("sqlite sink %s: %v", path, err)
 		}
 		head := make([]byte, 100)
-		_, err = io.ReadFull(f, head)
+		n, _ := io.ReadFull(f, head)
 		f.Close()
-		if err != nil || string(head[:len(sqliteHeader)]) != sqliteHeader {
+		if n < len(sqliteHeader) || string(head[:len(sqliteHeader)]) != sqliteHeader {
 			return fmt.Errorf("sqlite sink %s: file is not a database (no SQLite header): refusing to touch it", path)
 		}
-		// Refuse a newer schema or another application's database before
-		// opening it: opening for writing would switch it to WAL mode.
-		// (The header can lag a WAL not yet checkpointed; the checks are
-		// repeated inside the first transaction.)
+		if n < len(head) {
+			return corruptError(path, fmt.Errorf("the file ends inside its %d-byte header (%d bytes)", len(head), n))
+		}
+		if err := checkHeader(head); err != nil {
+			return corruptError(path, err)
+		}
+		// Refuse a schema this binary may not use or another application's
+		// database before opening it: opening for writing would switch it
+		// to WAL mode. (The header can lag a WAL not yet checkpointed; the
+		// checks are repeated inside the first transaction.)
 		version := int(binary.BigEndian.Uint32(head[60:64]))
 		app := int(binary.BigEndian.Uint32(head[68:72]))
 		if app != 0 && app != applicationID {
 			return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
 		}
-		if latest := SchemaVersion(); version > latest {
-			return fmt.Errorf("sqlite sink %s: schema version %d, but this gemrecon knows versions up to %d (upgrade gemrecon): %w", path, version, latest, sink.ErrSchemaTooNew)
-		}
-		if version == 0 && app == 0 {
-			if err := checkForeignTables(path); err != nil {
+		// A newer schema may still be one this binary can use (its minimum
+		// reader is not newer than this binary): ask SQLite, read-only.
+		if version > len(ms) || (version == 0 && app == 0) {
+			if err := checkSchemaReadOnly(path, head, ms); err != nil {
 				return err
 			}
 		}
@@ -268,30 +335,93 @@ func checkFile(path string, readOnly bool) error {
 	return nil
 }
 
-// checkForeignTables refuses an SQLite file that holds tables but no
-// gemrecon schema, reading it without changing it. The header said version 0,
-// but a WAL not yet checkpointed may hold gemrecon's schema: ask SQLite.
-func checkForeignTables(path string) error {
-	db, err := openDB(path, sink.DefaultBusyTimeout, true)
-	if err != nil {
-		return fmt.Errorf("sqlite sink %s: %w", path, err)
-	}
-	defer db.Close()
-	var version, app, n int
-	err = db.QueryRow(`SELECT (SELECT user_version FROM pragma_user_version),
-		(SELECT application_id FROM pragma_application_id), (SELECT count(*) FROM sqlite_schema)`).Scan(&version, &app, &n)
-	if err != nil {
-		return fmt.Errorf("sqlite sink %s: %w", path, err)
+// checkHeader checks the fields of an SQLite header (after its magic string)
+// that have only a few valid values: a header that fails is damaged.
+func checkHeader(h []byte) error {
+	ps := int(binary.BigEndian.Uint16(h[16:18]))
+	if ps == 1 {
+		ps = 65536
 	}
 	switch {
-	case app != 0 && app != applicationID:
-		return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
-	case version > SchemaVersion():
-		return fmt.Errorf("sqlite sink %s: schema version %d, but this gemrecon knows versions up to %d (upgrade gemrecon): %w", path, version, SchemaVersion(), sink.ErrSchemaTooNew)
-	case version == 0 && n > 0:
-		return fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d schema objects, no gemrecon schema): refusing to touch it", path, n)
+	case ps < 512 || ps > 65536 || ps&(ps-1) != 0:
+		return fmt.Errorf("the header is damaged: page size %d", ps)
+	case h[18] < 1 || h[18] > 2 || h[19] < 1 || h[19] > 2:
+		return fmt.Errorf("the header is damaged: file format versions %d/%d", h[18], h[19])
+	case int(h[20]) >= ps-480:
+		return fmt.Errorf("the header is damaged: %d reserved bytes per page", h[20])
+	case h[21] != 64 || h[22] != 32 || h[23] != 32:
+		return fmt.Errorf("the header is damaged: payload fractions %d/%d/%d", h[21], h[22], h[23])
 	}
 	return nil
+}
+
+// checkSchemaReadOnly refuses, reading the file without changing it, an
+// SQLite file that holds tables but no gemrecon schema, and a gemrecon schema
+// newer than this binary whose minimum reader is newer too. The header said
+// version 0 or a newer version, but a WAL not yet checkpointed may hold more:
+// ask SQLite.
+//
+// A file in WAL mode with no -wal file beside it is used by no connection
+// (each keeps one), and its main file holds everything: it is read as
+// immutable, so that refusing a newer schema creates nothing beside it (a
+// read-only connection would leave an empty -wal and an -shm file).
+// Otherwise, or should that read fail, SQLite reads it the ordinary way.
+func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
+	// check returns unread when SQLite could not read the file.
+	check := func(immutable bool) (unread bool, err error) {
+		var db *sql.DB
+		if immutable {
+			db, err = openImmutable(path)
+		} else {
+			db, err = openDB(path, sink.DefaultBusyTimeout, true)
+		}
+		if err != nil {
+			return true, classify(path, err, -1, sink.DefaultBusyTimeout)
+		}
+		defer db.Close()
+		ctx := context.Background()
+		var version, app, n, mr int
+		var hasMR bool
+		err = db.QueryRowContext(ctx, `SELECT (SELECT user_version FROM pragma_user_version),
+			(SELECT application_id FROM pragma_application_id), (SELECT count(*) FROM sqlite_schema)`).Scan(&version, &app, &n)
+		if err == nil && version > len(ms) {
+			mr, hasMR, err = storedMinReader(ctx, db)
+		}
+		if err != nil {
+			return true, classify(path, err, -1, sink.DefaultBusyTimeout)
+		}
+		switch {
+		case app != 0 && app != applicationID:
+			return false, fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
+		case version == 0 && n > 0:
+			return false, fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d schema objects, no gemrecon schema): refusing to touch it", path, n)
+		}
+		return false, readerError(path, version, mr, hasMR, len(ms))
+	}
+	if head[18] == 2 && !exists(path+"-wal") && !exists(path+"-journal") {
+		// Trusted only for the newer-schema rule: a read that raced a
+		// checkpoint may mix two states, but versions and minimum readers
+		// only grow, so a refusal it gives is right. Anything else is
+		// decided by an ordinary read.
+		if unread, err := check(true); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
+			return err
+		}
+	}
+	_, err := check(false)
+	return err
+}
+
+// exists reports whether something exists at path.
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// openImmutable opens path read-only as an immutable file: no locks, no -wal
+// or -shm (see checkSchemaReadOnly for when that is safe).
+func openImmutable(path string) (*sql.DB, error) {
+	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: "mode=ro&immutable=1"}
+	return sql.Open("sqlite", u.String())
 }
 
 // openDB opens a pool on path. The busy timeout comes first so that the
@@ -322,25 +452,41 @@ func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 	return db, nil
 }
 
-// fail turns a driver error into one line naming the file and the cause.
+// fail turns a driver error into one line naming the file and the cause. A
+// busy database gives a *lockedError (the time waited is not known here); a
+// corruption error marks the sink broken.
 func (s *Sink) fail(err error) error {
 	if err == nil {
 		return nil
+	}
+	err = classify(s.path, err, -1, s.opt.BusyTimeout)
+	if errors.Is(err, ErrCorrupt) {
+		s.markBroken(err)
+	}
+	return err
+}
+
+// classify is fail without a sink: waited is how long the caller waited for
+// a lock (-1: not measured).
+func classify(path string, err error, waited, busy time.Duration) error {
+	var le *lockedError
+	if errors.As(err, &le) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrFileReplaced) {
+		return err // classified already
 	}
 	var se *msqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-			return fmt.Errorf("sqlite sink %s: database is locked by another process (waited the busy timeout of %v): %w", s.path, s.opt.BusyTimeout, err)
-		case sqlite3.SQLITE_NOTADB:
-			return fmt.Errorf("sqlite sink %s: file is not a database: %w", s.path, err)
+			return &lockedError{path: path, busy: busy, waited: waited, err: err}
+		case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+			return corruptError(path, err)
 		case sqlite3.SQLITE_READONLY:
-			return fmt.Errorf("sqlite sink %s: database is read-only: %w", s.path, err)
+			return fmt.Errorf("sqlite sink %s: database is read-only: %w", path, err)
 		case sqlite3.SQLITE_CANTOPEN:
-			return fmt.Errorf("sqlite sink %s: cannot open the database file: %w", s.path, err)
+			return fmt.Errorf("sqlite sink %s: cannot open the database file: %w", path, err)
 		}
 	}
-	return fmt.Errorf("sqlite sink %s: %w", s.path, err)
+	return fmt.Errorf("sqlite sink %s: %w", path, err)
 }
 
 // Commits returns how many write transactions this sink has committed: with
@@ -370,6 +516,7 @@ func (s *Sink) Close() error {
 		errs = append(errs, s.wprep.close(), s.wdb.Close())
 	}
 	errs = append(errs, s.rprep.close(), s.rdb.Close())
+	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)
 }
 

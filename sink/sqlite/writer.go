@@ -35,8 +35,8 @@ type opResult struct {
 // bounds the wait, not the transaction: a write the caller stopped waiting for
 // may still commit (treat its outcome as unknown).
 func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onCommit func(v any)) (any, error) {
-	if s.wdb == nil {
-		return nil, fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
+	if err := s.writable(); err != nil {
+		return nil, err
 	}
 	o := &op{ctx: ctx, fn: fn, onCommit: onCommit, res: make(chan opResult, 1)}
 	s.mu.RLock()
@@ -139,9 +139,18 @@ func (s *Sink) runBatch(batch []*op) error {
 		}
 		return err
 	}
-	tx, err := s.wdb.BeginTx(ctx, nil)
-	if err != nil {
-		return answerAll(s.fail(err))
+	if err := s.Broken(); err != nil {
+		return answerAll(err)
+	}
+	// BEGIN IMMEDIATE waits in SQLite's busy handler; a conflict SQLite
+	// answers at once is tried again, within the same busy timeout.
+	var tx *sql.Tx
+	if err := retryBusy(ctx, s.opt.BusyTimeout, func() error {
+		var err error
+		tx, err = s.wdb.BeginTx(ctx, nil)
+		return s.fail(err)
+	}); err != nil {
+		return answerAll(err)
 	}
 	s.batchTx = tx
 	defer func() {
@@ -190,6 +199,12 @@ func (s *Sink) runBatch(batch []*op) error {
 		return answerAll(s.fail(err))
 	}
 	s.commits.Add(1)
+	// The commit counts only if it went to the file the path names: after
+	// the file was deleted or replaced it went to a file nobody can find.
+	if err := s.checkIdentity(); err != nil {
+		s.markBroken(err)
+		return answerAll(err)
+	}
 	for i, o := range batch {
 		r := results[i]
 		if r.err == nil && o.onCommit != nil {

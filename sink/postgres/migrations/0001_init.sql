@@ -1,3 +1,4 @@
+-- min_reader: 1
 -- gemrecon sink, schema version 1: one row per idempotency key (spec §3).
 CREATE TABLE gemrecon_keys (
     key             text        PRIMARY KEY,

@@ -1,3 +1,4 @@
+-- min_reader: 1
 -- Version 1: one row per idempotency key, and a name/value table for
 -- counters and settings that outlive a process.
 PRAGMA application_id = 1734700402; -- 'gemr'

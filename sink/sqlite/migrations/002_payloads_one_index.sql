@@ -1,3 +1,4 @@
+-- min_reader: 2
 -- Version 2: fewer pages per commit, and operator-retry history.
 --
 -- A durable commit costs one disk sync whose price grows with the pages it
