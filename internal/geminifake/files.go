@@ -304,8 +304,9 @@ const LineSize = 1024
 //
 //	{"key":"request-0000000001","response":{"candidates":[{"content":{"parts":[{"text":"…"}],"role":"model"},"finishReason":"STOP"}]}}
 //
-// with text drawn from the seed and padded so that each line, newline
-// included, is LineSize bytes; the last line takes up the remainder (it is
+// with text drawn from the seed (a window, chosen per line, of 64 KiB of
+// letters and spaces drawn from the seed) and sized so that each line,
+// newline included, is LineSize bytes; the last line takes up the remainder (it is
 // longer, up to 2×LineSize−1, when the remainder is too short for a line of
 // its own). A size smaller than the shortest line gives a prefix of one.
 func Content(seed uint64, size int64) io.Reader {
@@ -327,6 +328,37 @@ type content struct {
 	line int64  // index of the line in buf
 	buf  []byte // the current line
 	off  int    // read offset in buf
+	// table holds letters and spaces drawn from the seed; each line's text
+	// is a window of it (copying is faster than drawing every byte).
+	table []byte
+}
+
+const tableSize = 64 << 10 // more than the longest line's text (2×LineSize)
+
+// textTable draws tableSize letters and spaces from a seed: never a byte
+// JSON escapes.
+func textTable(seed uint64) []byte {
+	t := make([]byte, tableSize)
+	x := seed
+	for i := 0; i < len(t); i += 8 {
+		x += 0x9e3779b97f4a7c15
+		z := splitmix(x)
+		for j := 0; j < 8; j++ {
+			if c := byte(z >> (8 * j)); c%6 == 0 {
+				t[i+j] = ' '
+			} else {
+				t[i+j] = 'a' + c%26
+			}
+		}
+	}
+	return t
+}
+
+// splitmix is splitmix64's output function.
+func splitmix(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // lineLen returns the length of line i of a file of this size.
@@ -380,23 +412,13 @@ func (c *content) fill() {
 	}
 	b = append(b, k...)
 	b = append(b, lineMid...)
-	text := l - int(minLine)
-	x := c.seed ^ (uint64(c.line)+1)*0x9e3779b97f4a7c15
-	for i := 0; i < text; i += 8 {
-		// splitmix64, one byte of text per byte of output: letters and
-		// spaces, never a byte JSON escapes.
-		x += 0x9e3779b97f4a7c15
-		z := x
-		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-		z ^= z >> 31
-		for j := 0; j < 8 && i+j < text; j++ {
-			if c := byte(z >> (8 * j)); c%6 == 0 {
-				b = append(b, ' ')
-			} else {
-				b = append(b, 'a'+c%26)
-			}
+	if text := l - int(minLine); text > 0 {
+		if c.table == nil {
+			c.table = textTable(c.seed)
 		}
+		// A window of the seed's table, chosen per line.
+		at := splitmix(c.seed^uint64(c.line)*0x9e3779b97f4a7c15) % uint64(len(c.table)-text)
+		b = append(b, c.table[at:at+uint64(text)]...)
 	}
 	b = append(b, lineSuffix...)
 	if len(b) > l { // a file shorter than one line: a prefix of it
