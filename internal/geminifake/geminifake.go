@@ -155,7 +155,8 @@ type entry struct {
 // Server is the fake API: an http.Handler with runtime controls. All methods
 // are safe for concurrent use.
 type Server struct {
-	opts Options
+	opts  Options
+	extra extraState // files, denied names, get-only states (files.go); guarded by mu
 
 	mu       sync.Mutex
 	byName   map[string]*entry
@@ -168,8 +169,6 @@ type Server struct {
 
 	srv *http.Server
 	ln  net.Listener
-
-	extra extraState // files, denied names, get-only states (files.go)
 }
 
 // New returns a fake with no batches.
