@@ -547,3 +547,67 @@ func TestReplicasKillHolderMidPass(t *testing.T) {
 		t.Errorf("%d effects ran more than once; the killed process had at most 4 in flight", twice)
 	}
 }
+
+// poll's replica flags: a pass that finds the scope's pass lease held by
+// another process skips its listing, exits 0 and says so (text and JSON);
+// --force lists anyway and leaves the lease alone; contradictory flags are
+// usage errors.
+func TestPollSkipsWhileLeaseHeld(t *testing.T) {
+	t.Setenv("GEMINI_API_KEY", testAPIKey)
+	t.Setenv("GOOGLE_API_KEY", "")
+	api := fakeAPI(t, "SUCCEEDED", "RUNNING")
+	db := newDB(t)
+	log := filepath.Join(t.TempDir(), "effects.log")
+	for _, bad := range [][]string{
+		{"--watch", "--force"},
+		{"--watch", "--min-interval", "1m"},
+		{"--force", "--min-interval", "1m"},
+		{"--min-interval", "-1s"},
+		{"--pass-lease", "500ms"},
+	} {
+		if r := gemrecon(t, pollArgs(db, api, bad...)...); r.code != exitUsage {
+			t.Errorf("poll %v: want exit 2, got %v", bad, r)
+		}
+	}
+	// The scope as the poll computes it: run one forced pass first.
+	r := gemrecon(t, pollArgs(db, api, "--force", effectArg(log))...)
+	wantCode(t, r, exitOK)
+	st := statsJSON(t, db)
+	if len(st.Passes) != 1 || st.Passes[0].Holder != "" {
+		t.Fatalf("after a forced pass: %+v", st.Passes)
+	}
+	scope := st.Passes[0].Scope
+	until := time.Now().Add(time.Hour)
+	withSink(t, db, sink.Options{}, func(s sink.Sink) {
+		if _, _, err := s.AcquirePass(t.Context(), scope, "host-b:7:beef", time.Hour, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	before, _ := listRequests(api, time.Time{}, until)
+	r = gemrecon(t, pollArgs(db, api, effectArg(log))...)
+	wantCode(t, r, exitOK)
+	if !regexp.MustCompile(`(?m)^poll: listed=0 .* api_requests=0 full_scan=false duration=\S+ skipped=held holder=host-b:7:beef until=\S+$`).MatchString(r.stderr) {
+		t.Errorf("summary of a skipped pass:\n%s", r.stderr)
+	}
+	r = gemrecon(t, append([]string{"--log-format", "json"}, pollArgs(db, api, effectArg(log))...)...)
+	wantCode(t, r, exitOK)
+	var sum map[string]any
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil || sum["skipped"] != "held" || sum["holder"] != "host-b:7:beef" || sum["until"] == nil {
+		t.Errorf("JSON summary of a skipped pass: %v\n%s", err, r.stderr)
+	}
+	if after, _ := listRequests(api, time.Time{}, until); after != before {
+		t.Errorf("skipped passes sent %d list requests", after-before)
+	}
+	r = gemrecon(t, pollArgs(db, api, "--force", effectArg(log))...)
+	wantCode(t, r, exitOK)
+	if strings.Contains(r.stderr, "skipped=") {
+		t.Errorf("a forced pass skipped: %s", r.stderr)
+	}
+	if rec := statsJSON(t, db).Passes[0]; rec.Holder != "host-b:7:beef" || rec.Token != 1 {
+		t.Errorf("a forced pass touched the lease: %+v", rec)
+	}
+	if lines := readLines(t, log); len(lines) != 1 {
+		t.Errorf("effect log %q: want the one terminal batch once", lines)
+	}
+}
