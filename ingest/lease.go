@@ -108,14 +108,18 @@ type lease struct {
 	lost error
 }
 
-// hold starts renewing l and returns the context the listing runs under.
-func (p *Poll) hold(ctx context.Context, l sink.PassLease) (*lease, context.Context) {
+// hold starts renewing l, acquired no earlier than asked (by the local
+// clock), and returns the context the listing runs under.
+func (p *Poll) hold(ctx context.Context, l sink.PassLease, asked time.Time) (*lease, context.Context) {
 	listCtx, cancel := context.WithCancelCause(ctx)
 	h := &lease{p: p, cancel: cancel, stopc: make(chan struct{}), done: make(chan struct{}), cur: l}
-	go h.run(context.WithoutCancel(ctx), p.cfg.Now().Add(p.cfg.PassLease))
+	go h.run(context.WithoutCancel(ctx), asked.Add(p.cfg.PassLease))
 	return h, listCtx
 }
 
+// run renews until stop. valid is when the lease runs out by the local
+// clock: the time a successful acquisition or renewal was sent, plus the
+// lease, so never later than the sink's own end of it.
 func (h *lease) run(ctx context.Context, valid time.Time) {
 	defer close(h.done)
 	p := h.p

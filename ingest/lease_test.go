@@ -507,3 +507,20 @@ func TestSummarySkipped(t *testing.T) {
 		t.Errorf("a pass that listed: %s", b.String())
 	}
 }
+
+// The pass lease's configuration: defaults, and a renewal period that is
+// not shorter than the lease refused.
+func TestPollLeaseConfig(t *testing.T) {
+	e := newEnv(t, envOptions{interval: time.Minute})
+	if c := e.poll.cfg; c.PassLease != DefaultPassLease || c.RenewEvery != DefaultPassLease/3 || c.MinInterval != time.Minute {
+		t.Errorf("defaults: lease %v, renew every %v, min interval %v", c.PassLease, c.RenewEvery, c.MinInterval)
+	}
+	base := e.poll.cfg
+	for _, c := range []struct{ lease, every time.Duration }{{time.Second, time.Second}, {time.Second, 2 * time.Second}, {-time.Second, 0}, {time.Second, -1}} {
+		cfg := base
+		cfg.PassLease, cfg.RenewEvery = c.lease, c.every
+		if _, err := NewPoll(cfg); err == nil {
+			t.Errorf("lease %v renewed every %v: accepted", c.lease, c.every)
+		}
+	}
+}

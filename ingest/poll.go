@@ -70,8 +70,8 @@ type PollConfig struct {
 	Poller *poller.Poller
 	// Dispatcher runs every due key after the listing (required).
 	Dispatcher *dispatch.Dispatcher
-	// Metrics counts sightings (gemrecon_deliveries_total{source="poll"});
-	// nil counts nothing.
+	// Metrics counts sightings (gemrecon_deliveries_total{source="poll"})
+	// and passes (gemrecon_poll_passes_total); nil counts nothing.
 	Metrics *metrics.Metrics
 	// FullScanEvery: a pass reads every page when the scope's last full
 	// scan is this old, less Interval, so that one pass per FullScanEvery
@@ -227,7 +227,7 @@ func (p *Poll) Pass(ctx context.Context) Result {
 	if !r.Skipped() {
 		listCtx := ctx
 		if l.Token != 0 {
-			held, listCtx = p.hold(ctx, l)
+			held, listCtx = p.hold(ctx, l, r.Start)
 		}
 		p.list(ctx, listCtx, rec, &r)
 	}
