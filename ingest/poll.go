@@ -2,9 +2,11 @@
 // recorded key (spec §9.1): the canonical key (canon), the check of what a
 // key may be (spec §12), sink.Record, the deliveries metrics, and waking
 // dispatch. Today it holds the reconciliation pass loop of spec §5 that
-// `gemrecon poll` (once, or --watch) and `serve --poll-every` share: list →
-// key → Record (source poll) → count → drain → the scope's pass record
-// (spec §5.5), including when a pass must read every page.
+// `gemrecon poll` (once, or --watch) and `serve --poll-every` share: the
+// scope's pass lease → list → key → Record (source poll) → count → drain →
+// the scope's pass record (spec §5.5), including when a pass must read
+// every page, and when it must not list at all because another replica
+// holds the lease or listed less than an interval ago (lease.go).
 //
 // Commands only wire flags to it; they do not record sightings themselves.
 package ingest
@@ -68,8 +70,8 @@ type PollConfig struct {
 	Poller *poller.Poller
 	// Dispatcher runs every due key after the listing (required).
 	Dispatcher *dispatch.Dispatcher
-	// Metrics counts sightings (gemrecon_deliveries_total{source="poll"});
-	// nil counts nothing.
+	// Metrics counts sightings (gemrecon_deliveries_total{source="poll"})
+	// and passes (gemrecon_poll_passes_total); nil counts nothing.
 	Metrics *metrics.Metrics
 	// FullScanEvery: a pass reads every page when the scope's last full
 	// scan is this old, less Interval, so that one pass per FullScanEvery
@@ -79,14 +81,33 @@ type PollConfig struct {
 	// Interval is the time between the starts of Watch's passes; 0 for a
 	// single pass (cron), whose next pass comes at a time unknown here.
 	Interval time.Duration
-	// Owner names this process in the pass records (default: the
-	// dispatcher's owner).
+	// MinInterval is the fleet's interval (spec §5.5): a pass skips its
+	// listing when a pass of the scope, by any process, started less than
+	// MinInterval − MinInterval/10 ago (fleetGap). 0 means Interval: Watch's
+	// passes keep the fleet's interval; a single pass (cron) with neither
+	// skips only while another process holds the lease, as does any pass
+	// when MinInterval is negative.
+	MinInterval time.Duration
+	// PassLease is how long the scope's pass lease is held without renewal
+	// (default DefaultPassLease); RenewEvery how often it is renewed while
+	// the pass runs (default PassLease/3; each renewal bounded by it).
+	PassLease, RenewEvery time.Duration
+	// Force lists without the pass lease and whatever the interval (poll
+	// --force): the pass is recorded (EndPass with token 0) but leaves the
+	// lease alone.
+	Force bool
+	// Owner names this process in the pass records and holds the pass lease
+	// (default: the dispatcher's owner). It must be unique per process.
 	Owner string
 	// Logger receives the pass's logs (default: discard).
 	Logger *slog.Logger
 	// Now is the clock of the pass records and the full-scan schedule
 	// (default time.Now). Give the poller the same clock in tests.
 	Now func() time.Time
+
+	// renewTicks, when set (tests), replaces the ticker every RenewEvery that
+	// times the pass lease's renewals.
+	renewTicks <-chan time.Time
 }
 
 // Poll runs reconciliation passes over one scope.
@@ -100,8 +121,20 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	if cfg.Sink == nil || cfg.Poller == nil || cfg.Dispatcher == nil {
 		return nil, errors.New("ingest: a poll needs a sink, a poller and a dispatcher")
 	}
-	if cfg.FullScanEvery < 0 || cfg.Interval < 0 {
-		return nil, errors.New("ingest: negative full-scan interval or pass interval")
+	if cfg.FullScanEvery < 0 || cfg.Interval < 0 || cfg.PassLease < 0 || cfg.RenewEvery < 0 {
+		return nil, errors.New("ingest: negative full-scan interval, pass interval, pass lease or renewal period")
+	}
+	if cfg.MinInterval == 0 {
+		cfg.MinInterval = cfg.Interval
+	}
+	if cfg.PassLease == 0 {
+		cfg.PassLease = DefaultPassLease
+	}
+	if cfg.RenewEvery == 0 {
+		cfg.RenewEvery = cfg.PassLease / 3
+	}
+	if cfg.RenewEvery <= 0 || cfg.RenewEvery >= cfg.PassLease {
+		return nil, fmt.Errorf("ingest: the pass lease %v must be renewed more often than it lasts (every %v)", cfg.PassLease, cfg.RenewEvery)
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = cfg.Dispatcher.Owner()
@@ -112,7 +145,9 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Poll{cfg: cfg, scope: cfg.Poller.Scope()}, nil
+	p := &Poll{cfg: cfg, scope: cfg.Poller.Scope()}
+	cfg.Metrics.DeclarePassScope(p.scope)
+	return p, nil
 }
 
 // Scope returns the scope this Poll's passes are recorded under.
@@ -124,6 +159,12 @@ type Result struct {
 	Start, End time.Time
 	// List is the poller's account of the listing (zero if it did not run).
 	List poller.PassStats
+	// Skip says why the pass did not list (another process holds the pass
+	// lease, or listed less than the fleet's interval ago); its Reason is ""
+	// for a pass that listed. A skipped pass still drains.
+	Skip Skip
+	// Forced: the pass listed without the pass lease (PollConfig.Force).
+	Forced bool
 	// FullScanAsked: the schedule asked this pass to read every page.
 	FullScanAsked bool
 	// New, Duplicates and Invalid split the terminal operations handed over:
@@ -132,8 +173,9 @@ type Result struct {
 	// Effects is what the drain after the listing ran.
 	Effects dispatch.Summary
 	// ListErr ends the listing (credentials, the API after retries, the
-	// database refusing a Record); DrainErr the drain; RecordErr the pass
-	// record. Each is fatal (exit 1).
+	// database refusing a Record or the pass lease, the lease lost:
+	// ErrPassLost); DrainErr the drain; RecordErr the pass record. Each is
+	// fatal (exit 1).
 	ListErr, DrainErr, RecordErr error
 	// Record is the scope's pass record read after this pass was recorded
 	// (for the textfile); RecordKnown is false when it could not be read.
@@ -152,9 +194,13 @@ func (r Result) EffectsFailed() bool {
 	return r.Effects.Failed > 0 || r.Effects.Dead > 0 || r.Effects.Fenced > 0
 }
 
-// Success reports exit status 0: the pass listed fully, recorded its pass,
-// and every effect it ran succeeded.
+// Success reports exit status 0: the pass listed fully (or skipped its
+// listing because another process holds the lease or listed recently),
+// recorded its pass, and every effect it ran succeeded.
 func (r Result) Success() bool { return r.Err() == nil && !r.EffectsFailed() }
+
+// Skipped reports whether the pass skipped its listing.
+func (r Result) Skipped() bool { return r.Skip.Reason != "" }
 
 // FullScan reports whether the pass read every page to the end.
 func (r Result) FullScan() bool { return r.ListErr == nil && r.List.FullScan }
@@ -162,57 +208,136 @@ func (r Result) FullScan() bool { return r.ListErr == nil && r.List.FullScan }
 // Duration is the pass's wall time by the Poll's clock.
 func (r Result) Duration() time.Duration { return r.End.Sub(r.Start) }
 
-// Pass runs one reconciliation pass: it lists (every page when a full scan
-// is due), records every terminal operation inside the window with source
-// poll, drains every due key, and records the pass for its scope. A listing
-// error still drains what was recorded before it.
+// Pass runs one reconciliation pass: it takes the scope's pass lease (or
+// skips the listing, see begin), lists (every page when a full scan is
+// due), records every terminal operation inside the window with source
+// poll, drains every due key, and records the pass for its scope, releasing
+// the lease. A listing error still drains what was recorded before it; so
+// does a skipped listing.
 func (p *Poll) Pass(ctx context.Context) Result {
 	r := Result{Scope: p.scope, Start: p.cfg.Now()}
-	lease, rec, err := p.begin(ctx)
+	l, rec, err := p.begin(ctx, &r)
 	if err != nil {
 		r.ListErr = err
 		r.End = p.cfg.Now()
+		p.cfg.Metrics.ObservePass(p.scope, metrics.PassError)
 		return r
 	}
-	r.FullScanAsked = p.fullScanDue(rec, r.Start)
-	r.List, r.ListErr = p.cfg.Poller.PassWith(ctx, poller.PassOptions{FullScan: r.FullScanAsked},
-		func(op poller.Operation) error { return p.sighting(ctx, &r, op) })
+	var held *lease
+	if !r.Skipped() {
+		listCtx := ctx
+		if l.Token != 0 {
+			held, listCtx = p.hold(ctx, l, r.Start)
+		}
+		p.list(ctx, listCtx, rec, &r)
+	}
 	if ctx.Err() == nil {
 		r.Effects, r.DrainErr = p.cfg.Dispatcher.Drain(ctx)
 	}
 	r.End = p.cfg.Now()
-	p.end(ctx, lease, &r)
+	if !r.Skipped() {
+		var lost error
+		if held != nil {
+			l, lost = held.stop()
+		}
+		p.end(ctx, l, lost, &r)
+	}
+	p.observe(&r)
 	return r
 }
 
-// begin starts a pass: it notes the lookback (purge's guard) and reads the
-// scope's pass record. Taking the scope's pass lease (spec §5.5) belongs
-// here, before anything is listed; until then a pass holds no lease
-// (token 0) and only records.
-func (p *Poll) begin(ctx context.Context) (sink.PassLease, sink.PassRecord, error) {
-	lease := sink.PassLease{Scope: p.scope, Owner: p.cfg.Owner}
+// begin starts a pass: it notes the lookback (purge's guard), reads the
+// scope's pass record and takes the scope's pass lease (spec §5.5) — unless
+// another process holds it, or a pass of the scope started less than the
+// fleet's gap ago (fleetGap), in which case r.Skip says so and the pass
+// lists nothing. With Force it takes no lease (token 0).
+func (p *Poll) begin(ctx context.Context, r *Result) (sink.PassLease, sink.PassRecord, error) {
+	l := sink.PassLease{Scope: p.scope, Owner: p.cfg.Owner}
 	if err := p.cfg.Sink.NoteLookback(ctx, p.cfg.Poller.Lookback()); err != nil {
-		return lease, sink.PassRecord{}, err
+		return l, sink.PassRecord{}, err
 	}
 	rec, _, err := p.record(ctx)
-	return lease, rec, err
+	if err != nil {
+		return l, rec, err
+	}
+	if p.cfg.Force {
+		r.Forced = true
+		return l, rec, nil
+	}
+	gap := fleetGap(p.cfg.MinInterval, rec)
+	got, now, err := p.cfg.Sink.AcquirePass(ctx, p.scope, p.cfg.Owner, p.cfg.PassLease, gap)
+	switch {
+	case errors.Is(err, sink.ErrPassHeld):
+		r.Skip = Skip{Reason: SkipHeld, Holder: now.Holder, Until: now.HeldUntil}
+	case errors.Is(err, sink.ErrPassRecent):
+		r.Skip = Skip{Reason: SkipRecent, Holder: now.LastHolder,
+			Until: now.LastStart.Add(p.cfg.MinInterval - p.cfg.MinInterval/fleetGapShare)}
+	case err != nil:
+		return l, rec, fmt.Errorf("taking the pass lease: %w", err)
+	default:
+		return got, now, nil
+	}
+	r.Record, r.RecordKnown = now, true
+	p.cfg.Logger.Debug("skipping the listing", "scope", p.scope, "reason", r.Skip.Reason,
+		"holder", r.Skip.Holder, "until", r.Skip.Until)
+	return l, now, nil
 }
 
-// end records the pass's outcome and reads the record back.
-func (p *Poll) end(ctx context.Context, lease sink.PassLease, r *Result) {
+// list runs the listing under listCtx (cancelled when the pass lease is
+// lost) and records every terminal operation it hands over.
+func (p *Poll) list(ctx, listCtx context.Context, rec sink.PassRecord, r *Result) {
+	r.FullScanAsked = p.fullScanDue(rec, r.Start)
+	r.List, r.ListErr = p.cfg.Poller.PassWith(listCtx, poller.PassOptions{FullScan: r.FullScanAsked},
+		func(op poller.Operation) error { return p.sighting(ctx, r, op) })
+	if cause := context.Cause(listCtx); r.ListErr != nil && errors.Is(cause, ErrPassLost) {
+		r.ListErr = fmt.Errorf("stopped listing after %d pages: %w", r.List.Pages, cause)
+	}
+}
+
+// end records the pass's outcome, releasing the lease, and reads the record
+// back. A pass whose lease was taken over records nothing: the sink would
+// refuse it as fenced, and another process lists now.
+func (p *Poll) end(ctx context.Context, l sink.PassLease, lost error, r *Result) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	err := p.cfg.Sink.EndPass(ctx, lease, sink.PassOutcome{
-		Start: r.Start, End: r.End, Success: r.Success(), FullScan: r.FullScan(),
-	})
-	if err != nil {
-		r.RecordErr = fmt.Errorf("recording the poll pass: %w", err)
-		return
+	if errors.Is(lost, sink.ErrFenced) {
+		p.cfg.Logger.Warn("not recording this poll pass: its pass lease was taken over", "scope", p.scope)
+	} else {
+		err := p.cfg.Sink.EndPass(ctx, l, sink.PassOutcome{
+			Start: r.Start, End: r.End, Success: r.Success(), FullScan: r.FullScan(),
+		})
+		switch {
+		case errors.Is(err, sink.ErrFenced):
+			// Taken over after the last renewal: the listing, if it was
+			// complete, still counts, but not the record.
+			p.cfg.Logger.Warn("not recording this poll pass: its pass lease was taken over", "scope", p.scope, "err", err)
+		case err != nil:
+			r.RecordErr = fmt.Errorf("recording the poll pass: %w", err)
+			return
+		}
 	}
+	var err error
 	r.Record, r.RecordKnown, err = p.record(ctx)
 	if err != nil {
 		p.cfg.Logger.Warn("reading the pass record back", "scope", p.scope, "err", err)
 	}
+}
+
+// observe counts a pass that began in gemrecon_poll_passes_total by what
+// it did.
+func (p *Poll) observe(r *Result) {
+	outcome := metrics.PassListed
+	switch {
+	case r.Skip.Reason == SkipHeld:
+		outcome = metrics.PassSkippedHeld
+	case r.Skip.Reason == SkipRecent:
+		outcome = metrics.PassSkippedRecent
+	case errors.Is(r.ListErr, ErrPassLost):
+		outcome = metrics.PassLeaseLost
+	case r.Forced:
+		outcome = metrics.PassForced
+	}
+	p.cfg.Metrics.ObservePass(p.scope, outcome)
 }
 
 // record returns the scope's pass record (zero and false when there is none).

@@ -79,7 +79,8 @@ type env struct {
 	poller  *poller.Poller
 	eff     *effects
 	metrics *metrics.Metrics
-	logs    *bytes.Buffer
+	logs    *safeBuffer
+	db      string // the SQLite path or the PostgreSQL URL
 	poll    *Poll
 }
 
@@ -89,7 +90,13 @@ type envOptions struct {
 	lookback      time.Duration
 	fullScanEvery time.Duration
 	interval      time.Duration
-	postgres      bool // a private schema on GEMRECON_TEST_POSTGRES instead of a SQLite file
+	minInterval   time.Duration  // PollConfig.MinInterval (negative: the lease only)
+	passLease     time.Duration  // PollConfig.PassLease (by the injected clock)
+	renewEvery    time.Duration  // PollConfig.RenewEvery (real time)
+	force         bool           // PollConfig.Force
+	owner         string         // PollConfig.Owner (default: the dispatcher's)
+	renewTicks    chan time.Time // times the pass lease's renewals (default: a ticker every renewEvery)
+	postgres      bool           // a private schema on GEMRECON_TEST_POSTGRES instead of a SQLite file
 }
 
 // backends runs fn once per sink backend (PostgreSQL skips without
@@ -101,7 +108,7 @@ func backends(t *testing.T, fn func(t *testing.T, pg bool)) {
 
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	e := &env{clock: &clock{now: t0}, eff: &effects{runs: map[string]int{}, fail: map[string]bool{}}, logs: &bytes.Buffer{}}
+	e := &env{clock: &clock{now: t0}, eff: &effects{runs: map[string]int{}, fail: map[string]bool{}}, logs: &safeBuffer{}}
 	e.api = geminifake.New(geminifake.Options{APIKey: testKey, Order: o.order, Seed: 1})
 	if _, err := e.api.Start(""); err != nil {
 		t.Fatal(err)
@@ -116,7 +123,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	e.sink = s
+	e.sink, e.db = s, db
 	e.poll, e.poller = e.newPoll(t, o)
 	return e
 }
@@ -124,8 +131,15 @@ func newEnv(t *testing.T, o envOptions) *env {
 // newPoll builds a poller and a Poll over the env's fake and sink.
 func (e *env) newPoll(t *testing.T, o envOptions) (*Poll, *poller.Poller) {
 	t.Helper()
+	return e.newPollOn(t, e.api, o)
+}
+
+// newPollOn builds a poller and a Poll over api (another stand-in: another
+// scope) and the env's sink.
+func (e *env) newPollOn(t *testing.T, api *geminifake.Server, o envOptions) (*Poll, *poller.Poller) {
+	t.Helper()
 	pc := poller.DefaultConfig()
-	pc.APIKey, pc.BaseURL, pc.Now = testKey, e.api.URL(), e.clock.Now
+	pc.APIKey, pc.BaseURL, pc.Now = testKey, api.URL(), e.clock.Now
 	pc.Sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
 	if o.pageSize > 0 {
 		pc.PageSize = o.pageSize
@@ -156,8 +170,9 @@ func (e *env) newPoll(t *testing.T, o envOptions) (*Poll, *poller.Poller) {
 		every = 0
 	}
 	loop, err := NewPoll(PollConfig{Sink: e.sink, Poller: p, Dispatcher: d, Metrics: e.metrics,
-		FullScanEvery: every, Interval: o.interval, Now: e.clock.Now,
-		Logger: slog.New(slog.NewTextHandler(e.logs, nil))})
+		FullScanEvery: every, Interval: o.interval, MinInterval: o.minInterval, Now: e.clock.Now,
+		PassLease: o.passLease, RenewEvery: o.renewEvery, Force: o.force, Owner: o.owner,
+		Logger: slog.New(slog.NewTextHandler(e.logs, nil)), renewTicks: o.renewTicks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,11 +372,12 @@ func planned(plan []batchPlan, added map[string]bool) []geminifake.Batch {
 // full scan is FullScanEvery − Interval old (a cron pass, Interval 0: when
 // it is FullScanEvery old); a record from the future is not trusted; a
 // failed listing is no full scan. Another Poll on the same database and
-// scope (a second process) shares the schedule.
+// scope (a second process) shares the schedule. (The fleet's interval is
+// off here, so that passes a nanosecond apart both list.)
 func TestFullScanSchedule(t *testing.T) { backends(t, testFullScanSchedule) }
 
 func testFullScanSchedule(t *testing.T, pg bool) {
-	e := newEnv(t, envOptions{order: geminifake.OrderNewestFirst, pageSize: 5, interval: time.Hour, postgres: pg})
+	e := newEnv(t, envOptions{order: geminifake.OrderNewestFirst, pageSize: 5, interval: time.Hour, minInterval: -1, postgres: pg})
 	bs, _ := issueBatches(t0)
 	e.api.Add(bs...)
 	at := func(d time.Duration) Result {
@@ -507,6 +523,25 @@ func TestDeliveriesCountPollSightings(t *testing.T) {
 			t.Errorf("metrics lack %s:\n%s", want, grep(text, "source="))
 		}
 	}
+}
+
+// safeBuffer is a bytes.Buffer that the renewal goroutine may log to while
+// the test reads it.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func metricsText(t *testing.T, m *metrics.Metrics) string {

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -176,6 +177,7 @@ func testTextfile(t *testing.T, pg bool) {
 		"gemrecon_poll_effects_failed":                   "0",
 		"gemrecon_poll_fenced":                           "0",
 		"gemrecon_poll_last_run_duration_seconds":        "0",
+		"gemrecon_poll_skipped":                          "0",
 	} {
 		if got := gauge(text, name); got != want {
 			t.Errorf("pass 1: %s = %q, want %s", name, got, want)
@@ -236,6 +238,25 @@ func testTextfile(t *testing.T, pg bool) {
 	text = readFile(t, prom)
 	if gauge(text, "gemrecon_poll_last_run_success") != "1" || gauge(text, "gemrecon_poll_last_success_timestamp_seconds") != unixString(t0.Add(3*time.Hour)) {
 		t.Errorf("pass 4 (exit 0):\n%s", text)
+	}
+
+	// 5: another process holds the lease: the pass skips its listing,
+	// succeeds, and the scope's last success stays the database's.
+	e.clock.Set(t0.Add(4 * time.Hour))
+	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.Scope(), "other-host:1:a", time.Minute, 0); err != nil {
+		t.Fatal(err)
+	}
+	r = e.pass(t)
+	if !r.Success() || !r.Skipped() {
+		t.Fatalf("pass 5: %s, %v; want a skipped, successful pass", r.Summary(), r.Err())
+	}
+	if err := WriteTextfile(prom, r); err != nil {
+		t.Fatal(err)
+	}
+	text = readFile(t, prom)
+	if gauge(text, "gemrecon_poll_skipped") != "1" || gauge(text, "gemrecon_poll_last_run_success") != "1" || gauge(text, "gemrecon_poll_api_requests") != "0" ||
+		gauge(text, "gemrecon_poll_last_success_timestamp_seconds") != unixString(t0.Add(3*time.Hour)) {
+		t.Errorf("pass 5 (skipped):\n%s", text)
 	}
 
 	// A fenced outcome is not success either (exit 4), and without a

@@ -70,8 +70,9 @@ type Metrics struct {
 	fenced         prometheus.Counter
 	effectDuration *prometheus.HistogramVec
 	requests       *prometheus.HistogramVec
-	webhook        webhookCounters // webhook.go
-	stats          *statsCollector // nil without a sink
+	webhook        webhookCounters        // webhook.go
+	passes         *prometheus.CounterVec // gemrecon_poll_passes_total (passes.go)
+	stats          *statsCollector        // nil without a sink
 }
 
 // Bucket upper bounds (inclusive, as in client_golang) of the two histograms.
@@ -118,8 +119,9 @@ func NewWithOptions(s sink.Sink, opt Options) *Metrics {
 			Help:    "Time from reading a webhook request to writing its response, by status code.",
 			Buckets: requestBuckets,
 		}, []string{"code"}),
+		passes: newPassesCounter(),
 	}
-	m.reg.MustRegister(m.deliveries, m.duplicates, m.effects, m.fenced, m.effectDuration, m.requests)
+	m.reg.MustRegister(m.deliveries, m.duplicates, m.effects, m.fenced, m.effectDuration, m.requests, m.passes)
 	m.webhook = newWebhookCounters(m.reg)
 	if s != nil {
 		m.stats = newStatsCollector(s, opt)

@@ -28,6 +28,8 @@ type pollFlags struct {
 	lookback time.Duration
 	// fullScanEvery: at least one pass per interval reads every page (§5.2).
 	fullScanEvery time.Duration
+	// passLease: how long a pass holds its scope's pass lease unrenewed (§5.5).
+	passLease time.Duration
 }
 
 func (f *pollFlags) register(fs *pflag.FlagSet) {
@@ -40,6 +42,7 @@ func (f *pollFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.pageSize, "page-size", 100, "operations per list request")
 	fs.DurationVar(&f.lookback, "lookback", 72*time.Hour, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
 	fs.DurationVar(&f.fullScanEvery, "full-scan-every", ingest.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
+	fs.DurationVar(&f.passLease, "pass-lease", ingest.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
 }
 
 func (f *pollFlags) validate() error {
@@ -54,6 +57,9 @@ func (f *pollFlags) validate() error {
 	}
 	if f.lookback < 0 {
 		return usageError("--lookback must not be negative (0 = every page)")
+	}
+	if f.passLease < time.Second {
+		return usageError("--pass-lease %v: want at least 1s (it is renewed every third of it)", f.passLease)
 	}
 	if err := ingest.ValidateFullScanEvery(f.lookback, f.fullScanEvery); err != nil {
 		return withCode(exitUsage, err)
@@ -89,15 +95,26 @@ func (a *app) newPoller(ctx context.Context, f *pollFlags) (*poller.Poller, erro
 	return p, nil
 }
 
+// loopOptions are how a command runs its passes: interval between the
+// starts of passes (0: one pass), the fleet's minimum interval of a single
+// pass (poll --min-interval; 0: Interval), and poll --force.
+type loopOptions struct {
+	interval, minInterval time.Duration
+	force                 bool
+}
+
 // pollLoop wires the ingest package's pass loop to this process's flags.
-func (a *app) pollLoop(s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics, f *pollFlags, interval time.Duration) (*ingest.Poll, error) {
+func (a *app) pollLoop(s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics, f *pollFlags, o loopOptions) (*ingest.Poll, error) {
 	return ingest.NewPoll(ingest.PollConfig{
 		Sink:          s,
 		Poller:        p,
 		Dispatcher:    d,
 		Metrics:       m,
 		FullScanEvery: f.fullScanEvery,
-		Interval:      interval,
+		Interval:      o.interval,
+		MinInterval:   o.minInterval,
+		PassLease:     f.passLease,
+		Force:         o.force,
 		Logger:        a.logger,
 	})
 }
@@ -128,6 +145,8 @@ func (a *app) pollCommand() *cobra.Command {
 		ef          effectFlags
 		watch       bool
 		interval    time.Duration
+		minInterval time.Duration
+		force       bool
 		metricsFile string
 	)
 	cmd := &cobra.Command{
@@ -146,14 +165,27 @@ listing is several newest-first runs joined end to end. Every API request
 waits on one rate limiter (--qps, --burst); 429/5xx are retried honouring
 Retry-After and google.rpc.RetryInfo.
 
+Several processes may poll one API scope into one database (replicas,
+cron on several hosts): a pass lists only while it holds the scope's pass
+lease in the database (renewed every third of --pass-lease; a dead holder's
+lease runs out after --pass-lease). A pass that finds the lease held skips
+its listing; with --watch it also skips when a pass of the scope, by any
+process, started less than 0.9 × --interval ago, and a single pass does when
+--min-interval says so. A skipped pass still runs every due effect, exits 0
+and says skipped=held|recent (with the holder and until when) in its
+summary. --force lists regardless.
+
 Prints one summary line to stderr per pass (one JSON object with
---log-format json). Exit status: 0 listed fully and every effect succeeded,
-1 fatal (credentials, database, listing failed after retries), 4 some effect
-failed (retry scheduled or key dead) or an outcome was fenced. Overlapping
-cron runs are safe: claims decide who runs each effect.`,
+--log-format json). Exit status: 0 listed fully (or skipped the listing) and
+every effect succeeded, 1 fatal (credentials, database, listing failed after
+retries or lost its pass lease), 4 some effect failed (retry scheduled or key
+dead) or an outcome was fenced. Overlapping cron runs are safe: claims decide
+who runs each effect.`,
 		Example: `  # crontab: every 10 minutes
   */10 * * * * GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec /usr/local/bin/publish-batch
   gemrecon poll --watch --interval 5m --forward https://internal/hook
+  # the same crontab on three hosts, one PostgreSQL database: about one listing per 10 minutes in all
+  */10 * * * * GEMINI_API_KEY=… gemrecon --db postgres://gemrecon@db/gemrecon poll --min-interval 10m --exec /usr/local/bin/publish-batch
   gemrecon poll --backend vertex --project my-proj --location us-central1 --lookback 0`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -165,6 +197,16 @@ cron runs are safe: claims decide who runs each effect.`,
 			}
 			if watch && interval <= 0 {
 				return usageError("--watch needs a positive --interval")
+			}
+			switch {
+			case minInterval < 0:
+				return usageError("--min-interval must not be negative")
+			case watch && minInterval > 0:
+				return usageError("--min-interval is for single passes: --watch already skips a pass when one of the scope started less than 0.9 × --interval ago")
+			case force && watch:
+				return usageError("--force is for one pass: with --watch every pass would ignore the other processes' pass lease")
+			case force && minInterval > 0:
+				return usageError("--force lists regardless of --min-interval: give one or the other")
 			}
 			ctx := cmd.Context()
 			// Credentials first: a missing key should not leave a new,
@@ -182,11 +224,11 @@ cron runs are safe: claims decide who runs each effect.`,
 			if err != nil {
 				return err
 			}
-			every := time.Duration(0)
+			lo := loopOptions{minInterval: minInterval, force: force}
 			if watch {
-				every = interval
+				lo.interval = interval
 			}
-			loop, err := a.pollLoop(s, p, d, nil, &pf, every)
+			loop, err := a.pollLoop(s, p, d, nil, &pf, lo)
 			if err != nil {
 				return err
 			}
@@ -227,7 +269,9 @@ cron runs are safe: claims decide who runs each effect.`,
 	pf.register(cmd.Flags())
 	ef.register(cmd.Flags())
 	cmd.Flags().BoolVar(&watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
-	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between the starts of passes with --watch")
+	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between the starts of passes with --watch; a pass also skips its listing when a pass of the scope, by any process, started less than 0.9 × this ago")
+	cmd.Flags().DurationVar(&minInterval, "min-interval", 0, "without --watch: skip the listing when a pass of the scope, by any process, started less than 0.9 × this ago (for cron on several hosts: give the cron period; 0 = skip only while another process holds the pass lease)")
+	cmd.Flags().BoolVar(&force, "force", false, "list even when another process holds the scope's pass lease or listed recently (without --watch)")
 	cmd.Flags().StringVar(&metricsFile, "metrics-textfile", "", "write each pass's gauges here in Prometheus text format, with the scope's last success and last full scan from the database (atomically; for node_exporter's textfile collector)")
 	return cmd
 }

@@ -40,7 +40,11 @@ background workers run the effect. With --sync the effect runs inside the
 request: 200 once done, 500 if it failed (the sender retries).
 
 Also serves GET /healthz, GET /readyz (database reachable) and GET /metrics
-(Prometheus). --poll-every runs reconciliation passes in the same process.
+(Prometheus). --poll-every runs reconciliation passes in the same process;
+replicas on one database list one at a time, about once per --poll-every in
+all (a tick skips its listing while another process holds the API scope's
+pass lease, or when a pass of the scope started less than 0.9 × --poll-every
+ago), and every replica still runs due effects.
 SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 		Example: `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook
@@ -122,7 +126,7 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				if err != nil {
 					return err
 				}
-				loop, err := a.pollLoop(s, p, d, m, &pf, pollEvery)
+				loop, err := a.pollLoop(s, p, d, m, &pf, loopOptions{interval: pollEvery})
 				if err != nil {
 					return err
 				}
@@ -163,7 +167,7 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 	f.Int64Var(&maxBody, "max-body", 1<<20, "largest accepted body in bytes (larger: 413)")
 	f.BoolVar(&syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
 	f.DurationVar(&syncWait, "sync-wait", 10*time.Second, "with --sync, how long to wait for a key another holder is running before answering 202")
-	f.DurationVar(&pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often (0 = never)")
+	f.DurationVar(&pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
 	f.DurationVar(&drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")
 	return cmd
 }

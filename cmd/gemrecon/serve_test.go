@@ -126,7 +126,7 @@ func TestPollMetricsTextfile(t *testing.T) {
 	}
 	for _, want := range []string{"gemrecon_poll_listed 3", "gemrecon_poll_terminal 2", "gemrecon_poll_new 2",
 		"gemrecon_poll_effects_ok 2", "gemrecon_poll_last_run_success 1", "# TYPE gemrecon_poll_api_requests gauge",
-		"gemrecon_poll_skipped_old 0", "gemrecon_poll_full_scan 1", "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge"} {
+		"gemrecon_poll_skipped_old 0", "gemrecon_poll_full_scan 1", "gemrecon_poll_skipped 0", "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge"} {
 		if !strings.Contains(string(b), want+"\n") {
 			t.Errorf("textfile lacks %q:\n%s", want, b)
 		}
