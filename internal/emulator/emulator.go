@@ -17,8 +17,8 @@
 //
 // An Emulator's API requests go through geminifake, so its API key check,
 // request record, fault queue and every control (Deny, SetGetState,
-// AddFile, …) apply; JWKS requests are answered beside it and are never
-// faulted.
+// AddFile, …) apply; the JWKS and GET /emulator/status are answered beside
+// it and are never faulted.
 package emulator
 
 import (
@@ -284,6 +284,7 @@ func (e *Emulator) Start() error {
 	e.srv = &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	srv := e.srv
 	e.mu.Unlock()
+	e.events.push(Event{Time: now, Kind: KindListening, URL: e.URL(), Seed: e.cfg.Seed})
 	if err := e.plan(now); err != nil {
 		ln.Close()
 		return err
@@ -300,13 +301,17 @@ func (e *Emulator) Start() error {
 	return nil
 }
 
-// Handler is the emulator's HTTP handler: the JWKS at JWKSPath, every other
-// request to the stand-in. Start serves it; a caller with its own listener
+// Handler is the emulator's HTTP handler: the JWKS at JWKSPath, the
+// Status at StatusPath, every other request to the stand-in. Start serves it; a caller with its own listener
 // may serve it instead (then URL and the exports are its to make).
 func (e *Emulator) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == JWKSPath {
+		switch r.URL.Path {
+		case JWKSPath:
 			e.keys.ServeHTTP(w, r)
+			return
+		case StatusPath:
+			e.serveStatus(w, r)
 			return
 		}
 		e.api.ServeHTTP(w, r)

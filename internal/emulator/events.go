@@ -7,6 +7,7 @@ package emulator
 
 import (
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -18,18 +19,22 @@ type EventKind string
 
 // The kinds of events.
 const (
-	KindCreated  EventKind = "batch created"
-	KindRunning  EventKind = "batch running"
-	KindFinished EventKind = "batch finished"
-	KindDelivery EventKind = "delivery"
-	KindFault    EventKind = "fault injected"
-	KindError    EventKind = "error"
+	KindListening EventKind = "emulator listening"
+	KindCreated   EventKind = "batch created"
+	KindRunning   EventKind = "batch running"
+	KindFinished  EventKind = "batch finished"
+	KindDelivery  EventKind = "delivery"
+	KindFault     EventKind = "fault injected"
+	KindError     EventKind = "error"
 )
 
 // Event is one thing the emulator did.
 type Event struct {
 	Time time.Time
 	Kind EventKind
+	// URL is the base URL (listening events).
+	URL  string
+	Seed uint64 // listening events
 	// Batch is the batch concerned ("" for a ping's delivery or a fault).
 	Batch string
 	// State is the batch's state (created, running, finished).
@@ -77,6 +82,9 @@ func (ev Event) Attrs() []slog.Attr {
 		a = append(a, slog.String("batch", ev.Batch))
 	}
 	switch ev.Kind {
+	case KindListening:
+		a = append(a, slog.String("url", ev.URL), slog.String("jwks_url", ev.URL+JWKSPath),
+			slog.String("seed", strconv.FormatUint(ev.Seed, 10)))
 	case KindCreated:
 		a = append(a, slog.String("state", ev.State), slog.String("source", ev.Source))
 		if !ev.FinishAt.IsZero() {

@@ -82,3 +82,11 @@ func (ws *WebhookService) sendDynamic(b Batch, ev Event) bool {
 	}
 	return true
 }
+
+// Active returns how many messages are being delivered (queued, in an
+// attempt, or waiting to be redelivered).
+func (ws *WebhookService) Active() int {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.active
+}
