@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -351,7 +352,21 @@ func (e *Emulator) URL() string {
 	if e.ln == nil {
 		return ""
 	}
-	return "http://" + e.ln.Addr().String()
+	return "http://" + dialable(e.ln.Addr())
+}
+
+// dialable is the address a client on this machine dials: a listener on
+// every interface (0.0.0.0, ::) is reached through loopback.
+func dialable(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || !ta.IP.IsUnspecified() {
+		return a.String()
+	}
+	ip := net.IPv4(127, 0, 0, 1)
+	if ta.IP.To4() == nil {
+		ip = net.IPv6loopback
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(ta.Port))
 }
 
 // JWKSURL is where the key set of dynamic signatures is served.

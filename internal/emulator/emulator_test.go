@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -590,6 +591,12 @@ func TestConfigAndExports(t *testing.T) {
 	}
 	if env := e.Env(); len(env) != 3 || env[1] != "GOOGLE_GEMINI_BASE_URL="+e.URL() {
 		t.Errorf("Env %v", env)
+	}
+	if got := dialable(&net.TCPAddr{IP: net.IPv4zero, Port: 8787}); got != "127.0.0.1:8787" {
+		t.Errorf("a listener on 0.0.0.0 is dialled at %s", got)
+	}
+	if got := dialable(&net.TCPAddr{IP: net.IPv6unspecified, Port: 8787}); got != "[::1]:8787" {
+		t.Errorf("a listener on :: is dialled at %s", got)
 	}
 	if g, err := New(Config{}); err != nil || !strings.HasPrefix(g.APIKey(), "emu-") || len(g.APIKey()) < 20 {
 		t.Errorf("generated key %q (%v)", g.APIKey(), err)

@@ -67,6 +67,10 @@ type WebhookOptions struct {
 	// DynamicSigner signs the deliveries to a batch's WebhookConfig URIs
 	// (dynamic.go); nil sends them unsigned.
 	DynamicSigner Signer
+	// DropIf, when set, drops every message whose event it accepts (on top
+	// of Drop): a chosen delivery lost, for a story such as the demo's. It
+	// runs with the service's lock held.
+	DropIf func(Event) bool
 	// OnAttempt, when set, sees every DeliveryAttempt as it is recorded. It
 	// runs with the service's lock held: it must return quickly and must not
 	// call the service.
@@ -326,6 +330,7 @@ func (ws *WebhookService) enqueue(m *message) string {
 	// shift the other's sequence.
 	m.drop = ws.rng.Float64() < ws.opts.Drop
 	m.dup = ws.rng.Float64() < ws.opts.Duplicate
+	m.drop = m.drop || (ws.opts.DropIf != nil && ws.opts.DropIf(m.event)) // dynamic.go
 	if ws.closed {
 		return m.id
 	}

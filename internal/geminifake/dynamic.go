@@ -12,6 +12,7 @@ package geminifake
 import (
 	"maps"
 	"slices"
+	"strings"
 )
 
 // WebhookConfig is a batch's per-job webhook configuration, in the JSON
@@ -89,4 +90,22 @@ func (ws *WebhookService) Active() int {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	return ws.active
+}
+
+// Batch returns the batch name ("batches/…") a batch event is about, ""
+// for an event that names none (a ping).
+func (e Event) Batch() string {
+	var id string
+	switch d := e.Data.(type) {
+	case BatchEventData:
+		id = d.ID
+	case batchEventDataWithMetadata:
+		id = d.ID
+	default:
+		return ""
+	}
+	if id == "" || strings.HasPrefix(id, "batches/") {
+		return id
+	}
+	return GeminiName(id)
 }

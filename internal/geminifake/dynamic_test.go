@@ -116,3 +116,38 @@ func TestOnAttemptSeesEveryRecord(t *testing.T) {
 		t.Error("CheckWebhookConfig accepted a mailto: URI")
 	}
 }
+
+// DropIf loses exactly the deliveries it picks (the demo's "lost
+// webhook"); Event.Batch names the batch whatever the data's shape.
+func TestDropIfLosesChosenDeliveries(t *testing.T) {
+	s, _ := start(t, Options{})
+	ws := s.Webhooks()
+	if err := ws.SetOptions(WebhookOptions{DropIf: func(ev Event) bool { return ev.Batch() == "batches/lost" }}); err != nil {
+		t.Fatal(err)
+	}
+	rc := newReceiver(t, nil)
+	if _, _, err := ws.Create("s", rc.srv.URL, []string{"batch.succeeded"}); err != nil {
+		t.Fatal(err)
+	}
+	s.Add(Batch{Name: "batches/kept", State: "SUCCEEDED"}, Batch{Name: "batches/lost", State: "SUCCEEDED"},
+		Batch{Name: "batches/lost-too", State: "SUCCEEDED", WebhookConfig: &WebhookConfig{UserMetadata: map[string]any{"k": "v"}}})
+	waitIdle(t, ws)
+	var got []string
+	for _, r := range rc.requests() {
+		got = append(got, decode(t, r.body).Data["id"].(string))
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"kept", "lost-too"}) {
+		t.Errorf("delivered %v, want kept and lost-too", got)
+	}
+	if st := ws.Stats(); st.Dropped != 1 {
+		t.Errorf("stats %+v, want one drop", st)
+	}
+	ev, _ := BatchEvent(Batch{Name: "batches/x", State: "FAILED"}, false, time.Now())
+	if ev.Batch() != "batches/x" || withUserMetadata(ev, Batch{WebhookConfig: &WebhookConfig{UserMetadata: map[string]any{"a": 1}}}).Batch() != "batches/x" {
+		t.Errorf("Event.Batch of %+v = %q", ev, ev.Batch())
+	}
+	if (Event{Type: PingEventType, Data: map[string]string{"webhook_id": "w"}}).Batch() != "" {
+		t.Error("a ping names a batch")
+	}
+}
