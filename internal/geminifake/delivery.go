@@ -343,8 +343,9 @@ func (ws *WebhookService) enqueue(m *message) string {
 
 // batchFinished queues the event of a batch that just reached a terminal
 // state for every enabled webhook subscribed to it, or, when the batch has
-// WebhookConfig URIs, for each of those instead (dynamic.go). Called by Server.Add and
-// Server.Update (through noteBatch) with the server's lock held.
+// WebhookConfig URIs, for each of those instead (dynamic.go). Called by
+// Server.Add and Server.Update (through noteBatch) with the server's lock
+// held.
 func (ws *WebhookService) batchFinished(b Batch) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
