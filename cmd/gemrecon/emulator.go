@@ -168,9 +168,6 @@ func (a *app) runEmulator(ctx context.Context, cfg emulator.Config) error {
 	}
 	fmt.Fprintf(out, "# (the genai SDK reads GOOGLE_GEMINI_BASE_URL; or pass --base-url %s to poll and webhooks)\n", e.URL())
 	fmt.Fprintf(out, "# Stop with Ctrl-C.\n")
-	if f, ok := out.(*os.File); ok {
-		_ = f.Sync() // a reader of a pipe sees the exports before any event
-	}
 	<-ctx.Done()
 	if err := e.Close(); err != nil {
 		log.Warn("emulator: closing the listener", "error", err)
