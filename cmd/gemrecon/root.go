@@ -118,6 +118,7 @@ line) runs until it succeeds, and never again once it is done.`,
 		a.serveCommand(),
 		a.demoCommand(),
 		a.webhooksCommand(),
+		a.emulatorCommand(),
 		a.versionCommand(),
 	)
 	return root

@@ -64,6 +64,17 @@ type WebhookOptions struct {
 	// RotationGrace is how long previous secrets stay valid after a rotation
 	// without immediate revocation (default 24h).
 	RotationGrace time.Duration
+	// DynamicSigner signs the deliveries to a batch's WebhookConfig URIs
+	// (dynamic.go); nil sends them unsigned.
+	DynamicSigner Signer
+	// DropIf, when set, drops every message whose event it accepts (on top
+	// of Drop): a chosen delivery lost, for a story such as the demo's. It
+	// runs with the service's lock held.
+	DropIf func(Event) bool
+	// OnAttempt, when set, sees every DeliveryAttempt as it is recorded. It
+	// runs with the service's lock held: it must return quickly and must not
+	// call the service.
+	OnAttempt func(DeliveryAttempt)
 }
 
 func (ws *WebhookService) withDefaults(o WebhookOptions) WebhookOptions {
@@ -319,6 +330,7 @@ func (ws *WebhookService) enqueue(m *message) string {
 	// shift the other's sequence.
 	m.drop = ws.rng.Float64() < ws.opts.Drop
 	m.dup = ws.rng.Float64() < ws.opts.Duplicate
+	m.drop = m.drop || (ws.opts.DropIf != nil && ws.opts.DropIf(m.event)) // dynamic.go
 	if ws.closed {
 		return m.id
 	}
@@ -330,13 +342,19 @@ func (ws *WebhookService) enqueue(m *message) string {
 }
 
 // batchFinished queues the event of a batch that just reached a terminal
-// state for every enabled webhook subscribed to it. Called by Server.Add and
-// Server.Update (through noteBatch) with the server's lock held.
+// state for every enabled webhook subscribed to it, or, when the batch has
+// WebhookConfig URIs, for each of those instead (dynamic.go). Called by
+// Server.Add and Server.Update (through noteBatch) with the server's lock
+// held.
 func (ws *WebhookService) batchFinished(b Batch) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ev, ok := BatchEvent(b, ws.opts.FullNames, ws.opts.Now())
 	if !ok {
+		return
+	}
+	ev = withUserMetadata(ev, b) // dynamic.go
+	if ws.sendDynamic(b, ev) {   // a webhookConfig's URIs replace the registered webhooks
 		return
 	}
 	for _, e := range ws.order {
@@ -406,6 +424,9 @@ func (ws *WebhookService) addRecord(a DeliveryAttempt) {
 		ws.record = slices.Delete(ws.record, 0, len(ws.record)-limit+1)
 	}
 	ws.record = append(ws.record, a)
+	if ws.opts.OnAttempt != nil {
+		ws.opts.OnAttempt(a)
+	}
 }
 
 func (ws *WebhookService) note(m *message, n int, outcome, why string) {

@@ -131,6 +131,9 @@ type Batch struct {
 	// responses (one JSON object each), rendered as the API does under
 	// metadata.output.inlinedResponses.inlinedResponses (files.go).
 	InlinedResponses []json.RawMessage `json:"inlinedResponses,omitempty"`
+	// WebhookConfig, when set, is the batch's per-job (dynamic) webhook
+	// configuration (dynamic.go).
+	WebhookConfig *WebhookConfig `json:"webhookConfig,omitempty"`
 }
 
 // GeminiName returns the Gemini API name of the batch with this id.
@@ -238,6 +241,8 @@ type Server struct {
 	ln  net.Listener
 
 	webhooks *WebhookService // created on first use (webhooks.go)
+
+	creates createState // batches.create (create.go); guarded by mu
 }
 
 // New returns a fake with no batches.
@@ -580,6 +585,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 		return
 	}
 	if s.serveWebhooks(w, r) { // webhooks.go
+		return
+	}
+	if s.serveCreate(w, r) { // create.go
 		return
 	}
 	if r.Method != http.MethodGet {

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gemrecon/gemrecon/internal/emulator"
+	"github.com/gemrecon/gemrecon/internal/geminifake"
+)
+
+// emulatorFlags are the flags of `gemrecon emulator` (spec §11).
+type emulatorFlags struct {
+	listen, apiKey, batchesFile, signature string
+	seed                                   uint64
+	batches                                int
+	finishWithin, createdAfter             time.Duration
+	dynamicURIs                            []string
+	dynamicShare, drop, duplicate          float64
+	failRate                               float64
+}
+
+func (a *app) emulatorCommand() *cobra.Command {
+	var f emulatorFlags
+	cmd := &cobra.Command{
+		Use:   "emulator",
+		Short: "Run a local Gemini API stand-in to point poll, serve and webhooks at (no credentials)",
+		Long: `Serve a local stand-in for the Gemini batch API on --listen until SIGINT or
+SIGTERM, and print what to export in another shell (GEMINI_API_KEY,
+GOOGLE_GEMINI_BASE_URL, GEMRECON_JWKS_URL). It needs no credentials and
+reaches no network.
+
+Batches: from a JSON file (--batches-file, a list of batches as in
+testdata/gemini/; those in a terminal state are listed PENDING and reach
+that state within --finish-within, the others never change), generated
+(--batches N, finishing within --finish-within: SUCCEEDED with a responses
+file, FAILED with a reason, EXPIRED, CANCELLED), or created with the genai
+SDK's Batches.Create (inline or file source; it succeeds after
+--created-finish-after, with inlined responses or a responses file).
+
+Webhooks: the WebhookService (gemrecon webhooks create/list/ping/rotate/
+delete work against it) sends each completion to the registered webhooks,
+signed with their HMAC secrets. A batch with a webhookConfig (from
+Batches.Create, the file, or --dynamic-webhook for generated batches) sends
+its completion to those URIs instead, signed with the keys it publishes at
+/.well-known/jwks.json: a v1a (Ed25519) entry, an RS256 JWT, or both
+(--dynamic-signature; the Gemini API's documents disagree on which).
+Deliveries are at least once: a non-2xx answer is redelivered with backoff;
+--drop loses and --duplicate repeats a share of them.
+
+Faults: --fail-rate answers a share of API requests with 429 (with
+google.rpc.RetryInfo) or a 5xx. Every random choice follows --seed (a
+random one by default, logged at start).
+
+Data goes to stdout (the exports); one log line per event (batch created or
+finished, each delivery attempt and its answer, each injected fault) to
+stderr, in --log-format. GET /emulator/status answers with the counts and
+whether every scheduled batch and delivery has ended ("idle"), for scripts
+that wait for it.`,
+		Example: `  gemrecon emulator --batches 6                # then, in another shell, paste the exports
+  gemrecon emulator --batches-file testdata/gemini/batches-mixed.json --finish-within 30s
+  gemrecon emulator --batches 20 --dynamic-webhook http://127.0.0.1:8080/webhook --drop 0.2 --duplicate 0.2
+  gemrecon emulator --listen 127.0.0.1:0 --fail-rate 0.2 --seed 42 --log-format json`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := f.config(cmd.Flags().Changed("api-key"))
+			if err != nil {
+				return err
+			}
+			return a.runEmulator(cmd.Context(), cfg)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.listen, "listen", emulator.DefaultListen, "address to listen on (port 0: any free port)")
+	fs.StringVar(&f.apiKey, "api-key", "", "the one API key the emulator accepts (default: generated and printed)")
+	fs.Uint64Var(&f.seed, "seed", 0, "seed of every random choice: generated batches, drops, duplicates, faults (0: a random one, logged)")
+	fs.IntVar(&f.batches, "batches", 0, "generate this many batches that finish within --finish-within")
+	fs.StringVar(&f.batchesFile, "batches-file", "", "add the batches of this JSON file (a list, as in testdata/gemini/)")
+	fs.DurationVar(&f.finishWithin, "finish-within", emulator.DefaultFinishWithin, "file and generated batches finish at random moments within this time (0: file batches are served as given, generated ones start finished)")
+	fs.DurationVar(&f.createdAfter, "created-finish-after", emulator.DefaultCreatedFinishAfter, "a batch made with Batches.Create succeeds after this time")
+	fs.StringArrayVar(&f.dynamicURIs, "dynamic-webhook", nil, "give generated batches a webhookConfig with this URI (repeatable): their completions go there, dynamically signed")
+	fs.Float64Var(&f.dynamicShare, "dynamic-share", 1, "the share of generated batches that get --dynamic-webhook (the others go to the static webhooks)")
+	fs.StringVar(&f.signature, "dynamic-signature", string(emulator.SignBoth), "how dynamic deliveries are signed: v1a, jwt or both")
+	fs.Float64Var(&f.drop, "drop", 0, "probability that a delivery is lost (never sent)")
+	fs.Float64Var(&f.duplicate, "duplicate", 0, "probability that a delivered message is sent once more")
+	fs.Float64Var(&f.failRate, "fail-rate", 0, "probability that an API request gets a 429 (with RetryInfo) or a 5xx instead of its answer")
+	return cmd
+}
+
+// config checks the flags (exit 2 for a wrong one) and builds the
+// emulator's Config.
+func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
+	for _, p := range []struct {
+		name string
+		v    float64
+	}{{"drop", f.drop}, {"duplicate", f.duplicate}, {"fail-rate", f.failRate}, {"dynamic-share", f.dynamicShare}} {
+		if !(p.v >= 0 && p.v <= 1) {
+			return emulator.Config{}, usageError("--%s %v: want a probability from 0 to 1", p.name, p.v)
+		}
+	}
+	if f.dynamicShare == 0 && len(f.dynamicURIs) > 0 {
+		return emulator.Config{}, usageError("--dynamic-share 0 gives --dynamic-webhook to no batch: leave --dynamic-webhook out instead")
+	}
+	if f.batches < 0 {
+		return emulator.Config{}, usageError("--batches %d: must not be negative", f.batches)
+	}
+	if f.listen == "" {
+		return emulator.Config{}, usageError("--listen is empty: give host:port, e.g. %s", emulator.DefaultListen)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"finish-within", f.finishWithin}, {"created-finish-after", f.createdAfter}} {
+		if err := durationFlagCheck(d.name, d.v); err != nil {
+			return emulator.Config{}, err
+		}
+	}
+	switch mode := emulator.SignatureMode(f.signature); mode {
+	case emulator.SignV1a, emulator.SignJWT, emulator.SignBoth:
+	default:
+		return emulator.Config{}, usageError("--dynamic-signature %q: want v1a, jwt or both", f.signature)
+	}
+	if f.apiKey == "" && apiKeyGiven {
+		return emulator.Config{}, usageError("--api-key is empty: leave it out to have one generated")
+	}
+	cfg := emulator.Config{
+		Listen: f.listen, APIKey: f.apiKey, Seed: f.seed, Generate: f.batches, FinishWithin: f.finishWithin,
+		CreatedFinishAfter: f.createdAfter, DynamicURIs: f.dynamicURIs, DynamicShare: f.dynamicShare,
+		Signature: emulator.SignatureMode(f.signature), Drop: f.drop, Duplicate: f.duplicate, FailRate: f.failRate,
+	}
+	if f.createdAfter == 0 {
+		cfg.CreatedFinishAfter = time.Nanosecond // "0" means at once, not the library's default
+	}
+	if f.batchesFile != "" {
+		bs, err := geminifake.LoadBatches(f.batchesFile)
+		if err != nil {
+			return emulator.Config{}, usageError("--batches-file: %v", err)
+		}
+		cfg.Batches = bs
+	}
+	return cfg, nil
+}
+
+// runEmulator is `gemrecon emulator`: start, print the exports, log every
+// event until ctx ends, stop.
+func (a *app) runEmulator(ctx context.Context, cfg emulator.Config) error {
+	log := a.logger
+	cfg.OnEvent = func(ev emulator.Event) {
+		log.LogAttrs(context.Background(), ev.Level(), string(ev.Kind), ev.Attrs()...)
+	}
+	e, err := emulator.New(cfg)
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	if err := e.Start(); err != nil {
+		return withCode(exitFatal, err)
+	}
+	defer e.Close()
+	out := a.stdout
+	fmt.Fprintf(out, "# gemrecon emulator: a Gemini API stand-in on %s (seed %d). In another shell:\n", e.URL(), e.Seed())
+	fmt.Fprint(out, e.Exports())
+	if os.Getenv("GOOGLE_API_KEY") != "" {
+		fmt.Fprintln(out, "unset GOOGLE_API_KEY  # it wins over GEMINI_API_KEY, in gemrecon and in the SDK")
+	}
+	fmt.Fprintf(out, "# (the genai SDK reads GOOGLE_GEMINI_BASE_URL; or pass --base-url %s to poll and webhooks)\n", e.URL())
+	fmt.Fprintf(out, "# Stop with Ctrl-C.\n")
+	<-ctx.Done()
+	if err := e.Close(); err != nil {
+		log.Warn("emulator: closing the listener", "error", err)
+	}
+	st := e.Stats()
+	d := st.Deliveries
+	log.Info("emulator stopped", slog.Int("batches", st.Batches), slog.Int("created", st.Created), slog.Int("finished", st.Finished),
+		slog.Int("faults", st.Faults), slog.Int("messages", d.Messages), slog.Int("attempts", d.Attempts),
+		slog.Int("delivered", d.Delivered), slog.Int("failed", d.Failed), slog.Int("redelivered", d.Redelivered),
+		slog.Int("dropped", d.Dropped), slog.Int("duplicates", d.Duplicates), slog.Int("exhausted", d.Exhausted),
+		slog.Int("abandoned", d.Abandoned))
+	return nil
+}
