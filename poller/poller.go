@@ -626,6 +626,9 @@ type timeoutTransport struct {
 }
 
 func (t timeoutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if tr := traceFrom(req.Context()); tr != nil && tr.stream {
+		return t.untilHeaders(req) // a download: its body has an idle timer instead (download.go)
+	}
 	ctx, cancel := context.WithTimeout(req.Context(), t.timeout)
 	resp, err := t.base.RoundTrip(req.WithContext(ctx))
 	if err != nil {

@@ -26,7 +26,27 @@ type passTrace struct {
 	requests atomic.Int64
 	retries  atomic.Int64
 	lastBody []byte // the last successful response body (one page at a time)
+	// kind says what the requests are for, to count them apart (the zero
+	// value is a list page).
+	kind reqKind
+	// stream hands a successful body to the caller unread: never buffered,
+	// never captured (a file download, download.go).
+	stream bool
+	// lastDelay is the server's delay (RetryInfo / Retry-After) on the last
+	// refused answer handed back after the retry budget, 0 when it gave none.
+	lastDelay time.Duration
 }
+
+// reqKind is what a request is for.
+type reqKind int
+
+const (
+	kindList reqKind = iota
+	kindGet
+	kindProbe
+	kindDownload
+	numKinds
+)
 
 type traceKey struct{}
 
@@ -47,8 +67,10 @@ type transport struct {
 	backoffMax time.Duration
 	sleep      func(context.Context, time.Duration) error
 	log        *slog.Logger
-	// total counts every HTTP attempt made through this transport.
-	total atomic.Int64
+	// total counts every HTTP attempt made through this transport, byKind
+	// the same attempts by what they were for.
+	total  atomic.Int64
+	byKind [numKinds]atomic.Int64
 }
 
 // maxBody bounds how much of one response the transport buffers.
@@ -84,8 +106,12 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.total.Add(1)
 		if trace != nil {
 			trace.requests.Add(1)
+			t.byKind[trace.kind].Add(1)
 		}
 		resp, err := t.base.RoundTrip(r)
+		if err == nil && trace != nil && trace.stream && resp.StatusCode >= 200 && resp.StatusCode < 300 {
+			return resp, nil // a download: the caller streams the body
+		}
 		var body []byte
 		if err == nil {
 			body, err = io.ReadAll(io.LimitReader(resp.Body, maxBody))
@@ -118,10 +144,13 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, nil
 		}
+		d, source := serverDelay(resp.Header, body, time.Now())
 		if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries {
+			if trace != nil {
+				trace.lastDelay = max(d, 0)
+			}
 			return resp, nil
 		}
-		d, source := serverDelay(resp.Header, body, time.Now())
 		if d <= 0 {
 			d, source = t.backoff(attempt), "backoff"
 		}

@@ -127,6 +127,10 @@ type Batch struct {
 	FailedCount     int64 `json:"failedCount,omitempty"`
 	// ResponsesFile is the Gemini output file; Vertex gets a GCS directory.
 	ResponsesFile string `json:"responsesFile,omitempty"`
+	// InlinedResponses, when non-nil, are a succeeded Gemini batch's inlined
+	// responses (one JSON object each), rendered as the API does under
+	// metadata.output.inlinedResponses.inlinedResponses (files.go).
+	InlinedResponses []json.RawMessage `json:"inlinedResponses,omitempty"`
 }
 
 // GeminiName returns the Gemini API name of the batch with this id.
@@ -233,6 +237,7 @@ type Server struct {
 	ln  net.Listener
 
 	webhooks *WebhookService // created on first use (webhooks.go)
+	extra    extraState      // files, denied names, get-only states (files.go)
 }
 
 // New returns a fake with no batches.
@@ -591,7 +596,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 			s.list(w, r, f, "batches/", "operations", s.renderGemini)
 			return
 		}
-		s.get(w, "batches/"+strings.TrimPrefix(p, "/v1beta/batches/"), s.renderGemini)
+		s.getBatch(w, "batches/"+strings.TrimPrefix(p, "/v1beta/batches/"), s.renderGemini)
+	case strings.HasPrefix(p, "/v1beta/files/"):
+		s.serveFile(w, r) // files.go
 	case strings.HasPrefix(p, "/v1beta1/projects/"):
 		parts := strings.Split(strings.TrimPrefix(p, "/v1beta1/"), "/")
 		// projects P locations L batchPredictionJobs [ID]
@@ -607,7 +614,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 			s.list(w, r, f, prefix, "batchPredictionJobs", s.renderVertex)
 			return
 		}
-		s.get(w, prefix+parts[5], s.renderVertex)
+		s.getBatch(w, prefix+parts[5], s.renderVertex)
 	default:
 		writeError(w, http.StatusNotFound, "geminifake: no such path "+p)
 	}
@@ -745,22 +752,6 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, f *Fault, prefix, 
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-func (s *Server) get(w http.ResponseWriter, name string, render func(Batch) any) {
-	s.mu.Lock()
-	e, ok := s.byName[name]
-	var v any
-	if ok {
-		v = render(e.b)
-	}
-	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, "Requested entity was not found.")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 // durationString renders a google.protobuf.Duration in JSON ("31s", "1.5s").
 func durationString(d time.Duration) string {
 	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
@@ -791,7 +782,12 @@ type geminiMeta struct {
 }
 
 type geminiOutput struct {
-	ResponsesFile string `json:"responsesFile"`
+	ResponsesFile    string         `json:"responsesFile,omitempty"`
+	InlinedResponses *geminiInlined `json:"inlinedResponses,omitempty"`
+}
+
+type geminiInlined struct {
+	InlinedResponses []json.RawMessage `json:"inlinedResponses"`
 }
 
 type geminiStats struct {
@@ -801,8 +797,9 @@ type geminiStats struct {
 }
 
 type geminiResponse struct {
-	Type          string `json:"@type"`
-	ResponsesFile string `json:"responsesFile,omitempty"`
+	Type             string         `json:"@type"`
+	ResponsesFile    string         `json:"responsesFile,omitempty"`
+	InlinedResponses *geminiInlined `json:"inlinedResponses,omitempty"`
 }
 
 const (
@@ -851,9 +848,13 @@ func (s *Server) renderGemini(b Batch) any {
 		op.Done = true
 		if b.Error != nil {
 			op.Error = b.Error
-		} else if short == "SUCCEEDED" && b.ResponsesFile != "" {
-			op.Metadata.Output = &geminiOutput{b.ResponsesFile}
-			op.Response = &geminiResponse{Type: geminiRespType, ResponsesFile: b.ResponsesFile}
+		} else if short == "SUCCEEDED" && (b.ResponsesFile != "" || b.InlinedResponses != nil) {
+			var in *geminiInlined
+			if b.InlinedResponses != nil {
+				in = &geminiInlined{b.InlinedResponses}
+			}
+			op.Metadata.Output = &geminiOutput{b.ResponsesFile, in}
+			op.Response = &geminiResponse{Type: geminiRespType, ResponsesFile: b.ResponsesFile, InlinedResponses: in}
 		}
 	}
 	return op

@@ -1,0 +1,264 @@
+package poller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"google.golang.org/genai"
+)
+
+// downloadBuffer is the one buffer a download copies through: memory stays
+// flat whatever the file's size.
+const downloadBuffer = 256 << 10
+
+// errStalled cancels a download whose body made no progress for
+// Config.RequestTimeout.
+var errStalled = errors.New("no data received")
+
+// Download streams a file of the Gemini API ("files/<id>", e.g. a batch's
+// responses file) to w and returns the bytes written. It sends the request
+// the SDK's Files.Download sends — GET {base}/{apiVersion}/files/<id>:download?alt=media
+// with the API key header — through the same transport as Pass and Get
+// (rate limiter, retries of 429/5xx/transport errors before the body starts,
+// request counting), but the body is copied to w through one fixed buffer as
+// it arrives, never held (the SDK reads the whole file into memory).
+//
+// The whole download is bounded by ctx; Config.RequestTimeout bounds each
+// attempt's wait for the response headers, and then each wait for more of
+// the body (an idle timeout, not a total one: a large file may take longer,
+// and time spent in w does not count). A failure after
+// the body started is not retried here — w already holds part of the file —
+// and comes back as a *TransientError; the caller starts again (results.Dir
+// discards the partial file). An error from w is returned as it is, wrapped,
+// and is not an ErrTransient. Errors are classified as for Get (a 404 is
+// ErrNotFound). Vertex AI has no files to download: ErrInvalidName.
+//
+// Redirects are followed (at most 10), and the API key header is dropped
+// when one leads to another host.
+func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64, error) {
+	op := "download " + truncate(file, 120)
+	if p.cfg.Backend == BackendVertex {
+		return 0, fmt.Errorf("poller: %s: %w: Vertex AI writes results to outputInfo (Cloud Storage or BigQuery); there is nothing to download", op, ErrInvalidName)
+	}
+	id := strings.TrimPrefix(file, "files/")
+	if why := badID(id); why != "" {
+		return 0, fmt.Errorf("poller: %s: %w: %s", op, ErrInvalidName, why)
+	}
+	cc := p.client.ClientConfig()
+	u, err := url.Parse(cc.HTTPOptions.BaseURL)
+	if err != nil {
+		return 0, fmt.Errorf("poller: %s: base URL: %w", op, err)
+	}
+	// As the SDK builds it (api_client.go createAPIURL): the path joined
+	// under the base URL, the query set apart.
+	u = u.JoinPath(cc.HTTPOptions.APIVersion, "files", id+":download")
+	u.RawQuery = "alt=media"
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	trace := &passTrace{kind: kindDownload, stream: true}
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, traceKey{}, trace), http.MethodGet, u.String(), nil)
+	if err != nil {
+		return 0, fmt.Errorf("poller: %s: %w", op, err)
+	}
+	if cc.APIKey != "" {
+		req.Header.Set("x-goog-api-key", cc.APIKey)
+	}
+	idle := p.cfg.RequestTimeout
+	fail := func(err error) error {
+		if cause := context.Cause(ctx); cause != nil {
+			if errors.Is(cause, errStalled) {
+				err = fmt.Errorf("%w for %v, %w", errStalled, idle, err)
+			} else {
+				err = fmt.Errorf("%w, %w", cause, err)
+			}
+		}
+		return &TransientError{Op: op, Err: err}
+	}
+	hc := &http.Client{Transport: p.transport, CheckRedirect: dropKeyAcrossHosts}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, fail(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return 0, p.classify(ctx, op, apiErrorOf(resp, body), trace.lastDelay)
+	}
+	// The idle timer runs only while waiting for data, not while w writes
+	// (a slow disk is not a stalled download).
+	arm, disarm := func() {}, func() {}
+	if idle > 0 {
+		timer := time.AfterFunc(time.Hour, func() { cancel(errStalled) })
+		timer.Stop()
+		defer timer.Stop()
+		arm, disarm = func() { timer.Reset(idle) }, func() { timer.Stop() }
+	}
+	buf := make([]byte, downloadBuffer)
+	var n int64
+	for {
+		arm()
+		r, rerr := resp.Body.Read(buf)
+		disarm()
+		if r > 0 {
+			wn, werr := w.Write(buf[:r])
+			n += int64(wn)
+			if werr == nil && wn < r {
+				werr = io.ErrShortWrite
+			}
+			if werr != nil {
+				return n, fmt.Errorf("poller: %s: after %d bytes: %w", op, n, werr)
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, fail(fmt.Errorf("after %d bytes: %w", n, rerr))
+		}
+	}
+}
+
+// dropKeyAcrossHosts follows up to 10 redirects, without the API key on
+// another host (Go's client drops Authorization there, not custom headers).
+func dropKeyAcrossHosts(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	if !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
+		req.Header.Del("x-goog-api-key")
+	}
+	return nil
+}
+
+// apiErrorOf reads a refused answer as the SDK does (api_client.go
+// newAPIError): the Google error body, else the status and the text.
+func apiErrorOf(resp *http.Response, body []byte) genai.APIError {
+	var e struct {
+		Error *genai.APIError `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != nil {
+		if e.Error.Code == 0 {
+			e.Error.Code = resp.StatusCode
+		}
+		return *e.Error
+	}
+	return genai.APIError{Code: resp.StatusCode, Status: resp.Status, Message: string(bytes.TrimSpace(body))}
+}
+
+// Results says where a batch's results are.
+type Results struct {
+	// File is the Gemini API responses file ("files/…"), to Download.
+	File string
+	// Inlined holds the Gemini API's inlined responses, each one JSON object
+	// exactly as the API sent it ({"response": …, "metadata": …} or
+	// {"error": …}). HasInlined tells an empty list from none.
+	Inlined    []json.RawMessage
+	HasInlined bool
+	// Location is where Vertex AI wrote the results: the Cloud Storage
+	// directory (outputInfo.gcsOutputDirectory, "gs://…"), or else the
+	// BigQuery table ("bq://project.dataset.table", from
+	// outputInfo.bigqueryOutputDataset and bigqueryOutputTable). Nothing
+	// there can be downloaded through the API.
+	Location string
+}
+
+// None reports that the operation names no results (not succeeded, or
+// succeeded without an output).
+func (r Results) None() bool { return r.File == "" && !r.HasInlined && r.Location == "" }
+
+// ResultsOf reads where a batch operation's results are from its raw JSON
+// (as listed or fetched): Gemini API metadata.output.responsesFile or
+// metadata.output.inlinedResponses.inlinedResponses[] (embedding batches:
+// inlinedEmbedContentResponses), falling back to the operation's response
+// field, which carries the same output; Vertex outputInfo. It reads what is
+// there whatever the state: the caller decides which states want results.
+// An error means Raw is not a JSON object or a field has the wrong type.
+func ResultsOf(op Operation) (Results, error) {
+	var raw struct {
+		Metadata *struct {
+			Output *geminiOutput `json:"output"`
+		} `json:"metadata"`
+		Response   *geminiOutput `json:"response"`
+		OutputInfo *struct {
+			GcsOutputDirectory    string `json:"gcsOutputDirectory"`
+			BigqueryOutputDataset string `json:"bigqueryOutputDataset"`
+			BigqueryOutputTable   string `json:"bigqueryOutputTable"`
+		} `json:"outputInfo"`
+	}
+	if err := json.Unmarshal(op.Raw, &raw); err != nil {
+		return Results{}, fmt.Errorf("poller: results of %s: %w", truncate(op.Name, 120), err)
+	}
+	var r Results
+	var fromMeta *geminiOutput
+	if raw.Metadata != nil {
+		fromMeta = raw.Metadata.Output
+	}
+	for _, out := range []*geminiOutput{fromMeta, raw.Response} {
+		if out == nil {
+			continue
+		}
+		if r.File == "" {
+			r.File = out.ResponsesFile
+		}
+		if !r.HasInlined {
+			for _, in := range []*inlined{out.InlinedResponses, out.InlinedEmbedContentResponses} {
+				if in != nil && in.InlinedResponses != nil {
+					r.Inlined, r.HasInlined = in.InlinedResponses, true
+					break
+				}
+			}
+		}
+	}
+	if oi := raw.OutputInfo; oi != nil {
+		switch {
+		case oi.GcsOutputDirectory != "":
+			r.Location = oi.GcsOutputDirectory
+		case oi.BigqueryOutputDataset != "" && oi.BigqueryOutputTable != "":
+			r.Location = strings.TrimRight(oi.BigqueryOutputDataset, "/.") + "." + oi.BigqueryOutputTable
+		default:
+			r.Location = oi.BigqueryOutputDataset
+		}
+	}
+	return r, nil
+}
+
+type geminiOutput struct {
+	ResponsesFile                string   `json:"responsesFile"`
+	InlinedResponses             *inlined `json:"inlinedResponses"`
+	InlinedEmbedContentResponses *inlined `json:"inlinedEmbedContentResponses"`
+}
+
+type inlined struct {
+	InlinedResponses []json.RawMessage `json:"inlinedResponses"`
+}
+
+// untilHeaders bounds one attempt of a download by the timeout until its
+// response headers arrive; the body is then bounded by Download's idle
+// timer and the caller's context, not by a total time.
+func (t timeoutTransport) untilHeaders(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(req.Context())
+	timer := time.AfterFunc(t.timeout, cancel)
+	resp, err := t.base.RoundTrip(req.WithContext(ctx))
+	if !timer.Stop() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel()
+		return nil, fmt.Errorf("no response within %v: %w", t.timeout, context.DeadlineExceeded)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}

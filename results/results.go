@@ -1,0 +1,403 @@
+// Package results owns the results directory of spec §9.5: one file per
+// batch, DIR/<name>.jsonl, that is either absent or complete.
+//
+// A Dir writes a batch's results — streamed by a callback, such as a
+// download of the batch's responses file or its inlined responses rendered
+// one JSON object per line — to a temporary file DIR/.<name>.<token>.tmp
+// named for the writer's claim token, fsyncs it, renames it to the final
+// name and fsyncs the directory. A file at the final name is therefore
+// complete, and Write returns it without fetching again. A failed write
+// removes its temporary file; Open removes those a crash left behind, but
+// never one a live writer (in this process or another sharing the
+// directory) still holds: writers hold an exclusive flock(2) on their
+// temporary file, which the kernel drops when the process dies.
+//
+// Names: see FileName. The package knows nothing of the API or the sink;
+// the caller says what to write and under which claim.
+package results
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Ext ends every results file's name.
+const Ext = ".jsonl"
+
+// Fetch writes a batch's results to w, honouring ctx. Write gives it a
+// writer on the temporary file; an error from it fails the write.
+type Fetch func(ctx context.Context, w io.Writer) error
+
+// Dir is an open results directory. Its methods are safe for concurrent
+// use, and several processes may share one directory.
+type Dir struct {
+	path string
+}
+
+// Written is what Write did.
+type Written struct {
+	// Path is the final file: DIR/<name>.jsonl.
+	Path string
+	// Fetched is false when the file was already there (nothing fetched).
+	Fetched bool
+	// Size is the file's size in bytes.
+	Size int64
+}
+
+// Open opens the results directory at path, creating it (mode 0700, and
+// its parents) when missing, and removes the temporary files that writers
+// which died left in it. The path is made absolute, so that the paths
+// handed to effects stay valid whatever their working directory.
+func Open(path string) (*Dir, error) {
+	if path == "" {
+		return nil, errors.New("results: no directory given")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("results: %w", err)
+	}
+	if fi, err := os.Stat(abs); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(abs, 0o700); err != nil {
+			return nil, fmt.Errorf("results: creating the results directory: %w", err)
+		}
+		// The new directory's own entry must survive a crash too.
+		if err := syncDir(filepath.Dir(abs)); err != nil {
+			return nil, fmt.Errorf("results: creating the results directory %s: %w", abs, err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("results: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("results: %s is not a directory", abs)
+	}
+	d := &Dir{path: abs}
+	if err := d.removeLeftovers(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Path returns the directory's absolute path.
+func (d *Dir) Path() string { return d.path }
+
+// FilePath returns where the results of id are (or will be): DIR/<name>.jsonl.
+func (d *Dir) FilePath(id string) (string, error) {
+	name, err := FileName(id)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(d.path, name+Ext), nil
+}
+
+// Write makes sure the results of id are in DIR/<name>.jsonl. When that
+// file exists it is complete: Write returns it without calling fetch (after
+// an fsync of the directory, in case its writer died before making the
+// entry durable). Otherwise fetch streams the results into
+// DIR/.<name>.<token>.tmp, which is fsynced, renamed to the final name, and
+// the directory fsynced; only then does Write return.
+//
+// ctx bounds the whole write (the caller's --download-timeout): fetch gets
+// it, every write to the file checks it, and a write whose ctx ended before
+// the rename publishes nothing. On any failure the temporary file is
+// removed and the error says what happened and where (a full disk: "no
+// space left on device", naming the directory); it wraps the cause, so
+// errors.Is sees fetch's own errors and syscall.ENOSPC.
+//
+// token is the claim's fencing token: two writers of the same id (two
+// claims, one of them stale) never share a temporary file, and either may
+// finish first — both write the same batch's complete results.
+func (d *Dir) Write(ctx context.Context, id string, token int64, fetch Fetch) (Written, error) {
+	name, err := FileName(id)
+	if err != nil {
+		return Written{}, err
+	}
+	if token < 0 {
+		return Written{}, fmt.Errorf("results: token %d is negative", token)
+	}
+	final := filepath.Join(d.path, name+Ext)
+	if w, ok, err := d.existing(final); ok || err != nil {
+		return w, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Written{}, fmt.Errorf("results: writing %s in %s: %w", name+Ext, d.path, err)
+	}
+	tmpName := "." + name + "." + strconv.FormatInt(token, 10) + ".tmp"
+	tmp := filepath.Join(d.path, tmpName)
+	f, err := createLocked(tmp)
+	if err != nil {
+		return Written{}, fmt.Errorf("results: writing %s in %s: %w", name+Ext, d.path, err)
+	}
+	fail := func(what string, cause error) (Written, error) {
+		rerr := os.Remove(tmp)
+		f.Close()
+		msg := fmt.Sprintf("results: writing %s in %s: %s", name+Ext, d.path, what)
+		if rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			return Written{}, fmt.Errorf("%s: %w (and the temporary file %s could not be removed: %v)", msg, cause, tmpName, rerr)
+		}
+		return Written{}, fmt.Errorf("%s: %w", msg, cause)
+	}
+	cw := &checkedWriter{ctx: ctx, f: f}
+	bw := bufio.NewWriterSize(cw, 256<<10)
+	ferr := fetch(ctx, bw)
+	if ferr == nil {
+		ferr = bw.Flush()
+	}
+	switch {
+	case cw.err != nil: // the file's own error (a full disk) is the cause, however fetch wrapped it
+		return fail("writing the temporary file", cw.err)
+	case ferr != nil:
+		return fail("fetching", ferr)
+	}
+	if err := f.Sync(); err != nil {
+		return fail("fsync", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fail("before the rename", err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return fail("rename", err)
+	}
+	// The lock is held until here, so that Open in another process never
+	// removes the file before the rename.
+	f.Close()
+	if err := syncDir(d.path); err != nil {
+		// The file is complete at its final name; only the entry's
+		// durability is in doubt. A retry finds it and syncs again.
+		return Written{}, fmt.Errorf("results: wrote %s in %s, but the directory fsync failed: %w", name+Ext, d.path, err)
+	}
+	return Written{Path: final, Fetched: true, Size: cw.n}, nil
+}
+
+// existing reports a complete file at the final name.
+func (d *Dir) existing(final string) (Written, bool, error) {
+	fi, err := os.Lstat(final)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Written{}, false, nil
+	case err != nil:
+		return Written{}, false, fmt.Errorf("results: %w", err)
+	case !fi.Mode().IsRegular():
+		return Written{}, false, fmt.Errorf("results: %s exists but is not a regular file (%v); remove it", final, fi.Mode().Type())
+	}
+	if err := syncDir(d.path); err != nil {
+		return Written{}, false, fmt.Errorf("results: fsync of %s: %w", d.path, err)
+	}
+	return Written{Path: final, Size: fi.Size()}, true, nil
+}
+
+// Remove deletes the results file of id (purge --results-dir) and reports
+// whether there was one. A missing file is not an error.
+func (d *Dir) Remove(id string) (bool, error) {
+	final, err := d.FilePath(id)
+	if err != nil {
+		return false, err
+	}
+	if err := os.Remove(final); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("results: removing %w", err)
+	}
+	if err := syncDir(d.path); err != nil {
+		return true, fmt.Errorf("results: removed %s, but the directory fsync failed: %w", final, err)
+	}
+	return true, nil
+}
+
+// Lines is a Fetch that writes items one JSON object per line, each
+// compacted onto its line (a batch's inlined responses, in the shape of a
+// responses file's lines). An item that is not a JSON object fails it.
+func Lines(items []json.RawMessage) Fetch {
+	return func(ctx context.Context, w io.Writer) error {
+		var line bytes.Buffer
+		for i, it := range items {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			line.Reset()
+			if err := json.Compact(&line, it); err != nil {
+				return fmt.Errorf("results: inlined response %d is not JSON: %w", i, err)
+			}
+			if line.Len() == 0 || line.Bytes()[0] != '{' {
+				return fmt.Errorf("results: inlined response %d is not a JSON object", i)
+			}
+			line.WriteByte('\n')
+			if _, err := w.Write(line.Bytes()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// checkedWriter writes to the temporary file, stops once ctx ends, and
+// keeps the file's first error so Write can name the real cause.
+type checkedWriter struct {
+	ctx context.Context
+	f   *os.File
+	n   int64
+	err error
+}
+
+func (w *checkedWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	if err := w.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := w.f.Write(p)
+	w.n += int64(n)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// createLocked creates path exclusively and takes an exclusive flock on
+// it. A file already there whose lock is free belongs to a writer that
+// died with this token: it is replaced. One whose lock is held belongs to
+// a live writer: an error.
+func createLocked(path string) (*os.File, error) {
+	for range 3 {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			removed, rerr := removeIfUnlocked(path)
+			if rerr != nil {
+				return nil, rerr
+			}
+			if !removed {
+				return nil, fmt.Errorf("%s is being written by another writer with the same token", filepath.Base(path))
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			os.Remove(path)
+			return nil, fmt.Errorf("flock %s: %w", path, err)
+		}
+		// Open in another process may have removed the file between the
+		// create and the lock: then the lock is on an inode no name points
+		// to, and the rename would fail. Start again.
+		if same, err := samePath(f, path); err != nil {
+			f.Close()
+			return nil, err
+		} else if !same {
+			f.Close()
+			continue
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("%s: could not create and lock it (removed under us three times)", filepath.Base(path))
+}
+
+func samePath(f *os.File, path string) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	pi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fi, pi), nil
+}
+
+// removeIfUnlocked removes a temporary file no live writer holds, under
+// its lock (so that no writer can take it meanwhile).
+func removeIfUnlocked(path string) (bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return false, nil
+		}
+		return false, fmt.Errorf("flock %s: %w", path, err)
+	}
+	if same, err := samePath(f, path); err != nil || !same {
+		return err == nil, err // gone or replaced meanwhile: not ours to remove
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	return true, nil
+}
+
+// removeLeftovers removes the temporary files of writers that died.
+func (d *Dir) removeLeftovers() error {
+	entries, err := os.ReadDir(d.path)
+	if err != nil {
+		return fmt.Errorf("results: reading the results directory: %w", err)
+	}
+	removed := false
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !isTempName(e.Name()) {
+			continue
+		}
+		ok, err := removeIfUnlocked(filepath.Join(d.path, e.Name()))
+		if err != nil {
+			return fmt.Errorf("results: removing the leftover %s: %w", e.Name(), err)
+		}
+		removed = removed || ok
+	}
+	if removed {
+		if err := syncDir(d.path); err != nil {
+			return fmt.Errorf("results: fsync of %s: %w", d.path, err)
+		}
+	}
+	return nil
+}
+
+// isTempName matches ".<name>.<token>.tmp" with a name FileName can make.
+func isTempName(s string) bool {
+	rest, ok := strings.CutPrefix(s, ".")
+	if !ok {
+		return false
+	}
+	if rest, ok = strings.CutSuffix(rest, ".tmp"); !ok {
+		return false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 {
+		return false
+	}
+	for _, c := range rest[i+1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return validName(rest[:i])
+}
+
+func syncDir(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", path, err)
+	}
+	return nil
+}
