@@ -219,7 +219,7 @@ func testRecordConflict(t *testing.T, open Opener) {
 	rec(sink.SourceWebhook, `{"type":"batch.succeeded","data":{"id":"k"}}`, "SUCCEEDED")
 	for _, sg := range []struct{ source, payload, state string }{
 		{sink.SourceWebhook, `{"type":"batch.succeeded","data":{"id":"k"},"timestamp":"later"}`, "SUCCEEDED"}, // re-rendered
-		{sink.SourceWebhook, `{"type":"batch.completed","data":{"id":"k"}}`, ""},                                // says nothing
+		{sink.SourceWebhook, `{"type":"batch.completed","data":{"id":"k"}}`, ""},                              // says nothing
 		{sink.SourceWebhook, ``, ""},
 		{sink.SourceWebhook, `{"data":{"id":"k","state":"RUNNING"}}`, "RUNNING"}, // not terminal: no conflict
 	} {
