@@ -227,7 +227,7 @@ type Entry struct {
 	// DeadReason is the class of a dead key's failure ("" for DeadEffect).
 	DeadReason string `json:"dead_reason,omitempty"`
 	// ResultsFile is where the batch's results were written, if anywhere.
-	ResultsFile string `json:"results_file,omitempty"`
+	ResultsFile string `json:"results_file"`
 	Payload     []byte `json:"-"`
 	// Webhook is the first webhook body, when a webhook saw the key.
 	Webhook []byte `json:"-"`

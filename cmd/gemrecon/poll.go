@@ -126,6 +126,7 @@ func (a *app) pollCommand() *cobra.Command {
 	var (
 		pf          pollFlags
 		ef          effectFlags
+		cf          confirmFlags
 		watch       bool
 		interval    time.Duration
 		metricsFile string
@@ -163,6 +164,9 @@ cron runs are safe: claims decide who runs each effect.`,
 			if err := ef.validate(); err != nil {
 				return err
 			}
+			if err := cf.validate(); err != nil {
+				return err
+			}
 			if watch && interval <= 0 {
 				return usageError("--watch needs a positive --interval")
 			}
@@ -178,7 +182,11 @@ cron runs are safe: claims decide who runs each effect.`,
 				return err
 			}
 			defer s.Close()
-			d, err := a.dispatcher(s, &ef, nil)
+			api, err := a.setupAPI(ctx, &pf, &cf, p)
+			if err != nil {
+				return err
+			}
+			d, err := a.dispatcher(s, &ef, nil, api, &cf)
 			if err != nil {
 				return err
 			}
@@ -226,6 +234,7 @@ cron runs are safe: claims decide who runs each effect.`,
 	}
 	pf.register(cmd.Flags())
 	ef.register(cmd.Flags())
+	cf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between the starts of passes with --watch")
 	cmd.Flags().StringVar(&metricsFile, "metrics-textfile", "", "write each pass's gauges here in Prometheus text format, with the scope's last success and last full scan from the database (atomically; for node_exporter's textfile collector)")

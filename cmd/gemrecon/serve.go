@@ -13,6 +13,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
+	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -20,6 +21,7 @@ func (a *app) serveCommand() *cobra.Command {
 	var (
 		ef         effectFlags
 		pf         pollFlags
+		cf         confirmFlags
 		listen     string
 		path       string
 		secretFile string
@@ -50,6 +52,9 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 			if err := ef.validate(); err != nil {
 				return err
 			}
+			if err := cf.validate(); err != nil {
+				return err
+			}
 			if pollEvery < 0 || syncWait < 0 || maxBody <= 0 {
 				return usageError("--poll-every and --sync-wait must not be negative; --max-body must be positive")
 			}
@@ -66,13 +71,26 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				return usageError("no webhook secret: set GEMRECON_WEBHOOK_SECRET or --secret-file (whsec_…), or pass --insecure-no-verify to accept unsigned requests")
 			}
 			ctx := cmd.Context()
+			// One poller for the process: the passes of --poll-every,
+			// confirmations and downloads share its rate limiter.
+			var p *poller.Poller
+			if pollEvery > 0 {
+				if p, err = a.newPoller(ctx, &pf); err != nil {
+					return err
+				}
+			}
+			api, err := a.setupAPI(ctx, &pf, &cf, p)
+			if err != nil {
+				return err
+			}
 			s, err := a.openSink(ctx, ef.sinkOptions())
 			if err != nil {
 				return err
 			}
 			defer s.Close()
+			a.warn(api)
 			m := metrics.New(s)
-			d, err := a.dispatcher(s, &ef, m.Observer())
+			d, err := a.dispatcher(s, &ef, m.Observer(), api, &cf)
 			if err != nil {
 				return err
 			}
@@ -118,10 +136,6 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				}
 			}()
 			if pollEvery > 0 {
-				p, err := a.newPoller(ctx, &pf)
-				if err != nil {
-					return err
-				}
 				loop, err := a.pollLoop(s, p, d, m, &pf, pollEvery)
 				if err != nil {
 					return err
@@ -156,6 +170,7 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 	f := cmd.Flags()
 	ef.register(f)
 	pf.register(f)
+	cf.register(f)
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	f.StringVar(&path, "path", "/webhook", "path that receives POSTed deliveries")
 	f.StringVar(&secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation); or set GEMRECON_WEBHOOK_SECRET")
