@@ -109,7 +109,7 @@ func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim
 		// be, it goes back for a process that can confirm it.
 		log.Error("dispatch: a key that needs confirmation was claimed by a process that cannot confirm it; handed back")
 		return ev, &verdict{outcome: OutcomeUnconfirmed, failure: sink.Failure{NoAttempt: true,
-			Cause: "needs confirmation by the API (seen only through a dynamic signature); this process cannot confirm",
+			Cause:     "needs confirmation by the API (seen only through a dynamic signature); this process cannot confirm",
 			NotBefore: d.cfg.Now().Add(d.cfg.RecheckMax)}}
 	}
 	if !c.Confirmed && d.cfg.Confirm {

@@ -333,8 +333,8 @@ func TestStillRunningAfter48HoursCounts(t *testing.T) {
 func TestUnknownToTheAPIDeadThenRevivedByPoll(t *testing.T) {
 	backends(t, func(t *testing.T, pg bool) {
 		w := newWorld(t, worldOptions{postgres: pg})
-		w.hook("ghost", "batch.succeeded", VerifiedStatic)  // the API knows no such batch: 404
-		w.hook("foreign", "batch.failed", VerifiedStatic) // another project's: 403
+		w.hook("ghost", "batch.succeeded", VerifiedStatic) // the API knows no such batch: 404
+		w.hook("foreign", "batch.failed", VerifiedStatic)  // another project's: 403
 		w.api.Deny("batches/foreign")
 		if sum := w.drain(); sum.Dead != 2 {
 			t.Fatalf("drain = %+v, want both keys dead", sum)
