@@ -150,7 +150,7 @@ func benchDuplicateDone(b *testing.B, open BenchOpener) {
 	for i := range sightings {
 		sightings[i] = sink.Sighting{Key: fmt.Sprintf("gemini:batches/done-%d", i), Source: sink.SourcePoll,
 			Payload: fmt.Appendf(nil, `{"name":"batches/done-%d","metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, i),
-			State: "SUCCEEDED", FromAPI: true} // as a poll pass records it
+			State:   "SUCCEEDED", FromAPI: true} // as a poll pass records it
 	}
 	recordAll(b, s, sightings)
 	cs, err := s.ClaimDue(ctx, "bench", time.Minute, 0)
@@ -185,7 +185,7 @@ func benchDuplicatePending(b *testing.B, open BenchOpener) {
 	for i := range sightings {
 		sightings[i] = sink.Sighting{Key: fmt.Sprintf("gemini:batches/pending-%d", i), Source: sink.SourceWebhook,
 			Payload: fmt.Appendf(nil, `{"name":"batches/pending-%d","metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, i),
-			State: "SUCCEEDED"} // as a webhook redelivery records it
+			State:   "SUCCEEDED"} // as a webhook redelivery records it
 	}
 	recordAll(b, s, sightings)
 	i := 0
