@@ -34,12 +34,13 @@ var errStalled = errors.New("no data received")
 // The whole download is bounded by ctx; Config.RequestTimeout bounds each
 // attempt's wait for the response headers, and then each wait for more of
 // the body (an idle timeout, not a total one: a large file may take longer,
-// and time spent in w does not count). A failure after
-// the body started is not retried here — w already holds part of the file —
-// and comes back as a *TransientError; the caller starts again (results.Dir
-// discards the partial file). An error from w is returned as it is, wrapped,
-// and is not an ErrTransient. Errors are classified as for Get (a 404 is
-// ErrNotFound). Vertex AI has no files to download: ErrInvalidName.
+// and time spent in w does not count). A failure after the body started is
+// not retried here — w already holds part of the file — and comes back as
+// a *TransientError; the caller starts again (results.Dir discards the
+// partial file). An error from w is returned as it is, wrapped, and is not
+// an ErrTransient. Refusals are classified as for Get (a 404 is
+// ErrNotFound; a 403 is probed). Vertex AI has no files to download:
+// ErrInvalidName.
 //
 // Redirects are followed (at most 10), and the API key header is dropped
 // when one leads to another host.
@@ -85,6 +86,9 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 	}
 	hc := &http.Client{Transport: p.transport, CheckRedirect: dropKeyAcrossHosts}
 	resp, err := hc.Do(req)
+	if errors.Is(err, errRedirects) {
+		return 0, fmt.Errorf("poller: %s: %w: %v", op, ErrUnexpected, err)
+	}
 	if err != nil {
 		return 0, fail(err)
 	}
@@ -127,11 +131,13 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 	}
 }
 
+var errRedirects = errors.New("stopped after 10 redirects")
+
 // dropKeyAcrossHosts follows up to 10 redirects, without the API key on
 // another host (Go's client drops Authorization there, not custom headers).
 func dropKeyAcrossHosts(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
-		return errors.New("stopped after 10 redirects")
+		return errRedirects
 	}
 	if !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
 		req.Header.Del("x-goog-api-key")

@@ -310,6 +310,15 @@ func TestDownloadRedirectDropsKeyAcrossHosts(t *testing.T) {
 	if r := target.Requests(); len(r) != 1 || r[0].Header.Get("x-goog-api-key") != testKey {
 		t.Errorf("same-host redirect lost the key: %+v", r)
 	}
+	// A redirect loop decides nothing, and is not retried as transient.
+	loop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.RequestURI(), http.StatusFound)
+	}))
+	t.Cleanup(loop.Close)
+	cfg.BaseURL = loop.URL + "/"
+	if _, err := newPoller(t, cfg).Download(context.Background(), "files/r", io.Discard); !errors.Is(err, ErrUnexpected) || errors.Is(err, ErrTransient) {
+		t.Errorf("a redirect loop: %v", err)
+	}
 }
 
 // ResultsOf finds the responses file, inlined responses (as the fake

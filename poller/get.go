@@ -92,7 +92,8 @@ func (p *Poller) RequestCounts() RequestCounts {
 }
 
 // Get fetches one batch with Batches.Get through the same client, rate
-// limiter, retry rules and raw-capturing transport as Pass (spec §9.2).
+// limiter, retry rules and raw-capturing transport as Pass (spec §9,
+// confirmation: one rate limit per process for list, get and downloads).
 // name is "batches/<id>" on the Gemini API; on Vertex a job's full name
 // ("projects/P/locations/L/batchPredictionJobs/N") or its numeric id — the
 // SDK rebuilds the path from the client's own project and location and the

@@ -1,5 +1,5 @@
-// Package results owns the results directory of spec §9.5: one file per
-// batch, DIR/<name>.jsonl, that is either absent or complete.
+// Package results owns the results directory (spec §9, results): one file
+// per batch, DIR/<name>.jsonl, that is either absent or complete.
 //
 // A Dir writes a batch's results — streamed by a callback, such as a
 // download of the batch's responses file or its inlined responses rendered

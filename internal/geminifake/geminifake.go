@@ -221,7 +221,8 @@ func cmpU(x, y uint64) int {
 // Server is the fake API: an http.Handler with runtime controls. All methods
 // are safe for concurrent use.
 type Server struct {
-	opts Options
+	opts  Options
+	extra extraState // files, denied names, get-only states (files.go); guarded by mu
 
 	mu       sync.Mutex
 	byName   map[string]*entry
@@ -237,7 +238,6 @@ type Server struct {
 	ln  net.Listener
 
 	webhooks *WebhookService // created on first use (webhooks.go)
-	extra    extraState      // files, denied names, get-only states (files.go)
 }
 
 // New returns a fake with no batches.
