@@ -675,3 +675,86 @@ func TestFailedDownloadIsAFailedAttempt(t *testing.T) {
 		t.Fatalf("documents = %+v, want attempt 2 with its results", evs)
 	}
 }
+
+// bearer adds the Vertex stand-in's bearer token (no Application Default
+// Credentials in tests).
+type bearer struct{ tok string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.tok)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// Vertex AI: a listed job's document carries results_location (its
+// outputInfo), and with --results-dir nothing is fetched.
+func TestVertexResultsLocation(t *testing.T) {
+	api := geminifake.New(geminifake.Options{BearerToken: "tok"})
+	if _, err := api.Start(""); err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close()
+	name := geminifake.VertexName("123", "us-central1", "777")
+	api.Add(geminifake.Batch{Name: name, State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0, SuccessfulCount: 2})
+	clk := &clock{now: t0}
+	s, err := dial.Open(context.Background(), filepath.Join(t.TempDir(), "sink.db"), sink.Options{Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pc := poller.DefaultConfig()
+	pc.Backend, pc.Project, pc.Location, pc.NoCredentials = poller.BackendVertex, "123", "us-central1", true
+	pc.BaseURL, pc.Now, pc.HTTPClient = api.URL(), clk.Now, &http.Client{Transport: bearer{"tok"}}
+	p, err := poller.New(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := results.Open(filepath.Join(t.TempDir(), "results"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &docs{}
+	disp, err := dispatch.New(dispatch.Config{Sink: s, Effect: d, Now: clk.Now, Confirm: true, API: p, Results: dir,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll, err := NewPoll(PollConfig{Sink: s, Poller: p, Dispatcher: disp, FullScanEvery: DefaultFullScanEvery, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := poll.Pass(context.Background()); r.Err() != nil || r.Effects.OK != 1 {
+		t.Fatalf("pass = %+v", r)
+	}
+	evs := d.of("gemini:batchPredictionJobs/777")
+	if len(evs) != 1 || evs[0].ResultsLocation != "gs://geminifake-bucket/out/prediction-777" || evs[0].ResultsFile != "" ||
+		!evs[0].Confirmed || evs[0].BatchState != "SUCCEEDED" {
+		t.Fatalf("documents = %+v, want results_location only", evs)
+	}
+	if c := p.RequestCounts(); c.Download != 0 || c.Get != 0 {
+		t.Fatalf("requests %+v, want no get and no download", c)
+	}
+	// A job named by an event (Vertex has no webhooks, but a body may name
+	// one) is confirmed by its numeric id through the client's own project
+	// and location.
+	name2 := geminifake.VertexName("123", "us-central1", "778")
+	api.Add(geminifake.Batch{Name: name2, State: "FAILED", CreateTime: t0.Add(-time.Hour), EndTime: t0,
+		Error: &geminifake.Status{Code: 3, Message: "bad input"}})
+	hooks, err := NewWebhooks(WebhookConfig{Sink: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := hooks.Event(context.Background(), []byte(`{"name":"`+name2+`"}`), VerifiedStatic); a.Kind != Recorded {
+		t.Fatalf("Event = %+v", a)
+	}
+	if sum, err := disp.Drain(context.Background()); err != nil || sum.OK != 1 {
+		t.Fatalf("Drain = %+v, %v", sum, err)
+	}
+	evs = d.of("gemini:batchPredictionJobs/778")
+	if len(evs) != 1 || !evs[0].Confirmed || evs[0].BatchState != "FAILED" || !strings.Contains(string(evs[0].Operation), "bad input") {
+		t.Fatalf("documents = %+v, want the job confirmed as FAILED", evs)
+	}
+	if n := api.Count(http.MethodGet, "/v1beta1/"+name2); n != 1 {
+		t.Fatalf("%d gets of the job, want 1", n)
+	}
+}

@@ -56,6 +56,21 @@ func (f *pollFlags) registerAPI(fs *pflag.FlagSet) {
 	}
 }
 
+// validateAPI checks the API flags alone (a command that does not list
+// leaves the listing's flags alone: serve without --poll-every, drain).
+func (f *pollFlags) validateAPI() error {
+	if f.backend != "gemini" && f.backend != "vertex" {
+		return usageError("--backend %q: want gemini or vertex", f.backend)
+	}
+	if f.qps < 0 || f.burst < 1 {
+		return usageError("--qps must not be negative and --burst must be at least 1")
+	}
+	if f.backend == "vertex" && (f.project == "" || f.location == "") {
+		return usageError("--backend vertex needs --project and --location (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
+	}
+	return nil
+}
+
 // hasCredentials reports whether the environment and flags name API
 // credentials: an API key for the Gemini API; a project and a location for
 // Vertex AI (whose Application Default Credentials are looked up by the SDK).
@@ -116,7 +131,7 @@ func (a *app) setupAPI(ctx context.Context, pf *pollFlags, cf *confirmFlags, p *
 		return out, nil
 	}
 	if p == nil {
-		if err := pf.validate(); err != nil {
+		if err := pf.validateAPI(); err != nil {
 			return out, err
 		}
 		var err error

@@ -147,6 +147,12 @@ listing is several newest-first runs joined end to end. Every API request
 waits on one rate limiter (--qps, --burst); 429/5xx are retried honouring
 Retry-After and google.rpc.RetryInfo.
 
+A listed operation confirms a key a webhook saw first (its operation becomes
+the API's); a due key that is still unconfirmed is fetched with Batches.Get
+before its effect runs, through the same limiter (--confirm auto, the
+default; never to turn it off). With --results-dir a succeeded batch's
+results are written to DIR/<id>.jsonl before its effect (GEMRECON_RESULTS_FILE).
+
 Prints one summary line to stderr per pass (one JSON object with
 --log-format json). Exit status: 0 listed fully and every effect succeeded,
 1 fatal (credentials, database, listing failed after retries), 4 some effect

@@ -41,6 +41,13 @@ rotation), record the completion durably, answer 202 {"key","status"} and let
 background workers run the effect. With --sync the effect runs inside the
 request: 200 once done, 500 if it failed (the sender retries).
 
+With API credentials (GEMINI_API_KEY; --base-url for an emulator) each key
+first seen by webhook is confirmed with Batches.Get before its effect runs, so
+the effect gets the API's operation, not the webhook's thin body (--confirm
+auto, the default; without credentials such keys run unconfirmed and serve
+says so once; --confirm never turns it off). --results-dir writes a succeeded
+batch's results before its effect.
+
 Also serves GET /healthz, GET /readyz (database reachable) and GET /metrics
 (Prometheus). --poll-every runs reconciliation passes in the same process.
 SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
