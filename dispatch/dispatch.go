@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -110,6 +112,30 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Observer, when set, hears every attempt's outcome.
 	Observer Observer
+
+	// Confirm: unconfirmed keys (first seen by webhook) are fetched with
+	// API.Get before their effect runs (spec §9.2; confirm.go). False: they
+	// run on what is stored ("confirmed": false), and keys that need
+	// confirmation are never claimed. Needs API.
+	Confirm bool
+	// API fetches batches (Confirm) and downloads results (Results): the
+	// process's one poller, so that list, get and downloads share one rate
+	// limiter.
+	API API
+	// ConfirmTimeout bounds one confirmation request, retries included
+	// (default DefaultConfirmTimeout); RunKeyWithin can ask for less.
+	ConfirmTimeout time.Duration
+	// RecheckBase and RecheckMax bound recheckDelay (defaults
+	// DefaultRecheckBase, DefaultRecheckMax).
+	RecheckBase, RecheckMax time.Duration
+	// Results, when set, is the results directory (--results-dir, spec
+	// §9.5); needs API. DownloadTimeout bounds one download (default
+	// DefaultDownloadTimeout); the lease is renewed while it runs.
+	Results         *results.Dir
+	DownloadTimeout time.Duration
+	// Rand returns a uniform float64 in [0,1) for the jitter of rechecks
+	// (default math/rand/v2).
+	Rand func() float64
 }
 
 // Summary counts what one Drain did.
@@ -119,6 +145,10 @@ type Summary struct {
 	Failed  int // attempts that failed with a retry scheduled
 	Dead    int // attempts that sent the key to dead
 	Fenced  int // attempts whose outcome was discarded (another took over)
+	// Unconfirmed counts claims handed back without using an attempt
+	// because the API has not confirmed the key yet (not terminal, or no
+	// answer): not a failure.
+	Unconfirmed int
 }
 
 func (s *Summary) add(o Outcome) {
@@ -131,6 +161,8 @@ func (s *Summary) add(o Outcome) {
 		s.Dead++
 	case OutcomeFenced:
 		s.Fenced++
+	case OutcomeUnconfirmed:
+		s.Unconfirmed++
 	}
 }
 
@@ -197,6 +229,28 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
+	}
+	if (cfg.Confirm || cfg.Results != nil) && cfg.API == nil {
+		return nil, errors.New("dispatch: confirmation and results need the API (a poller with credentials)")
+	}
+	if cfg.ConfirmTimeout < 0 || cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
+		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = DefaultConfirmTimeout
+	}
+	if cfg.DownloadTimeout == 0 {
+		cfg.DownloadTimeout = DefaultDownloadTimeout
+	}
+	if cfg.RecheckBase == 0 {
+		cfg.RecheckBase = DefaultRecheckBase
+	}
+	if cfg.RecheckMax == 0 {
+		cfg.RecheckMax = DefaultRecheckMax
+	}
+	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
+	if cfg.Rand == nil {
+		cfg.Rand = mrand.Float64
 	}
 	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1)}, nil
 }
@@ -350,9 +404,16 @@ func writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // RunKey claims key and runs its effect now (serve --sync). It returns
 // OutcomeBusy when another live holder has the key, and OutcomeSkipped when
-// the key is done, dead, not due or unknown. ctx bounds the effect as the
-// context of Drain does (Grace applies).
+// the key is done, dead, not due or unknown, OutcomeUnconfirmed when the API
+// has not confirmed it yet (it was handed back). ctx bounds the effect as
+// the context of Drain does (Grace applies).
 func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
+	return d.RunKeyWithin(ctx, key, 0)
+}
+
+// RunKeyWithin is RunKey whose confirmation, if the key needs one, is
+// bounded by confirmWait (serve --sync: --sync-wait; 0: ConfirmTimeout).
+func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, err)
 	}
@@ -361,7 +422,7 @@ func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
 	}
 	asked := d.cfg.Now() // the lease cannot have started earlier
 	wctx, cancel := writeContext(ctx)
-	c, err := d.cfg.Sink.Claim(wctx, key, d.cfg.Owner, d.cfg.Lease)
+	c, err := d.cfg.Sink.Claim(wctx, key, d.cfg.Owner, d.cfg.Lease, d.claimOpts()...)
 	cancel()
 	switch {
 	case errors.Is(err, sink.ErrNotFound):
@@ -380,7 +441,7 @@ func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
 	}
 	runCtx, release := d.graceContext(ctx)
 	defer release()
-	return d.runClaim(ctx, runCtx, c, asked, nil)
+	return d.runClaim(ctx, runCtx, c, asked, nil, confirmWait)
 }
 
 // OutcomeMargin is how long before the end of a lease its holder stops
@@ -419,12 +480,36 @@ func (m *leaseMark) set(t time.Time) {
 // once done, the retries of the outcome write. leaseFrom is when the claim
 // (or its last renewal) was asked for, by Config.Now. mark, when set, sees
 // the outcome while outcomeMu is still held.
-func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFrom time.Time, mark func(Outcome)) (out Outcome, err error) {
+func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFrom time.Time, mark func(Outcome), confirmWait time.Duration) (out Outcome, err error) {
 	log := d.log.With("key", c.Key, "token", c.Token, "attempt", c.Attempt)
 	if c.Takeover {
 		log.Warn("dispatch: took over a claim whose lease expired")
 	}
 	ev := eventFor(c)
+	lm := &leaseMark{at: leaseFrom}
+	if d.needsPrep(c) {
+		start := d.cfg.Now()
+		var v *verdict
+		ev, v = d.prepareUnderLease(ctx, runCtx, log, c, lm, ev, confirmWait)
+		if v != nil {
+			defer func() {
+				if d.cfg.Observer != nil {
+					d.cfg.Observer.EffectFinished(c.Key, out, d.cfg.Now().Sub(start))
+				}
+			}()
+			if v.fenced {
+				out = OutcomeFenced
+			} else {
+				d.outcomeMu.RLock() // see the failure case below
+				defer d.outcomeMu.RUnlock()
+				out, err = d.recordFailure(ctx, runCtx, log, c, lm, v.failure, v.outcome, d.cfg.Now().Sub(start))
+			}
+			if mark != nil {
+				mark(out)
+			}
+			return out, err
+		}
+	}
 
 	effCtx, cancelTimeout := context.WithTimeoutCause(runCtx, d.cfg.EffectTimeout,
 		&effectTimeoutError{d: d.cfg.EffectTimeout})
@@ -434,7 +519,6 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	// Renew the lease while the effect runs. A fenced renewal means someone
 	// took the key over: stop the effect; its outcome will be discarded.
-	lm := &leaseMark{at: leaseFrom}
 	renewDone := make(chan struct{})
 	stopRenew := make(chan struct{})
 	var renewFenced bool
@@ -662,6 +746,15 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 	if after, ok := effect.RetryAfterOf(runErr); ok {
 		f.NotBefore = d.cfg.Now().Add(after)
 	}
+	return d.recordFailure(ctx, runCtx, log, c, lm, f, "", elapsed)
+}
+
+// recordFailure records a failed attempt f (see record). An uncounted
+// failure reports noAttempt as its outcome when that is set (a claim the
+// API has not confirmed yet), else OutcomeRetry.
+func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, f sink.Failure, noAttempt Outcome, elapsed time.Duration) (Outcome, error) {
+	cause := f.Cause
+	f.Cause = sink.TruncateError(f.Cause)
 	var state sink.State
 	e, err := d.record(ctx, runCtx, log, c, lm, outcomeWrite{
 		what: "a failure",
@@ -699,6 +792,10 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 			attrs = append(attrs, "not_before", f.NotBefore)
 		}
 		if f.NoAttempt {
+			if noAttempt != "" {
+				log.Debug("dispatch: handed back without using an attempt; the key is pending again", attrs...)
+				return noAttempt, nil
+			}
 			log.Warn("dispatch: attempt handed back without using an attempt; the key is pending again", attrs...)
 			return OutcomeRetry, nil
 		}
@@ -715,29 +812,37 @@ func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
 	return err == nil && e.State == sink.StateDone && e.Token == c.Token
 }
 
-// eventFor builds the event document of spec §4 from a claim.
+// eventFor builds the event document of spec §4 and §9.3 from a claim:
+// what the sink stored, nothing parsed again (the batch state is the one
+// canon computed when the key was seen, or the API's once confirmed).
 func eventFor(c sink.Claim) effect.Event {
 	ev := effect.Event{
-		Key:     c.Key,
-		Name:    canon.Name(c.Key),
-		Source:  c.FirstSource,
-		Attempt: c.Attempt,
-		Token:   c.Token,
-	}
-	if len(c.Payload) > 0 {
-		if json.Valid(c.Payload) {
-			ev.Operation = json.RawMessage(c.Payload)
-			if ce, err := canon.FromEvent(c.Payload); err == nil {
-				ev.State = ce.State
-			}
-		} else {
-			// Not JSON (it should always be): hand it over as a string
-			// rather than fail every attempt on encoding.
-			b, _ := json.Marshal(string(c.Payload))
-			ev.Operation = b
-		}
+		Key:        c.Key,
+		Name:       canon.Name(c.Key),
+		State:      c.BatchState,
+		Source:     c.FirstSource,
+		Attempt:    c.Attempt,
+		Token:      c.Token,
+		Operation:  jsonOrString(c.Payload),
+		Confirmed:  c.Confirmed,
+		BatchState: c.BatchState,
+		Webhook:    jsonOrString(c.Webhook),
 	}
 	return ev
+}
+
+// jsonOrString is b as JSON: as it is when valid, else as a JSON string
+// (it should always be JSON: hand it over rather than fail every attempt
+// on encoding). Empty stays empty.
+func jsonOrString(b []byte) json.RawMessage {
+	if len(b) == 0 {
+		return nil
+	}
+	if json.Valid(b) {
+		return json.RawMessage(b)
+	}
+	q, _ := json.Marshal(string(b))
+	return q
 }
 
 func errString(err error) string {

@@ -53,7 +53,8 @@ func record(t testing.TB, s sink.Sink, keys ...string) {
 	for _, k := range keys {
 		name := strings.TrimPrefix(k, "gemini:")
 		payload := fmt.Sprintf(`{"name":%q,"done":true,"metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, name)
-		if _, err := s.Record(context.Background(), sink.Sighting{Key: k, Source: sink.SourcePoll, Payload: []byte(payload)}); err != nil {
+		if _, err := s.Record(context.Background(), sink.Sighting{Key: k, Source: sink.SourcePoll, Payload: []byte(payload),
+			State: "SUCCEEDED", FromAPI: true}); err != nil {
 			t.Fatalf("Record(%q): %v", k, err)
 		}
 	}
@@ -178,8 +179,8 @@ func TestDrainRunsEveryDueKeyOnceWithTheEventDocument(t *testing.T) {
 		byKey[ev.Key] = ev
 	}
 	ev := byKey[ks[7]]
-	if ev.Name != "batches/k00007" || ev.State != "SUCCEEDED" || ev.Source != sink.SourcePoll ||
-		ev.Attempt != 1 || ev.Token != 1 || !strings.Contains(string(ev.Operation), `"name":"batches/k00007"`) {
+	if ev.Name != "batches/k00007" || ev.State != "SUCCEEDED" || ev.BatchState != "SUCCEEDED" || !ev.Confirmed || ev.Source != sink.SourcePoll ||
+		ev.Attempt != 1 || ev.Token != 1 || !strings.Contains(string(ev.Operation), `"name":"batches/k00007"`) || ev.Webhook != nil {
 		t.Errorf("event document = %+v, want name, normalised state, source, attempt 1, token 1 and the operation", ev)
 	}
 	if ev := byKey["gemini:operations/x"]; ev.Name != "operations/x" || ev.State != "" || ev.Source != sink.SourceWebhook || string(ev.Operation) != "null" {

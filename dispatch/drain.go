@@ -202,7 +202,7 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 			return nil, nil
 		}
 		asked := d.cfg.Now() // the leases cannot have started earlier
-		granted, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, claims)
+		granted, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, claims, d.claimOpts()...)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: claim due keys: %w", err)
 		}
@@ -226,7 +226,7 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 	}
 	// Every seen key that may be due again could come first in the listing:
 	// ask for that many more than there are free slots.
-	due, err := d.cfg.Sink.Due(wctx, keys+nRedue)
+	due, err := d.cfg.Sink.Due(wctx, keys+nRedue, d.claimOpts()...)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: list due keys: %w", err)
 	}
@@ -254,7 +254,7 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 		}
 		j.claimedAt = d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
-		c, err := d.cfg.Sink.Claim(wctx, j.key, d.cfg.Owner, d.cfg.Lease)
+		c, err := d.cfg.Sink.Claim(wctx, j.key, d.cfg.Owner, d.cfg.Lease, d.claimOpts()...)
 		cancel()
 		if err != nil {
 			st.mu.Lock()
@@ -299,12 +299,12 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 	out, err := d.runClaim(ctx, runCtx, *j.claim, j.claimedAt, func(o Outcome) {
 		// Under outcomeMu (shared): marks the key before a batch claim
 		// can see it due again.
-		if o == OutcomeRetry || o == OutcomeFenced {
+		if o == OutcomeRetry || o == OutcomeFenced || o == OutcomeUnconfirmed {
 			st.mu.Lock()
 			st.redue[j.claim.Key] = true
 			st.mu.Unlock()
 		}
-	})
+	}, 0)
 	st.mu.Lock()
 	st.sum.add(out)
 	if err != nil {

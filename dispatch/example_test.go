@@ -13,7 +13,8 @@ import (
 )
 
 // Record a completion twice (webhook, then poll), then drain: the effect
-// runs once.
+// runs once, on the API's operation (the poll sighting confirmed the key),
+// with the webhook's body beside it.
 func ExampleDispatcher_Drain() {
 	dir, _ := os.MkdirTemp("", "gemrecon-example")
 	defer os.RemoveAll(dir)
@@ -24,10 +25,10 @@ func ExampleDispatcher_Drain() {
 		return
 	}
 	defer s.Close()
+	hook := []byte(`{"type":"batch.succeeded","data":{"id":"abc"}}`)
 	op := []byte(`{"name":"batches/abc","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true}`)
-	for _, src := range []string{sink.SourceWebhook, sink.SourcePoll} {
-		s.Record(ctx, sink.Sighting{Key: "gemini:batches/abc", Source: src, Payload: op})
-	}
+	s.Record(ctx, sink.Sighting{Key: "gemini:batches/abc", Source: sink.SourceWebhook, Payload: hook, State: "SUCCEEDED"})
+	s.Record(ctx, sink.Sighting{Key: "gemini:batches/abc", Source: sink.SourcePoll, Payload: op, State: "SUCCEEDED", FromAPI: true})
 	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: effect.NewPrint(os.Stdout), Concurrency: 1})
 	if err != nil {
 		fmt.Println(err)
@@ -38,7 +39,7 @@ func ExampleDispatcher_Drain() {
 	sum, err = d.Drain(ctx)
 	fmt.Printf("%+v %v\n", sum, err)
 	// Output:
-	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":1,"operation":{"name":"batches/abc","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true}}
-	// {Claimed:1 OK:1 Failed:0 Dead:0 Fenced:0} <nil>
-	// {Claimed:0 OK:0 Failed:0 Dead:0 Fenced:0} <nil>
+	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":1,"operation":{"name":"batches/abc","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true},"confirmed":true,"batch_state":"SUCCEEDED","webhook":{"type":"batch.succeeded","data":{"id":"abc"}}}
+	// {Claimed:1 OK:1 Failed:0 Dead:0 Fenced:0 Unconfirmed:0} <nil>
+	// {Claimed:0 OK:0 Failed:0 Dead:0 Fenced:0 Unconfirmed:0} <nil>
 }

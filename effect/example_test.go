@@ -15,16 +15,19 @@ import (
 func ExampleNewPrint() {
 	p := effect.NewPrint(os.Stdout)
 	_ = p.Run(context.Background(), effect.Event{
-		Key:       "gemini:batches/abc",
-		Name:      "batches/abc",
-		State:     "SUCCEEDED",
-		Source:    "webhook",
-		Attempt:   1,
-		Token:     7,
-		Operation: json.RawMessage(`{"name": "batches/abc", "done": true}`),
+		Key:        "gemini:batches/abc",
+		Name:       "batches/abc",
+		State:      "SUCCEEDED",
+		Source:     "webhook",
+		Attempt:    1,
+		Token:      7,
+		Operation:  json.RawMessage(`{"name": "batches/abc", "done": true}`),
+		Confirmed:  true,
+		BatchState: "SUCCEEDED",
+		Webhook:    json.RawMessage(`{"type":"batch.succeeded","data":{"id":"abc"}}`),
 	})
 	// Output:
-	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":7,"operation":{"name":"batches/abc","done":true}}
+	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":7,"operation":{"name":"batches/abc","done":true},"confirmed":true,"batch_state":"SUCCEEDED","webhook":{"type":"batch.succeeded","data":{"id":"abc"}}}
 }
 
 // An effect tells the dispatcher how to treat a failure: retry with backoff

@@ -131,6 +131,9 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 		"GEMRECON_TOKEN="+strconv.FormatInt(ev.Token, 10),
 		"GEMRECON_ATTEMPT="+strconv.Itoa(ev.Attempt),
 		"GEMRECON_SOURCE="+ev.Source,
+		"GEMRECON_BATCH_STATE="+ev.BatchState,
+		"GEMRECON_CONFIRMED="+strconv.FormatBool(ev.Confirmed),
+		"GEMRECON_RESULTS_FILE="+ev.ResultsFile,
 	)
 	// Its own process group, so that one signal reaches everything the
 	// command started: a shell pipeline or a backgrounded grandchild would

@@ -29,6 +29,7 @@ func TestExecEnvironmentAndStdin(t *testing.T) {
 	t.Setenv("GEMRECON_TEST_INHERITED", "yes")
 	cmd := `cat > stdin.json; env | grep -E '^GEMRECON_' | sort > env.txt`
 	ev := testEvent()
+	ev.Confirmed, ev.BatchState, ev.ResultsFile = true, "SUCCEEDED", "/var/lib/gemrecon/results/abc-123.jsonl"
 	if err := NewExec(cmd, ExecDir(dir), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -44,7 +45,8 @@ func TestExecEnvironmentAndStdin(t *testing.T) {
 		got.Attempt != ev.Attempt || got.Token != ev.Token || string(got.Operation) != string(ev.Operation) {
 		t.Errorf("stdin document = %+v, want %+v", got, ev)
 	}
-	for _, f := range []string{`"key"`, `"name"`, `"state"`, `"source"`, `"attempt"`, `"token"`, `"operation"`} {
+	for _, f := range []string{`"key"`, `"name"`, `"state"`, `"source"`, `"attempt"`, `"token"`, `"operation"`,
+		`"confirmed":true`, `"batch_state":"SUCCEEDED"`, `"results_file":"/var/lib/gemrecon/results/abc-123.jsonl"`} {
 		if !strings.Contains(string(stdin), f) {
 			t.Errorf("stdin %s lacks field %s", stdin, f)
 		}
@@ -55,8 +57,11 @@ func TestExecEnvironmentAndStdin(t *testing.T) {
 	}
 	for _, want := range []string{
 		"GEMRECON_ATTEMPT=3",
+		"GEMRECON_BATCH_STATE=SUCCEEDED",
+		"GEMRECON_CONFIRMED=true",
 		"GEMRECON_KEY=gemini:batches/abc-123",
 		"GEMRECON_NAME=batches/abc-123",
+		"GEMRECON_RESULTS_FILE=/var/lib/gemrecon/results/abc-123.jsonl",
 		"GEMRECON_SOURCE=webhook",
 		"GEMRECON_STATE=SUCCEEDED",
 		"GEMRECON_TEST_INHERITED=yes",

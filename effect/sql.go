@@ -11,7 +11,8 @@ import (
 // SQLParamNames returns the names of the parameters a --sql script may use
 // (without the @), in the order of spec §4. Params binds all of them.
 func SQLParamNames() []string {
-	return []string{"key", "name", "state", "source", "token", "attempt", "operation"}
+	return []string{"key", "name", "state", "source", "token", "attempt", "operation",
+		"batch_state", "confirmed", "results_file", "webhook"}
 }
 
 // SQL is the --sql effect of spec §4: a script that the sink runs inside the
@@ -28,8 +29,9 @@ type SQL struct {
 // LoadSQL reads and checks a --sql file at start-up. Errors name the file
 // and say what is wrong: an unreadable or empty file, an unterminated
 // literal or comment, a parameter other than @key, @name, @state, @source,
-// @token, @attempt and @operation (an @ inside a string literal, a quoted
-// identifier or a comment is not a parameter), a positional or other-style
+// @token, @attempt, @operation, @batch_state, @confirmed, @results_file
+// and @webhook (an @ inside a string literal, a quoted identifier or a
+// comment is not a parameter), a positional or other-style
 // parameter (?, ?1, :name, $1, $name), or a statement that would end the
 // transaction (BEGIN, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE,
 // START TRANSACTION, PREPARE TRANSACTION), a statement that would change
@@ -81,23 +83,33 @@ func (q *SQL) Statements() []string { return append([]string(nil), q.statements.
 func (q *SQL) Uses() []string { return append([]string(nil), q.uses...) }
 
 // Params returns the named parameters for one attempt: key, name, state,
-// source (text), token and attempt (integers), and operation: the
-// operation's JSON text as the API or the webhook gave it, or NULL when none
-// was recorded (cast it on PostgreSQL: @operation::jsonb; on SQLite use the
-// JSON functions, json_extract(@operation, '$.name')).
+// source (text), token and attempt (integers), operation: the operation's
+// JSON text — the API's once the key is confirmed, else the webhook's — or
+// NULL when none was recorded (cast it on PostgreSQL: @operation::jsonb; on
+// SQLite use the JSON functions, json_extract(@operation, '$.name')),
+// batch_state (text), confirmed (a boolean; 1 or 0 on SQLite), results_file
+// (text, ” when none) and webhook (the first webhook body's JSON text, or
+// NULL) (spec §9.3).
 func (q *SQL) Params(ev Event) map[string]any {
-	var op any
+	var op, hook any
 	if len(ev.Operation) > 0 {
 		op = string(ev.Operation)
 	}
+	if len(ev.Webhook) > 0 {
+		hook = string(ev.Webhook)
+	}
 	return map[string]any{
-		"key":       ev.Key,
-		"name":      ev.Name,
-		"state":     ev.State,
-		"source":    ev.Source,
-		"token":     ev.Token,
-		"attempt":   int64(ev.Attempt),
-		"operation": op,
+		"key":          ev.Key,
+		"name":         ev.Name,
+		"state":        ev.State,
+		"source":       ev.Source,
+		"token":        ev.Token,
+		"attempt":      int64(ev.Attempt),
+		"operation":    op,
+		"batch_state":  ev.BatchState,
+		"confirmed":    ev.Confirmed,
+		"results_file": ev.ResultsFile,
+		"webhook":      hook,
 	}
 }
 

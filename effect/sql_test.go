@@ -54,7 +54,7 @@ func TestParseSQLRejects(t *testing.T) {
 	}{
 		{``, "no SQL statements"},
 		{"  -- nothing\n/* at all */ ;", "no SQL statements"},
-		{`INSERT INTO t VALUES (@invoice)`, "unknown parameter @invoice at line 1 (known: @key, @name, @state, @source, @token, @attempt, @operation)"},
+		{`INSERT INTO t VALUES (@invoice)`, "unknown parameter @invoice at line 1 (known: @key, @name, @state, @source, @token, @attempt, @operation, @batch_state, @confirmed, @results_file, @webhook)"},
 		{"SELECT 1;\nSELECT @key, @Key", "unknown parameter @Key at line 2"},
 		{`SELECT ?`, "positional parameter ?"},
 		{`SELECT ?1`, "positional parameter ?1"},
@@ -122,14 +122,16 @@ func TestSQLParams(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := effect.Event{Key: "gemini:batches/a", Name: "batches/a", State: "JOB_STATE_SUCCEEDED", Source: "webhook",
-		Attempt: 2, Token: 7, Operation: json.RawMessage(`{"name":"batches/a"}`)}
+		Attempt: 2, Token: 7, Operation: json.RawMessage(`{"name":"batches/a"}`), Confirmed: true, BatchState: "SUCCEEDED",
+		ResultsFile: "/r/a.jsonl", Webhook: json.RawMessage(`{"type":"batch.succeeded"}`)}
 	want := map[string]any{"key": "gemini:batches/a", "name": "batches/a", "state": "JOB_STATE_SUCCEEDED", "source": "webhook",
-		"token": int64(7), "attempt": int64(2), "operation": `{"name":"batches/a"}`}
+		"token": int64(7), "attempt": int64(2), "operation": `{"name":"batches/a"}`,
+		"batch_state": "SUCCEEDED", "confirmed": true, "results_file": "/r/a.jsonl", "webhook": `{"type":"batch.succeeded"}`}
 	if got := q.Params(ev); !reflect.DeepEqual(got, want) {
 		t.Errorf("Params(%+v) = %v, want %v", ev, got, want)
 	}
 	names := effect.SQLParamNames()
-	if got := q.Params(effect.Event{}); len(got) != len(names) || got["operation"] != nil {
+	if got := q.Params(effect.Event{}); len(got) != len(names) || got["operation"] != nil || got["webhook"] != nil {
 		t.Errorf("Params(empty event) = %v, want all of %q with operation nil (SQL NULL)", got, names)
 	}
 }

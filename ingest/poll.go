@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
@@ -369,29 +368,18 @@ func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
 	return !now.Before(last.Add(p.cfg.FullScanEvery - p.cfg.Interval))
 }
 
-// sighting turns one listed terminal operation into a recorded key.
+// sighting turns one listed terminal operation into a recorded key, through
+// Listed: it carries the state and says it comes from the API (spec §9.2).
 func (p *Poll) sighting(ctx context.Context, r *Result, op poller.Operation) error {
-	key, err := canon.Key(op.Name)
-	if err == nil {
-		err = canon.CheckKey(key)
-	}
-	if err != nil {
-		// Spec §12: never recorded, never a reason to fail the pass.
-		r.Invalid++
-		p.cfg.Metrics.ObserveDelivery(sink.SourcePoll, OutcomeInvalid)
-		p.cfg.Logger.Warn("listed operation has a name that cannot be a key; skipped",
-			"name", canon.Quote(op.Name), "err", err)
-		return nil
-	}
-	res, err := p.cfg.Sink.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw})
-	if err != nil {
-		p.cfg.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeUnavailable)
+	out, err := Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.Record(ctx, op)
+	switch {
+	case err != nil:
 		return err
-	}
-	p.cfg.Metrics.ObserveRecord(sink.SourcePoll, res)
-	if res.New {
+	case out.Invalid:
+		r.Invalid++ // spec §12: never recorded, never a reason to fail the pass
+	case out.Result.New:
 		r.New++
-	} else {
+	default:
 		r.Duplicates++
 	}
 	return nil

@@ -26,7 +26,7 @@ type statsCollector struct {
 	fetched bool
 	queries int // Stats calls made (tests)
 
-	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource *prometheus.Desc
+	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource, deadByReason *prometheus.Desc
 	// The pass records of spec §5.5, per scope.
 	lastSuccess, lastPassEnd, lastFullScan *prometheus.Desc
 }
@@ -59,7 +59,9 @@ func newStatsCollector(s sink.Sink, opt Options) *statsCollector {
 		dbFenced: prometheus.NewDesc("gemrecon_db_fenced_total",
 			"Fenced Complete/Fail/Renew calls recorded in the database, across every process.", nil, nil),
 		dbConflicts: prometheus.NewDesc("gemrecon_db_conflicts_total",
-			"Sightings whose payload differed from the stored first payload.", nil, nil),
+			"Sightings whose terminal batch state differed from the stored one (spec §9.4; the API's state wins).", nil, nil),
+		deadByReason: prometheus.NewDesc("gemrecon_dead_keys",
+			"Dead keys by reason: unknown_to_api (the API does not know the batch: 404, or 403 for another project's; a later listing revives it) or effect (the effect failed permanently or for the last time).", []string{"reason"}, nil),
 		firstSource: prometheus.NewDesc("gemrecon_keys_by_first_source",
 			"Keys by the source that saw them first; keys first seen by poll are webhooks that were missed.", []string{"source"}, nil),
 		lastSuccess: prometheus.NewDesc("gemrecon_poll_last_success_timestamp_seconds",
@@ -91,7 +93,7 @@ func (c *statsCollector) get() (sink.Stats, error) {
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.dbUp, c.keys, c.oldestPending, c.latency,
-		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource,
+		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource, c.deadByReason,
 		c.lastSuccess, c.lastPassEnd, c.lastFullScan} {
 		ch <- d
 	}
@@ -124,6 +126,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.dbConflicts, float64(st.Conflicts))
 	for src, n := range st.FirstSource {
 		gauge(c.firstSource, float64(n), src)
+	}
+	for _, reason := range []string{sink.DeadUnknownToAPI, sink.DeadEffect} {
+		gauge(c.deadByReason, float64(st.DeadByReason[reason]), reason)
 	}
 	for _, p := range st.Passes {
 		timestamp := func(d *prometheus.Desc, t time.Time) {

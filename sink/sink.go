@@ -9,6 +9,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"time"
+
+	"github.com/gemrecon/gemrecon/canon"
 )
 
 // State is where a key stands in its lifecycle.
@@ -65,17 +67,39 @@ var (
 	ErrUnusable = errors.New("the database is unusable")
 )
 
-// Sighting is one report of a completion, from the poller or the webhook.
+// Sighting is one report of a completion, from the poller or the webhook,
+// carrying what canon computed from it (spec §9.1): nothing downstream
+// parses the payload again.
 type Sighting struct {
 	Key     string // canonical key, "gemini:…"
 	Source  string // SourcePoll, SourceWebhook, …
-	Payload []byte // the operation (JSON) as the API or webhook gave it; the first one is kept
+	Payload []byte // the operation (JSON) as the API or webhook gave it
+	// State is the batch's state as this sighting says it, normalised by
+	// canon.NormalizeState ("SUCCEEDED", "FAILED", …); "" when it says
+	// nothing of it (a bare name, a batch.completed event).
+	State string
+	// FromAPI: Payload is the API's own operation (a listed or fetched
+	// batch), not a webhook's event. A sighting from the API confirms the
+	// key (spec §9.2).
+	FromAPI bool
+	// Dynamic: the sighting was verified only by a dynamic (JWKS) signature
+	// (spec §6), which proves that Google sent it, not that the batch is
+	// this project's. A key whose every sighting so far was dynamic needs
+	// confirmation: no process runs it unconfirmed.
+	Dynamic bool
 }
 
 // RecordResult says what Record found.
 type RecordResult struct {
 	New   bool  // the key was unknown and is now pending, due now
 	State State // the key's state after the Record
+	// Confirmed: this sighting from the API confirmed a key that was not
+	// (its operation is now the stored payload; a pending key is due now, a
+	// key dead as unknown to the API is pending again).
+	Confirmed bool
+	// Conflict: the sighting's terminal state differs from the stored
+	// batch state (spec §9.4; counted and logged by the sink).
+	Conflict bool
 }
 
 // Claim is a granted attempt: the holder may run the effect until LeaseUntil
@@ -86,9 +110,69 @@ type Claim struct {
 	Attempt     int   // 1 for the first attempt
 	Owner       string
 	LeaseUntil  time.Time
-	Payload     []byte // the stored (first) payload
+	Payload     []byte // the stored payload: the API's operation once confirmed, else the first one
 	FirstSource string
 	Takeover    bool // the previous attempt's lease had expired
+	// FirstSeenAt is the key's first sighting.
+	FirstSeenAt time.Time
+	// Confirmed: Payload is the API's operation (first seen by poll, or
+	// confirmed since, spec §9.2).
+	Confirmed bool
+	// BatchState is the batch's own state as stored ("" when unknown).
+	BatchState string
+	// NeedsConfirm: every sighting so far was verified only by a dynamic
+	// signature; the key must not run unconfirmed.
+	NeedsConfirm bool
+	// Webhook is the first webhook body, when a webhook saw the key.
+	Webhook []byte
+	// ResultsFile is where the batch's results were written (NoteResults).
+	ResultsFile string
+}
+
+// Confirmation is the API's answer about a claimed key (Sink.Confirm).
+type Confirmation struct {
+	// Operation is the API's operation, stored as the key's payload.
+	Operation []byte
+	// State is its state, normalised by canon.NormalizeState.
+	State string
+}
+
+// Dead reasons: the class of a permanent failure, kept while the key is dead
+// so that stats and metrics count them apart (spec §6, §9.2).
+const (
+	// DeadUnknownToAPI: the API answered 404 (or 403 for a batch of another
+	// project) when the key was confirmed, or the name is one the API
+	// cannot fetch and the key may not run unconfirmed. A later sighting
+	// from the API revives it.
+	DeadUnknownToAPI = "unknown_to_api"
+	// DeadEffect is how Stats names every other dead key: the effect failed
+	// permanently or ran out of attempts (stored as "").
+	DeadEffect = "effect"
+)
+
+// ClaimOptions narrow which keys a claim may take.
+type ClaimOptions struct {
+	// SkipNeedsConfirm leaves keys that need confirmation (every sighting
+	// dynamically verified) to another claimer: a process that cannot
+	// confirm passes it, so it never claims such a key only to hand it back.
+	SkipNeedsConfirm bool
+}
+
+// ClaimOption sets a ClaimOptions field.
+type ClaimOption func(*ClaimOptions)
+
+// SkipNeedsConfirm is the claim option of a process that cannot confirm keys.
+func SkipNeedsConfirm() ClaimOption { return func(o *ClaimOptions) { o.SkipNeedsConfirm = true } }
+
+// ClaimOptionsOf applies opts.
+func ClaimOptionsOf(opts []ClaimOption) ClaimOptions {
+	var o ClaimOptions
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	return o
 }
 
 // Failure describes why an attempt failed.
@@ -101,6 +185,17 @@ type Failure struct {
 	// asked). The key goes back to pending, never to dead, at NotBefore or
 	// after the backoff of its current attempt count; Permanent is ignored.
 	NoAttempt bool
+	// DeadReason is stored when the failure makes the key dead (e.g.
+	// DeadUnknownToAPI); "" for an ordinary failure of the effect.
+	DeadReason string
+}
+
+// StateConflict reports whether a sighting's state conflicts with the
+// stored batch state by meaning (spec §9.4): both terminal and different.
+// A re-rendered payload with the same state, or a sighting that says
+// nothing of its state, is no conflict.
+func StateConflict(stored, seen string) bool {
+	return stored != seen && canon.IsTerminal(stored) && canon.IsTerminal(seen)
 }
 
 // MaxErrorLen bounds the stored error text (its tail is kept).
@@ -123,7 +218,19 @@ type Entry struct {
 	DoneAt        time.Time `json:"done_at,omitzero"`
 	LastError     string    `json:"last_error,omitempty"`
 	Conflicts     int64     `json:"conflicts"`
-	Payload       []byte    `json:"-"`
+	// Confirmed: the stored payload is the API's operation (spec §9.2).
+	Confirmed bool `json:"confirmed"`
+	// BatchState is the batch's own state ("" when unknown, spec §9.6).
+	BatchState string `json:"batch_state"`
+	// NeedsConfirm: every sighting so far was dynamically verified.
+	NeedsConfirm bool `json:"needs_confirmation"`
+	// DeadReason is the class of a dead key's failure ("" for DeadEffect).
+	DeadReason string `json:"dead_reason,omitempty"`
+	// ResultsFile is where the batch's results were written, if anywhere.
+	ResultsFile string `json:"results_file"`
+	Payload     []byte `json:"-"`
+	// Webhook is the first webhook body, when a webhook saw the key.
+	Webhook []byte `json:"-"`
 }
 
 // ListOptions filters List.
@@ -140,6 +247,8 @@ type Stats struct {
 	FirstSource          map[string]int64 `json:"first_source"`
 	Conflicts            int64            `json:"conflicts"`
 	Fenced               int64            `json:"fenced"`
+	// DeadByReason splits the dead keys: DeadUnknownToAPI, DeadEffect.
+	DeadByReason map[string]int64 `json:"dead_by_reason"`
 	// Completion-to-done latency (first sighting → done) over done keys.
 	LatencyP50 time.Duration `json:"latency_p50_ns"`
 	LatencyP99 time.Duration `json:"latency_p99_ns"`
@@ -223,19 +332,36 @@ type Sink interface {
 	Passes
 
 	// Record notes a sighting. A new key becomes pending and due now, durably,
-	// before Record returns. A known key only updates sighting statistics,
-	// which may be buffered in memory and written lazily (a duplicate must not
-	// cost a disk sync).
+	// before Record returns; it is confirmed when the sighting is FromAPI, and
+	// needs confirmation when it is Dynamic. A known key only updates
+	// sighting statistics, which may be buffered in memory and written lazily
+	// (a duplicate must not cost a disk sync) — except a sighting from the
+	// API of an unconfirmed key, which confirms it durably (spec §9.2: the
+	// operation becomes the payload, a pending key is due now, a key dead as
+	// DeadUnknownToAPI is pending again). A terminal state that differs from
+	// the stored batch state is a conflict (spec §9.4).
 	Record(ctx context.Context, s Sighting) (RecordResult, error)
 	// Claim takes the key for one attempt: allowed when pending and due, or
 	// claimed with an expired lease (takeover). Increments token and attempt
-	// in one durable commit. ErrNotClaimable / ErrNotFound otherwise.
-	Claim(ctx context.Context, key, owner string, lease time.Duration) (Claim, error)
+	// in one durable commit. ErrNotClaimable / ErrNotFound otherwise (also
+	// ErrNotClaimable for a key that needs confirmation, with
+	// SkipNeedsConfirm).
+	Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...ClaimOption) (Claim, error)
 	// ClaimDue claims up to limit due keys, oldest first (like Due then Claim,
 	// but without racing other claimers for the same rows).
-	ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int) ([]Claim, error)
+	ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...ClaimOption) ([]Claim, error)
 	// Renew extends a live lease. ErrFenced when the token is not current.
 	Renew(ctx context.Context, key string, token int64, lease time.Duration) error
+	// Confirm stores the API's answer for a claimed key (spec §9.2), fenced
+	// on token: the operation becomes the payload (the first webhook body is
+	// kept apart), the batch state is set, and the key is confirmed and
+	// needs confirmation no more. A terminal state that differs from the
+	// stored one is a conflict (counted, logged; the API's wins). A key
+	// confirmed meanwhile (by a poll sighting) keeps what it holds.
+	Confirm(ctx context.Context, key string, token int64, c Confirmation) error
+	// NoteResults records where the claimed key's results were written
+	// (spec §9.5), fenced on token.
+	NoteResults(ctx context.Context, key string, token int64, file string) error
 	// Complete marks a claimed key done if token is still current; else ErrFenced.
 	Complete(ctx context.Context, key string, token int64) error
 	// Fail returns the key to pending with backoff, or to dead when permanent
@@ -244,7 +370,7 @@ type Sink interface {
 	// Retry moves a dead key to pending, due now (operator action).
 	Retry(ctx context.Context, key string) error
 	// Due lists keys that can be claimed now, oldest first.
-	Due(ctx context.Context, limit int) ([]string, error)
+	Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error)
 	// Get returns one key's entry, or ErrNotFound.
 	Get(ctx context.Context, key string) (Entry, error)
 	// List returns entries, oldest first.
@@ -254,6 +380,9 @@ type Sink interface {
 	// Purge deletes done rows whose done time is before the given time and
 	// returns how many. The lookback guard is the caller's (spec §7).
 	Purge(ctx context.Context, doneBefore time.Time) (int64, error)
+	// PurgeKeys is Purge returning the keys it deleted (purge --results-dir
+	// removes their results files).
+	PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error)
 	// NoteLookback records that a poll used this lookback (0 = forever), so
 	// that MaxLookback can guard purge.
 	NoteLookback(ctx context.Context, lookback time.Duration) error

@@ -1,9 +1,11 @@
-// Package webhook is gemrecon's optional webhook receiver (spec §6): it
-// verifies Standard Webhooks signatures, turns each event into its
-// idempotency key with canon, records the sighting durably in the sink before
-// answering 2xx, and wakes the dispatcher (or, with Sync, runs the effect
-// inside the request). It also serves /healthz, /readyz and /metrics, and
-// runs an http.Server with timeouts and a graceful drain.
+// Package webhook is gemrecon's optional webhook receiver (spec §6), the HTTP
+// side only: it bounds and reads the body, verifies Standard Webhooks
+// signatures, hands the verified body to the ingest package (which turns it
+// into a key, records the sighting durably, counts it and wakes the
+// dispatcher: spec §9.1), and turns ingest's answer into a status code —
+// durable before any 2xx. With Sync it runs the effect inside the request.
+// It also serves /healthz, /readyz and /metrics, and runs an http.Server
+// with timeouts and a graceful drain.
 package webhook
 
 import (
@@ -19,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -41,12 +44,14 @@ const (
 )
 
 // Dispatcher is what the receiver needs of dispatch.Dispatcher: Kick wakes
-// the background workers after a new sighting; RunKey claims one key and runs
-// its effect now (Sync mode) and reports the outcome as dispatch names it
-// ("done", "retry", "dead", "fenced", "busy", "skipped").
+// the background workers after a new sighting; RunKeyWithin claims one key
+// and runs its effect now (Sync mode), confirming it with the API first
+// within the given wait when it must, and reports the outcome as dispatch
+// names it ("done", "retry", "dead", "fenced", "busy", "skipped",
+// "unconfirmed").
 type Dispatcher interface {
 	Kick()
-	RunKey(ctx context.Context, key string) (Outcome, error)
+	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
 }
 
 // Config configures NewHandler.
@@ -85,6 +90,7 @@ type Config struct {
 type handler struct {
 	cfg      Config
 	verifier *Verifier // nil when InsecureNoVerify
+	ingest   *ingest.Webhooks
 	metrics  *metrics.Metrics
 	metricsH http.Handler
 	log      *slog.Logger
@@ -127,6 +133,14 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		h.metrics = metrics.New(cfg.Sink)
 	}
 	h.metricsH = h.metrics.Handler()
+	ic := ingest.WebhookConfig{Sink: cfg.Sink, Metrics: h.metrics, Logger: h.log}
+	if !cfg.Sync && cfg.Dispatcher != nil {
+		ic.Kicker = cfg.Dispatcher // with Sync the request runs the key itself
+	}
+	var err error
+	if h.ingest, err = ingest.NewWebhooks(ic); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
 	if !cfg.InsecureNoVerify {
 		if len(cfg.Secrets) == 0 {
 			return nil, fmt.Errorf("webhook: no secret configured: set %s or a secret file, or pass --insecure-no-verify to accept unsigned requests", SecretEnv)
@@ -232,33 +246,12 @@ func (h *handler) reject(w http.ResponseWriter, r *http.Request, code int, outco
 
 // invalid answers a verified body that cannot be used: 200, so that the
 // sender does not retry for a day what no retry can fix (and does not
-// disable the webhook), recorded nowhere, logged at error level and counted
-// (spec §6).
-func (h *handler) invalid(w http.ResponseWriter, r *http.Request, err error) {
-	reason := invalidReason(err)
-	h.metrics.ObserveInvalid(reason)
+// disable the webhook), recorded nowhere (ingest counted it), logged at
+// error level (spec §6).
+func (h *handler) invalid(w http.ResponseWriter, r *http.Request, a ingest.Answer) {
 	h.log.Error("webhook: a verified body cannot be used; answered 200 invalid and recorded nothing",
-		"reason", reason, "err", err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
-	writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: err.Error()})
-}
-
-// invalidReason maps canon's error classes to the reasons of
-// gemrecon_webhook_invalid_total.
-func invalidReason(err error) string {
-	var nn *canon.NoNameError
-	switch {
-	case errors.As(err, &nn):
-		return metrics.InvalidNoName
-	case errors.Is(err, canon.ErrInvalidKey):
-		return metrics.InvalidName
-	case errors.Is(err, canon.ErrFieldType):
-		return metrics.InvalidFieldType
-	case errors.Is(err, canon.ErrEnvelope):
-		return metrics.InvalidEnvelope
-	case errors.Is(err, canon.ErrNotJSON), errors.Is(err, canon.ErrNotObject):
-		return metrics.InvalidJSON
-	}
-	return metrics.InvalidOther
+		"reason", a.Reason, "err", a.Err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
+	writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: a.Err.Error()})
 }
 
 // clip bounds a sender-controlled string for a log line or a response body:
@@ -295,67 +288,50 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 2. Signature, over the exact bytes received.
+	verification := ingest.Unverified
 	if h.verifier != nil {
 		if err := h.verifier.Verify(body, r.Header); err != nil {
 			h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+err.Error())
 			return
 		}
+		verification = ingest.VerifiedStatic
 	}
 
-	// 3. What the body is (spec §6). canon reads the type even when it
-	// cannot read a name: an event that is not a batch event is ignored
-	// whatever else it holds (a ping has no name; interaction.* names are
-	// not batches and must never run the effect). A body with no type is
-	// read as spec §2 says.
-	ev, err := canon.FromEvent(body)
-	if ev.HasType && !canon.IsBatchType(ev.Type) {
-		h.metrics.ObserveIgnored(ev.Type, true)
-		h.log.Debug("webhook ignored: not a batch event", "type", clip(ev.Type))
-		writeJSON(w, http.StatusOK, response{Status: StatusIgnored, Type: clip(ev.Type)})
+	// 3. Everything else is ingest's (spec §9.1): what the body is (an
+	// event that is not a batch event is ignored whatever else it holds; a
+	// verified body without a usable name is answered 200, no retry can
+	// fix it), the key, the durable record before any 2xx, the metrics and
+	// the kick.
+	a := h.ingest.Event(r.Context(), body, verification)
+	switch a.Kind {
+	case ingest.Ignored:
+		if a.Key == "" {
+			h.log.Debug("webhook ignored: not a batch event", "type", clip(a.Type))
+			writeJSON(w, http.StatusOK, response{Status: StatusIgnored, Type: clip(a.Type)})
+			return
+		}
+		h.log.Debug("webhook ignored: not a completion", "key", a.Key, "type", clip(a.Type), "state", a.State)
+		writeJSON(w, http.StatusOK, response{Key: a.Key, Status: StatusIgnored, Type: clip(a.Type)})
 		return
-	}
-	// 4. A usable name. A verified body without one is answered 200: no
-	// retry can fix it.
-	if err != nil {
-		h.invalid(w, r, err)
+	case ingest.Invalid:
+		h.invalid(w, r, a)
 		return
-	}
-	if !ev.Terminal {
-		h.metrics.ObserveIgnored(ev.Type, ev.HasType)
-		h.log.Debug("webhook ignored: not a completion", "key", ev.Key, "type", clip(ev.Type), "state", ev.State)
-		writeJSON(w, http.StatusOK, response{Key: ev.Key, Status: StatusIgnored, Type: clip(ev.Type)})
-		return
-	}
-
-	// 5. Durable record before any 2xx.
-	res, err := h.cfg.Sink.Record(r.Context(), sink.Sighting{Key: ev.Key, Source: sink.SourceWebhook, Payload: ev.Operation})
-	if errors.Is(err, canon.ErrInvalidKey) {
-		h.invalid(w, r, err) // canon refused it already; the sink's own check, should they ever differ
-		return
-	}
-	if err != nil {
-		h.metrics.ObserveDelivery(sink.SourceWebhook, metrics.OutcomeUnavailable)
-		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", ev.Key, "err", err)
+	case ingest.Unavailable:
+		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", a.Key, "err", a.Err)
 		w.Header().Set("Retry-After", h.retryAfter())
-		writeError(w, http.StatusServiceUnavailable, "database unavailable, retry later: "+err.Error())
+		writeError(w, http.StatusServiceUnavailable, "database unavailable, retry later: "+a.Err.Error())
 		return
 	}
-	outcome := metrics.RecordOutcome(res)
-	h.metrics.ObserveDelivery(sink.SourceWebhook, outcome)
-	h.log.Debug("webhook recorded", "key", ev.Key, "status", outcome)
-
-	if h.cfg.Sync && res.State != sink.StateDone {
-		h.runSync(w, r, ev.Key, outcome)
+	h.log.Debug("webhook recorded", "key", a.Key, "status", a.Outcome)
+	if h.cfg.Sync && a.Result.State != sink.StateDone {
+		h.runSync(w, r, a.Key, a.Outcome)
 		return
-	}
-	if res.State != sink.StateDone && h.cfg.Dispatcher != nil {
-		h.cfg.Dispatcher.Kick()
 	}
 	code := http.StatusAccepted
 	if h.cfg.Sync { // done already: the effect has run
 		code = http.StatusOK
 	}
-	writeJSON(w, code, response{Key: ev.Key, Status: outcome})
+	writeJSON(w, code, response{Key: a.Key, Status: a.Outcome})
 }
 
 // runSync runs the key's effect in the request: 200 once done, 500 when the
@@ -370,7 +346,7 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
 	for {
-		out, err := h.cfg.Dispatcher.RunKey(runCtx, key)
+		out, err := h.cfg.Dispatcher.RunKeyWithin(runCtx, key, max(time.Until(deadline), time.Millisecond))
 		if err != nil {
 			h.log.Warn("webhook sync: dispatch failed", "key", key, "err", err)
 			w.Header().Set("Retry-After", h.retryAfter())
@@ -384,6 +360,12 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 		case "retry", "dead":
 			writeJSON(w, http.StatusInternalServerError, map[string]string{
 				"key": key, "status": string(out), "error": "the effect failed (" + string(out) + ")"})
+			return
+		case "unconfirmed":
+			// The API did not confirm the batch within --sync-wait (not
+			// finished, or no answer): the key goes on as in inbox mode.
+			h.cfg.Dispatcher.Kick()
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
 			return
 		}
 		// busy, fenced or skipped: someone else holds the key, or it is not

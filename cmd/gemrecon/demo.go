@@ -26,6 +26,7 @@ import (
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/sink"
@@ -202,15 +203,13 @@ func (a *app) runDemo(ctx context.Context, keep string) error {
 		return err
 	}
 	say("poll pass: listing batches through the genai SDK (pages of 2)")
+	listed := ingest.Listed{Sink: s, Logger: quiet}
 	stats, err := p.Pass(ctx, func(op poller.Operation) error {
-		key, err := canon.Key(op.Name)
+		out, err := listed.Record(ctx, op)
 		if err != nil {
 			return err
 		}
-		res, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw})
-		if err != nil {
-			return err
-		}
+		res := out.Result
 		verdict := "duplicate (already " + string(res.State) + ")"
 		if res.New {
 			verdict = "new: the webhook never came"

@@ -122,8 +122,9 @@ func handleSIGPIPE() {
 	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 }
 
-// dispatcher wires a sink and the configured effect.
-func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*dispatch.Dispatcher, error) {
+// dispatcher wires a sink, the configured effect and what the process has
+// of the API (confirmation, results: setupAPI).
+func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer, api apiSetup, cf *confirmFlags) (*dispatch.Dispatcher, error) {
 	eff, err := a.effect(f)
 	if err != nil {
 		return nil, err
@@ -135,7 +136,7 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*d
 	if f.sqlScript != nil { // --sql replaces the effect
 		eff = nil
 	}
-	d, err := dispatch.New(dispatch.Config{
+	cfg := dispatch.Config{
 		Sink:          s,
 		Effect:        eff,
 		SQL:           f.sqlScript,
@@ -145,7 +146,18 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer) (*d
 		Grace:         grace,
 		Logger:        a.logger,
 		Observer:      obs,
-	})
+		Confirm:       api.confirm,
+		Results:       api.results,
+		// Rechecks of keys the API has not confirmed back off like
+		// retries (but use no attempt).
+		RecheckBase:     f.retryBase,
+		RecheckMax:      f.retryMax,
+		DownloadTimeout: cf.downloadTimeout,
+	}
+	if api.poller != nil {
+		cfg.API = api.poller
+	}
+	d, err := dispatch.New(cfg)
 	if err != nil {
 		return nil, withCode(exitUsage, err)
 	}
@@ -164,13 +176,22 @@ func summaryExit(sum dispatch.Summary) error {
 }
 
 func (a *app) drainCommand() *cobra.Command {
-	var ef effectFlags
+	var (
+		ef effectFlags
+		pf pollFlags
+		cf confirmFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "drain [effect flags]",
 		Short: "Run the effect for every key that is due now (retries, takeovers), without listing",
 		Long: `Claim and run every key that is due now — new keys, retries whose backoff has
 passed, claims whose lease expired — with the configured effect, then exit.
-poll does the same after its listing; drain needs no API credentials.
+poll does the same after its listing. drain needs no API credentials: with
+them (GEMINI_API_KEY, or --backend vertex with --project and --location) it
+confirms keys first seen by webhook with the API before their effect runs
+(--confirm auto, the default) and can write results (--results-dir); without
+them it runs such keys unconfirmed, and leaves keys seen only through a
+dynamic signature for a process that can confirm them.
 
 Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
 scheduled or the key went dead) or some outcome was fenced (another attempt
@@ -182,19 +203,27 @@ took the key over: the effect may have run twice), 1 a fatal error.`,
 			if err := ef.validate(); err != nil {
 				return err
 			}
+			if err := cf.validate(); err != nil {
+				return err
+			}
+			api, err := a.setupAPI(cmd.Context(), &pf, &cf, nil)
+			if err != nil {
+				return err
+			}
 			s, err := a.openSink(cmd.Context(), ef.sinkOptions())
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			d, err := a.dispatcher(s, &ef, nil)
+			a.warn(api)
+			d, err := a.dispatcher(s, &ef, nil, api, &cf)
 			if err != nil {
 				return err
 			}
 			start := time.Now()
 			sum, err := d.Drain(cmd.Context())
-			fmt.Fprintf(a.stderr, "drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d duration=%s\n",
-				sum.Claimed, sum.OK, sum.Failed, sum.Dead, sum.Fenced, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(a.stderr, "drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d unconfirmed=%d duration=%s\n",
+				sum.Claimed, sum.OK, sum.Failed, sum.Dead, sum.Fenced, sum.Unconfirmed, time.Since(start).Round(time.Millisecond))
 			if sum.Fenced > 0 {
 				fmt.Fprintf(a.stderr, "drain: %d outcome(s) fenced: another attempt took the key over, so an effect may have run twice (see the FENCED log lines; raise --lease, or make the downstream refuse stale fencing tokens)\n", sum.Fenced)
 			}
@@ -205,6 +234,8 @@ took the key over: the effect may have run twice), 1 a fatal error.`,
 		},
 	}
 	ef.register(cmd.Flags())
+	pf.registerAPI(cmd.Flags())
+	cf.register(cmd.Flags())
 	return cmd
 }
 

@@ -19,11 +19,63 @@ import (
 )
 
 // statusJSON is the stable --json shape of `gemrecon status`: sink.Entry's
-// fields plus the stored operation. "state" is "unknown" for a key never seen.
+// fields (batch_state, confirmed, results_file among them) plus the batch's
+// error message, and for status the stored operation and the first webhook
+// body. "state" is "unknown" for a key never seen.
 type statusJSON struct {
 	sink.Entry
-	State     string          `json:"state"`
-	Operation json.RawMessage `json:"operation,omitempty"`
+	State      string          `json:"state"`
+	BatchError string          `json:"batch_error,omitempty"`
+	Operation  json.RawMessage `json:"operation,omitempty"`
+	Webhook    json.RawMessage `json:"webhook,omitempty"`
+}
+
+// batchError is the reason a batch gives for its outcome: the operation's
+// (or Vertex job's) error message, or a failed-batch webhook event's
+// error_message; "" when there is none.
+func batchError(e sink.Entry) string {
+	for _, doc := range [][]byte{e.Payload, e.Webhook} {
+		var v struct {
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+			Data *struct {
+				ErrorMessage string `json:"error_message"`
+			} `json:"data"`
+		}
+		if len(doc) == 0 || json.Unmarshal(doc, &v) != nil {
+			continue
+		}
+		if v.Error != nil && v.Error.Message != "" {
+			return v.Error.Message
+		}
+		if v.Data != nil && v.Data.ErrorMessage != "" {
+			return v.Data.ErrorMessage
+		}
+	}
+	return ""
+}
+
+// batchLine is what status prints of the batch's own outcome (spec §9.6):
+// "FAILED (Enqueued token quota exceeded for this model.)", "SUCCEEDED",
+// "unknown".
+func batchLine(e sink.Entry) string {
+	st := e.BatchState
+	if st == "" {
+		st = "unknown"
+	}
+	if msg := batchError(e); msg != "" {
+		st += " (" + truncate(oneLine(msg), 200) + ")"
+	}
+	return st
+}
+
+func entryJSON(e sink.Entry, withDocs bool) statusJSON {
+	j := statusJSON{Entry: e, State: string(e.State), BatchError: batchError(e)}
+	if withDocs {
+		j.Operation, j.Webhook = rawOrNil(e.Payload), rawOrNil(e.Webhook)
+	}
+	return j
 }
 
 func (a *app) statusCommand() *cobra.Command {
@@ -81,7 +133,7 @@ invalid UTF-8, a control character, over 512 bytes, a collection word).`,
 				return err
 			}
 			if asJSON {
-				writeJSON(a.stdout, statusJSON{Entry: e, State: string(e.State), Operation: rawOrNil(e.Payload)})
+				writeJSON(a.stdout, entryJSON(e, true))
 			} else {
 				printStatus(a.stdout, e)
 			}
@@ -142,6 +194,16 @@ func printStatus(w io.Writer, e sink.Entry) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("key", printable(e.Key))
 	row("state", string(e.State))
+	row("batch", printable(batchLine(e)))
+	confirmed := "yes: the operation is the API's"
+	switch {
+	case e.Confirmed:
+	case e.NeedsConfirm:
+		confirmed = "no: seen only through a dynamic signature, it waits for a process that can confirm it with the API"
+	default:
+		confirmed = "no: the operation is the webhook's body"
+	}
+	row("confirmed", confirmed)
 	row("attempts", fmt.Sprint(e.Attempts))
 	row("fencing token", fmt.Sprint(e.Token))
 	row("first seen", fmt.Sprintf("%s via %s", fmtTime(e.FirstSeenAt), printable(e.FirstSource)))
@@ -163,8 +225,25 @@ func printStatus(w io.Writer, e sink.Entry) {
 	if e.LastError != "" {
 		row("last error", printable(oneLine(e.LastError)))
 	}
+	if e.State == sink.StateDead {
+		row("dead because", deadReasonText(e.DeadReason))
+	}
+	if e.ResultsFile != "" {
+		row("results file", printable(e.ResultsFile))
+	}
 	row("conflicts", fmt.Sprint(e.Conflicts))
 	tw.Flush()
+}
+
+// deadReasonText names a dead reason class for people.
+func deadReasonText(reason string) string {
+	switch reason {
+	case sink.DeadUnknownToAPI:
+		return "unknown to the API"
+	case "", sink.DeadEffect:
+		return "the effect failed (permanently or for the last time)"
+	}
+	return printable(reason)
 }
 
 func fmtTime(t time.Time) string {
@@ -216,15 +295,22 @@ func (a *app) listCommand() *cobra.Command {
 			if asJSON {
 				out := make([]statusJSON, 0, len(entries))
 				for _, e := range entries {
-					out = append(out, statusJSON{Entry: e, State: string(e.State)})
+					out = append(out, entryJSON(e, false))
 				}
 				writeJSON(a.stdout, out)
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "KEY\tSTATE\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
+			fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
 			for _, e := range entries {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, e.Attempts, e.SeenCount,
+				batch := e.BatchState
+				if batch == "" {
+					batch = "unknown"
+				}
+				if !e.Confirmed {
+					batch += "?" // as the webhook says: not confirmed by the API
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, printable(batch), e.Attempts, e.SeenCount,
 					printable(e.FirstSource), fmtTime(e.LastSeenAt), printable(truncate(oneLine(e.LastError), 60)))
 			}
 			return tw.Flush()
@@ -297,6 +383,10 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	for _, s := range []sink.State{sink.StatePending, sink.StateClaimed, sink.StateDone, sink.StateDead} {
 		fmt.Fprintf(tw, "  %s:\t%d\n", s, st.ByState[s])
 	}
+	if st.ByState[sink.StateDead] > 0 {
+		fmt.Fprintf(tw, "    by reason:\tunknown to the API %d, effect %d\n",
+			st.DeadByReason[sink.DeadUnknownToAPI], st.DeadByReason[sink.DeadEffect])
+	}
 	fmt.Fprintf(tw, "oldest pending:\t%s\n", fmtAge(st.OldestPendingAge))
 	fmt.Fprintf(tw, "duplicates suppressed:\t%d\n", st.DuplicatesSuppressed)
 	srcs := make([]string, 0, len(st.FirstSource))
@@ -309,7 +399,7 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 		parts = append(parts, fmt.Sprintf("%s %d", s, st.FirstSource[s]))
 	}
 	fmt.Fprintf(tw, "first source:\t%s\n", orDash(strings.Join(parts, ", ")))
-	fmt.Fprintf(tw, "payload conflicts:\t%d\n", st.Conflicts)
+	fmt.Fprintf(tw, "state conflicts:\t%d\n", st.Conflicts)
 	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
 	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
 	switch len(st.Passes) {

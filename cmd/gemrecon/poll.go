@@ -143,6 +143,7 @@ func (a *app) pollCommand() *cobra.Command {
 	var (
 		pf          pollFlags
 		ef          effectFlags
+		cf          confirmFlags
 		watch       bool
 		interval    time.Duration
 		minInterval time.Duration
@@ -175,6 +176,12 @@ process, started less than 0.9 × --interval ago, and a single pass does when
 and says skipped=held|recent (with the holder and until when) in its
 summary. --force lists regardless.
 
+A listed operation confirms a key a webhook saw first (its operation becomes
+the API's); a due key that is still unconfirmed is fetched with Batches.Get
+before its effect runs, through the same limiter (--confirm auto, the
+default; never to turn it off). With --results-dir a succeeded batch's
+results are written to DIR/<id>.jsonl before its effect (GEMRECON_RESULTS_FILE).
+
 Prints one summary line to stderr per pass (one JSON object with
 --log-format json). Exit status: 0 listed fully (or skipped the listing) and
 every effect succeeded, 1 fatal (credentials, database, listing failed after
@@ -193,6 +200,9 @@ who runs each effect.`,
 				return err
 			}
 			if err := ef.validate(); err != nil {
+				return err
+			}
+			if err := cf.validate(); err != nil {
 				return err
 			}
 			if watch && interval <= 0 {
@@ -220,7 +230,11 @@ who runs each effect.`,
 				return err
 			}
 			defer s.Close()
-			d, err := a.dispatcher(s, &ef, nil)
+			api, err := a.setupAPI(ctx, &pf, &cf, p)
+			if err != nil {
+				return err
+			}
+			d, err := a.dispatcher(s, &ef, nil, api, &cf)
 			if err != nil {
 				return err
 			}
@@ -268,6 +282,7 @@ who runs each effect.`,
 	}
 	pf.register(cmd.Flags())
 	ef.register(cmd.Flags())
+	cf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between the starts of passes with --watch; a pass also skips its listing when a pass of the scope, by any process, started less than 0.9 × this ago")
 	cmd.Flags().DurationVar(&minInterval, "min-interval", 0, "without --watch: skip the listing when a pass of the scope, by any process, started less than 0.9 × this ago (for cron on several hosts: give the cron period; 0 = skip only while another process holds the pass lease)")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
+	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -20,6 +21,7 @@ func (a *app) serveCommand() *cobra.Command {
 	var (
 		ef         effectFlags
 		pf         pollFlags
+		cf         confirmFlags
 		listen     string
 		path       string
 		secretFile string
@@ -39,6 +41,13 @@ rotation), record the completion durably, answer 202 {"key","status"} and let
 background workers run the effect. With --sync the effect runs inside the
 request: 200 once done, 500 if it failed (the sender retries).
 
+With API credentials (GEMINI_API_KEY; --base-url for an emulator) each key
+first seen by webhook is confirmed with Batches.Get before its effect runs, so
+the effect gets the API's operation, not the webhook's thin body (--confirm
+auto, the default; without credentials such keys run unconfirmed and serve
+says so once; --confirm never turns it off). --results-dir writes a succeeded
+batch's results before its effect.
+
 Also serves GET /healthz, GET /readyz (database reachable) and GET /metrics
 (Prometheus). --poll-every runs reconciliation passes in the same process;
 replicas on one database list one at a time, about once per --poll-every in
@@ -52,6 +61,9 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := ef.validate(); err != nil {
+				return err
+			}
+			if err := cf.validate(); err != nil {
 				return err
 			}
 			if pollEvery < 0 || syncWait < 0 || maxBody <= 0 {
@@ -70,13 +82,26 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				return usageError("no webhook secret: set GEMRECON_WEBHOOK_SECRET or --secret-file (whsec_…), or pass --insecure-no-verify to accept unsigned requests")
 			}
 			ctx := cmd.Context()
+			// One poller for the process: the passes of --poll-every,
+			// confirmations and downloads share its rate limiter.
+			var p *poller.Poller
+			if pollEvery > 0 {
+				if p, err = a.newPoller(ctx, &pf); err != nil {
+					return err
+				}
+			}
+			api, err := a.setupAPI(ctx, &pf, &cf, p)
+			if err != nil {
+				return err
+			}
 			s, err := a.openSink(ctx, ef.sinkOptions())
 			if err != nil {
 				return err
 			}
 			defer s.Close()
+			a.warn(api)
 			m := metrics.New(s)
-			d, err := a.dispatcher(s, &ef, m.Observer())
+			d, err := a.dispatcher(s, &ef, m.Observer(), api, &cf)
 			if err != nil {
 				return err
 			}
@@ -122,10 +147,6 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				}
 			}()
 			if pollEvery > 0 {
-				p, err := a.newPoller(ctx, &pf)
-				if err != nil {
-					return err
-				}
 				loop, err := a.pollLoop(s, p, d, m, &pf, loopOptions{interval: pollEvery})
 				if err != nil {
 					return err
@@ -160,6 +181,7 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 	f := cmd.Flags()
 	ef.register(f)
 	pf.register(f)
+	cf.register(f)
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	f.StringVar(&path, "path", "/webhook", "path that receives POSTed deliveries")
 	f.StringVar(&secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation); or set GEMRECON_WEBHOOK_SECRET")

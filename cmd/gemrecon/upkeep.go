@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -90,8 +92,9 @@ kept. Keys that are not dead are left alone and reported.`,
 
 func (a *app) purgeCommand() *cobra.Command {
 	var (
-		olderThan time.Duration
-		force     bool
+		olderThan  time.Duration
+		force      bool
+		resultsDir string
 	)
 	cmd := &cobra.Command{
 		Use:   "purge --older-than D",
@@ -99,13 +102,22 @@ func (a *app) purgeCommand() *cobra.Command {
 		Long: `Delete keys that have been done for longer than D. A purged key that a poll
 pass sees again would run its effect again, so purge refuses a D shorter
 than the longest --lookback any poll recorded in this database (a lookback
-of 0 means "forever": then every purge needs --force).`,
+of 0 means "forever": then every purge needs --force). With --results-dir,
+the results files of the purged keys (DIR/<id>.jsonl) are deleted too.`,
 		Example: `  gemrecon purge --older-than 720h
-  gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches`,
+  gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches
+  gemrecon purge --older-than 720h --results-dir /var/lib/gemrecon/results`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if olderThan <= 0 {
 				return usageError("--older-than is required and must be positive (e.g. 720h)")
+			}
+			var dir *results.Dir
+			if resultsDir != "" {
+				var err error
+				if dir, err = results.Open(resultsDir); err != nil {
+					return withCode(exitUsage, err)
+				}
 			}
 			s, err := a.openSink(cmd.Context(), sink.Options{})
 			if err != nil {
@@ -124,16 +136,46 @@ of 0 means "forever": then every purge needs --force).`,
 					return usageError("refusing to purge: --older-than %v is shorter than the longest poll --lookback %v recorded here; a purged key re-seen by the poller would run again (use --older-than ≥ %v, or --force)", olderThan, lb, lb)
 				}
 			}
-			n, err := s.Purge(cmd.Context(), time.Now().Add(-olderThan))
+			if dir == nil {
+				n, err := s.Purge(cmd.Context(), time.Now().Add(-olderThan))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, olderThan)
+				return nil
+			}
+			keys, err := s.PurgeKeys(cmd.Context(), time.Now().Add(-olderThan))
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, olderThan)
+			fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", len(keys), olderThan)
+			// After the rows: a purge that failed deletes no file. A crash
+			// in between leaves files no key names (harmless).
+			removed, failed := 0, 0
+			for _, k := range keys {
+				id, ok := strings.CutPrefix(canon.Name(k), "batches/")
+				if !ok {
+					continue // only Gemini API batches have results files
+				}
+				gone, err := dir.Remove(id)
+				switch {
+				case err != nil:
+					failed++
+					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+				case gone:
+					removed++
+				}
+			}
+			fmt.Fprintf(a.stdout, "removed %d results file(s) from %s\n", removed, dir.Path())
+			if failed > 0 {
+				return withCode(exitFatal, fmt.Errorf("%d results file(s) could not be removed", failed))
+			}
 			return nil
 		},
 	}
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
 	cmd.Flags().BoolVar(&force, "force", false, "purge even when a poll's lookback could re-see the keys")
+	cmd.Flags().StringVar(&resultsDir, "results-dir", "", "also delete the purged keys' results files from this directory (the --results-dir of poll, serve, drain)")
 	return cmd
 }
 

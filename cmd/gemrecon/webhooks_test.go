@@ -490,8 +490,10 @@ func TestWebhooksWithServe(t *testing.T) {
 	id := match(t, idLine, r.stdout)
 
 	log := filepath.Join(dir, "effects.log")
+	// serve confirms each completion with the API (the stand-in) before
+	// its effect runs (spec §9.2).
 	cmd := child(t, "--db", filepath.Join(dir, "s.db"), "serve", "--listen", addr, "--secret-file", secrets,
-		"--exec", `echo "$GEMRECON_KEY" >> `+shellQuote(log))
+		"--base-url", api.URL(), "--exec", `echo "$GEMRECON_KEY" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET=")
 	var stderr safeBuffer
 	cmd.Stderr = &stderr

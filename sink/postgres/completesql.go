@@ -59,8 +59,8 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		// the script ran makes this match nothing: everything rolls back).
 		err = tx.QueryRow(ctx, `UPDATE gemrecon_keys
 			SET state = 'done', done_at = `+now3+`, lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
-			WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256`,
-			key, token, s.nowArg()).Scan(&info.firstSource, &info.sha)
+			WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, confirmed, batch_state`,
+			key, token, s.nowArg()).Scan(&info.firstSource, &info.confirmed, &info.batchState)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notCommitted{errNotCurrent}
 		}
@@ -93,7 +93,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
 	}
 	s.mu.Lock()
-	s.noteDoneLocked(key, info.firstSource, info.sha)
+	s.noteDoneLocked(key, info.firstSource, info.confirmed, info.batchState)
 	s.mu.Unlock()
 	return nil
 }

@@ -22,6 +22,7 @@ const (
 	now1 = `coalesce($1::timestamptz, now())`
 	now2 = `coalesce($2::timestamptz, now())`
 	now3 = `coalesce($3::timestamptz, now())`
+	now5 = `coalesce($5::timestamptz, now())`
 )
 
 func payloadHash(p []byte) []byte {
@@ -38,43 +39,60 @@ func payloadHash(p []byte) []byte {
 const recordSQL = `
 WITH ins AS (
 	INSERT INTO gemrecon_keys (key, state, first_source, sources, seen_count,
-		first_seen_at, last_seen_at, next_attempt_at, payload, payload_sha256)
-	VALUES ($1, 'pending', $2, ARRAY[$2::text], 1, ` + now3 + `, ` + now3 + `, ` + now3 + `, $4, $5)
+		first_seen_at, last_seen_at, next_attempt_at, payload, payload_sha256,
+		confirmed, batch_state, needs_confirm)
+	VALUES ($1, 'pending', $2, ARRAY[$2::text], 1, ` + now3 + `, ` + now3 + `, ` + now3 + `, $4, $5, $6, $7, $8)
 	ON CONFLICT (key) DO NOTHING
-	RETURNING state, first_source, payload_sha256
+	RETURNING state, first_source, confirmed, batch_state, needs_confirm
 )
-SELECT true, state, first_source, payload_sha256 FROM ins
+SELECT true, state, first_source, confirmed, batch_state, needs_confirm FROM ins
 UNION ALL
-SELECT false, state, first_source, payload_sha256 FROM gemrecon_keys
+SELECT false, state, first_source, confirmed, batch_state, needs_confirm FROM gemrecon_keys
 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
 
-// Record notes a sighting: a new key is inserted pending and due now in one
-// durable commit; a known key's statistics are buffered (see Flush).
-func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult, error) {
+// known is what a sighting of a stored key needs to know about it.
+type known struct {
+	state        sink.State
+	firstSource  string
+	confirmed    bool
+	batchState   string
+	needsConfirm bool
+}
+
+func checkSighting(sg sink.Sighting) error {
 	if sg.Key == "" {
-		return sink.RecordResult{}, errors.New("postgres: record: empty key")
+		return errors.New("postgres: record: empty key")
 	}
 	if err := sink.CheckKey(sg.Key); err != nil { // spec §12
-		return sink.RecordResult{}, err
+		return err
 	}
 	if sg.Source == "" {
-		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
+		return fmt.Errorf("postgres: record %q: empty source", sg.Key)
 	}
-	sha := payloadHash(sg.Payload)
-	if s.sightDone(ctx, sg, sha) {
-		return sink.RecordResult{State: sink.StateDone}, nil
-	}
+	return nil
+}
 
+// Record notes a sighting: a new key is inserted pending and due now in one
+// durable commit; a known key's statistics are buffered (see Flush), except
+// that the API's operation confirms a key not yet confirmed, in one
+// statement (confirmSightingSQL).
+func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult, error) {
+	if err := checkSighting(sg); err != nil {
+		return sink.RecordResult{}, err
+	}
+	if r, ok := s.sightDone(ctx, sg); ok {
+		return r, nil
+	}
 	var (
-		isNew       bool
-		state       string
-		firstSource string
-		storedSHA   []byte
+		isNew bool
+		state string
+		k     known
 	)
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		for range maxRetries {
-			err := c.QueryRow(ctx, recordSQL, sg.Key, sg.Source, s.nowArg(), sg.Payload, sha).
-				Scan(&isNew, &state, &firstSource, &storedSHA)
+			err := c.QueryRow(ctx, recordSQL, sg.Key, sg.Source, s.nowArg(), sg.Payload, payloadHash(sg.Payload),
+				sg.FromAPI, sg.State, sg.Dynamic && !sg.FromAPI).
+				Scan(&isNew, &state, &k.firstSource, &k.confirmed, &k.batchState, &k.needsConfirm)
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
@@ -84,17 +102,115 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if err != nil {
 		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: %w", sg.Key, err)
 	}
-	st := sink.State(state)
+	k.state = sink.State(state)
 	if isNew {
-		return sink.RecordResult{New: true, State: st}, nil
+		return sink.RecordResult{New: true, State: k.state}, nil
 	}
-	s.sightKnown(ctx, sg, sha, st, firstSource, storedSHA)
-	return sink.RecordResult{State: st}, nil
+	if sg.FromAPI && !k.confirmed {
+		return s.confirmSighting(ctx, sg, k)
+	}
+	return s.sightKnown(ctx, sg, k), nil
 }
 
-// bufferLocked adds one duplicate sighting to the buffer; same is false for
-// a payload conflict. s.mu is held.
-func (s *Sink) bufferLocked(key, source string, same bool) {
+// terminalList is canon's terminal states as an SQL list, for conflicts
+// decided inside a statement (sink.StateConflict).
+const terminalList = `('SUCCEEDED', 'FAILED', 'CANCELLED', 'EXPIRED', 'PARTIALLY_SUCCEEDED')`
+
+// conflictExpr is sink.StateConflict(stored, seen) in SQL.
+func conflictExpr(stored, seen string) string {
+	return `(` + stored + ` <> ` + seen + ` AND ` + stored + ` IN ` + terminalList + ` AND ` + seen + ` IN ` + terminalList + `)`
+}
+
+// confirmSightingSQL confirms a known key that is not confirmed with a
+// sighting from the API (spec §9.2): the operation becomes the payload (a
+// webhook-first key's body, its payload until now, moves to the extras
+// table), the batch state is the API's (a differing terminal state is one
+// conflict), a pending key is due now, and a key dead as unknown to the API
+// is pending again, due now, with a fresh attempt budget. $1 key, $2
+// operation, $3 its SHA-256, $4 state, $5 now. No row: confirmed meanwhile.
+var confirmSightingSQL = `
+WITH old AS (
+	SELECT key, state, first_source, batch_state, dead_reason, payload,
+		state = 'dead' AND dead_reason = '` + sink.DeadUnknownToAPI + `' AS revive
+	FROM gemrecon_keys WHERE key = $1 AND NOT confirmed FOR UPDATE
+),
+upd AS (
+	UPDATE gemrecon_keys k SET
+		confirmed = true, needs_confirm = false,
+		batch_state = CASE WHEN $4 = '' THEN k.batch_state ELSE $4 END,
+		conflicts = k.conflicts + CASE WHEN ` + conflictExpr("o.batch_state", "$4") + ` THEN 1 ELSE 0 END,
+		payload = coalesce($2::bytea, k.payload),
+		payload_sha256 = CASE WHEN $2::bytea IS NULL THEN k.payload_sha256 ELSE $3 END,
+		state = CASE WHEN o.revive THEN 'pending' ELSE k.state END,
+		attempts = CASE WHEN o.revive THEN 0 ELSE k.attempts END,
+		dead_reason = CASE WHEN o.revive THEN '' ELSE k.dead_reason END,
+		lease_owner = CASE WHEN o.revive THEN NULL ELSE k.lease_owner END,
+		lease_until = CASE WHEN o.revive THEN NULL ELSE k.lease_until END,
+		next_attempt_at = CASE WHEN o.revive THEN ` + now5 + `
+			WHEN k.state = 'pending' THEN least(k.next_attempt_at, ` + now5 + `)
+			ELSE k.next_attempt_at END
+	FROM old o WHERE k.key = o.key
+	RETURNING k.state, ` + conflictExpr("o.batch_state", "$4") + `, o.revive, k.batch_state
+),
+wh AS (
+	INSERT INTO gemrecon_key_extras (key, webhook)
+	SELECT key, payload FROM old WHERE first_source = 'webhook' AND payload IS NOT NULL AND $2::bytea IS NOT NULL
+	ON CONFLICT (key) DO UPDATE SET webhook = coalesce(gemrecon_key_extras.webhook, excluded.webhook)
+)
+SELECT * FROM upd`
+
+// confirmSighting runs confirmSightingSQL. A key confirmed meanwhile makes
+// the sighting a plain duplicate. A reply that is lost is an error (the
+// statement is settled): running it again is harmless, the next sighting
+// from the API does.
+func (s *Sink) confirmSighting(ctx context.Context, sg sink.Sighting, k known) (sink.RecordResult, error) {
+	var (
+		state             string
+		conflict, revived bool
+		batch             string
+	)
+	var op any
+	if len(sg.Payload) > 0 {
+		op = sg.Payload
+	}
+	err := s.write(ctx, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, confirmSightingSQL, sg.Key, op, payloadHash(sg.Payload), sg.State, s.nowArg()).
+			Scan(&state, &conflict, &revived, &batch)
+	})
+	if errors.Is(err, pgx.ErrNoRows) { // confirmed (or purged) meanwhile
+		return s.sightKnown(ctx, sg, k), nil
+	}
+	if err != nil {
+		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: confirming: %w", sg.Key, err)
+	}
+	if conflict {
+		s.log.Warn("postgres sink: state conflict: the API's batch state differs from the stored one; the API's wins",
+			"key", sg.Key, "stored", k.batchState, "api", sg.State, "state", k.state)
+	}
+	if revived {
+		s.log.Info("postgres sink: a key dead as unknown to the API was listed by the API: pending again, due now", "key", sg.Key)
+	}
+	st := sink.State(state)
+	s.mu.Lock()
+	s.bufferLocked(sg.Key, sg.Source, bufferedSighting{})
+	if st == sink.StateDone {
+		s.noteDoneLocked(sg.Key, k.firstSource, true, batch)
+	}
+	n := len(s.buf)
+	s.mu.Unlock()
+	s.maybeFlush(ctx, n)
+	return sink.RecordResult{State: st, Confirmed: true, Conflict: conflict}, nil
+}
+
+// bufferedSighting is what one duplicate sighting adds besides its count.
+type bufferedSighting struct {
+	conflict bool
+	webhook  []byte
+	verified bool
+}
+
+// bufferLocked adds one duplicate sighting to the buffer. s.mu is held.
+func (s *Sink) bufferLocked(key, source string, bs bufferedSighting) {
 	b := s.buf[key]
 	if b == nil {
 		b = &sighting{}
@@ -109,19 +225,21 @@ func (s *Sink) bufferLocked(key, source string, same bool) {
 	if !slices.Contains(b.sources, source) {
 		b.sources = append(b.sources, source)
 	}
-	if !same {
+	if bs.conflict {
 		b.conflicts++
-		s.log.Warn("postgres sink: payload conflict: a later sighting from the same source carries a different payload; the first one is kept",
-			"key", key, "source", source)
 	}
+	if b.webhook == nil && bs.webhook != nil {
+		b.webhook = bytes.Clone(bs.webhook) // the caller's buffer may be reused
+	}
+	b.verified = b.verified || bs.verified
 }
 
 // noteDoneLocked remembers a done key; s.mu is held.
-func (s *Sink) noteDoneLocked(key, firstSource string, sha []byte) {
+func (s *Sink) noteDoneLocked(key, firstSource string, confirmed bool, batchState string) {
 	if len(s.done) >= doneCacheMax {
 		clear(s.done) // crude bound: the cache is an optimisation
 	}
-	s.done[key] = doneInfo{firstSource: firstSource, sha: sha}
+	s.done[key] = doneInfo{firstSource: firstSource, confirmed: confirmed, batchState: batchState}
 }
 
 func (s *Sink) maybeFlush(ctx context.Context, buffered int) {
@@ -130,17 +248,30 @@ func (s *Sink) maybeFlush(ctx context.Context, buffered int) {
 	}
 }
 
-// flushSQL applies buffered statistics to many keys in one statement.
+// flushSQL applies buffered statistics to many keys in one statement: the
+// counters, a poll-first key's first webhook body (kept where none is yet)
+// and the end of a need for confirmation.
 const flushSQL = `
-UPDATE gemrecon_keys k SET
-	seen_count   = k.seen_count + d.n,
-	last_seen_at = greatest(k.last_seen_at, coalesce(d.last, now())),
-	sources      = k.sources || ARRAY(
-		SELECT x.s FROM jsonb_array_elements_text(d.srcs) WITH ORDINALITY AS x(s, i)
-		WHERE x.s <> ALL (k.sources) ORDER BY x.i),
-	conflicts    = k.conflicts + d.c
-FROM jsonb_to_recordset($1::jsonb) AS d(k text, n bigint, last timestamptz, srcs jsonb, c bigint)
-WHERE k.key = d.k`
+WITH d AS (
+	SELECT * FROM jsonb_to_recordset($1::jsonb)
+		AS d(k text, n bigint, last timestamptz, srcs jsonb, c bigint, w text, v boolean)
+),
+upd AS (
+	UPDATE gemrecon_keys k SET
+		seen_count   = k.seen_count + d.n,
+		last_seen_at = greatest(k.last_seen_at, coalesce(d.last, now())),
+		sources      = k.sources || ARRAY(
+			SELECT x.s FROM jsonb_array_elements_text(d.srcs) WITH ORDINALITY AS x(s, i)
+			WHERE x.s <> ALL (k.sources) ORDER BY x.i),
+		conflicts     = k.conflicts + d.c,
+		needs_confirm = k.needs_confirm AND NOT coalesce(d.v, false)
+	FROM d
+	WHERE k.key = d.k
+	RETURNING k.key
+)
+INSERT INTO gemrecon_key_extras (key, webhook)
+SELECT d.k, decode(d.w, 'base64') FROM d JOIN upd ON upd.key = d.k WHERE d.w IS NOT NULL
+ON CONFLICT (key) DO UPDATE SET webhook = coalesce(gemrecon_key_extras.webhook, excluded.webhook)`
 
 type flushRow struct {
 	Key       string     `json:"k"`
@@ -148,6 +279,8 @@ type flushRow struct {
 	Last      *time.Time `json:"last"`
 	Sources   []string   `json:"srcs"`
 	Conflicts int64      `json:"c"`
+	Webhook   []byte     `json:"w,omitempty"` // base64 in JSON
+	Verified  bool       `json:"v,omitempty"`
 }
 
 // Flush writes buffered sighting statistics now, in one statement. On
@@ -164,7 +297,7 @@ func (s *Sink) Flush(ctx context.Context) error {
 
 	rows := make([]flushRow, 0, len(taken))
 	for k, b := range taken {
-		r := flushRow{Key: k, N: b.n, Sources: b.sources, Conflicts: b.conflicts}
+		r := flushRow{Key: k, N: b.n, Sources: b.sources, Conflicts: b.conflicts, Webhook: b.webhook, Verified: b.verified}
 		if !b.last.IsZero() {
 			t := b.last
 			r.Last = &t
@@ -210,6 +343,10 @@ func (s *Sink) mergeLocked(key string, b *sighting) {
 			cur.sources = append(cur.sources, src)
 		}
 	}
+	if cur.webhook == nil {
+		cur.webhook = b.webhook
+	}
+	cur.verified = cur.verified || b.verified
 }
 
 // claimTail ends a statement that begins with a CTE "old" choosing and
@@ -217,8 +354,9 @@ func (s *Sink) mergeLocked(key string, b *sighting) {
 // pending → claimed, or an expired lease taken over (the expired attempt
 // counts as failed, "lease expired"; if it was the last allowed attempt the
 // key goes dead instead). Parameters: $1 now, $2 lease µs, $3 owner, $4 max
-// attempts, $5 nonce, $6 the key or the limit (NULL: no limit).
-const claimTail = `),
+// attempts, $5 nonce, $6 the key or the limit (NULL: no limit), $7 skip
+// keys that need confirmation (sink.SkipNeedsConfirm).
+var claimTail = `),
 upd AS (
 	UPDATE gemrecon_keys k SET
 		state           = CASE WHEN o.takeover AND k.attempts >= $4 THEN 'dead' ELSE 'claimed' END,
@@ -234,15 +372,28 @@ upd AS (
 	FROM old o
 	WHERE k.key = o.key
 	RETURNING k.key, k.state, k.token, k.attempts, k.lease_owner, k.lease_until,
-		k.payload, k.first_source, k.took_over, o.due_at, k.first_seen_at
+		k.payload, k.first_source, k.took_over, o.due_at, k.first_seen_at,
+		k.confirmed, k.batch_state, k.needs_confirm
 )
-SELECT key, state, token, attempts, coalesce(lease_owner, ''), lease_until, payload, first_source, took_over
-FROM upd ORDER BY due_at, first_seen_at, key`
+SELECT upd.key, state, token, attempts, coalesce(lease_owner, ''), lease_until, payload, first_source, took_over,
+	first_seen_at, confirmed, batch_state, needs_confirm, ` + webhookExpr("upd") + `, coalesce(x.results_file, '')
+FROM upd LEFT JOIN gemrecon_key_extras x ON x.key = upd.key ORDER BY due_at, first_seen_at, upd.key`
+
+// webhookExpr is the first webhook body of row r (joined with extras as
+// x): kept apart once the payload is the API's operation, and the payload
+// itself while a webhook-first key is unconfirmed (each byte stored once).
+func webhookExpr(r string) string {
+	return `coalesce(x.webhook, CASE WHEN ` + r + `.first_source = 'webhook' AND NOT ` + r + `.confirmed THEN ` + r + `.payload END)`
+}
 
 // claimableWhere: pending and due, or claimed under an expired lease (a
 // lease is live while now < lease_until). $1 is now.
 const claimableWhere = `((state = 'pending' AND next_attempt_at <= ` + now1 + `)
 	OR (state = 'claimed' AND lease_until <= ` + now1 + `))`
+
+// skipWhere leaves keys that need confirmation to another claimer when its
+// parameter is true.
+func skipWhere(param string) string { return `(NOT ` + param + `::boolean OR NOT needs_confirm)` }
 
 // dueOrder is "oldest first": by the time a key became due (its next
 // attempt, or its lease's end), then by first sighting — as sink/sqlite.
@@ -251,11 +402,11 @@ const (
 	dueOrder = dueAt + `, first_seen_at, key`
 )
 
-const (
+var (
 	claimOneSQL = `WITH old AS (SELECT key, state = 'claimed' AS takeover, ` + dueAt + ` AS due_at
-		FROM gemrecon_keys WHERE key = $6 AND ` + claimableWhere + ` FOR UPDATE` + claimTail
+		FROM gemrecon_keys WHERE key = $6 AND ` + claimableWhere + ` AND ` + skipWhere("$7") + ` FOR UPDATE` + claimTail
 	claimDueSQL = `WITH old AS (SELECT key, state = 'claimed' AS takeover, ` + dueAt + ` AS due_at
-		FROM gemrecon_keys WHERE ` + claimableWhere + ` ORDER BY ` + dueOrder + ` LIMIT $6 FOR UPDATE SKIP LOCKED` + claimTail
+		FROM gemrecon_keys WHERE ` + claimableWhere + ` AND ` + skipWhere("$7") + ` ORDER BY ` + dueOrder + ` LIMIT $6 FOR UPDATE SKIP LOCKED` + claimTail
 )
 
 // claimRow is one row of claimTail.
@@ -269,14 +420,17 @@ func scanClaims(rows pgx.Rows) ([]claimRow, error) {
 	for rows.Next() {
 		var r claimRow
 		var leaseUntil *time.Time
-		if err := rows.Scan(&r.claim.Key, &r.state, &r.claim.Token, &r.claim.Attempt, &r.claim.Owner,
-			&leaseUntil, &r.claim.Payload, &r.claim.FirstSource, &r.claim.Takeover); err != nil {
+		c := &r.claim
+		if err := rows.Scan(&c.Key, &r.state, &c.Token, &c.Attempt, &c.Owner,
+			&leaseUntil, &c.Payload, &c.FirstSource, &c.Takeover,
+			&c.FirstSeenAt, &c.Confirmed, &c.BatchState, &c.NeedsConfirm, &c.Webhook, &c.ResultsFile); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		if leaseUntil != nil {
-			r.claim.LeaseUntil = leaseUntil.UTC()
+			c.LeaseUntil = leaseUntil.UTC()
 		}
+		c.FirstSeenAt = c.FirstSeenAt.UTC()
 		out = append(out, r)
 	}
 	return out, rows.Err()
@@ -296,11 +450,12 @@ func nonce() int64 {
 }
 
 // Claim takes the key for one attempt, in one autocommit statement.
-func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration) (sink.Claim, error) {
+func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...sink.ClaimOption) (sink.Claim, error) {
 	nc := nonce()
+	skip := sink.ClaimOptionsOf(opts).SkipNeedsConfirm
 	var got []claimRow
 	err := s.write(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, claimOneSQL, s.nowArg(), micros(lease), owner, s.opt.MaxAttempts, nc, key)
+		rows, err := c.Query(ctx, claimOneSQL, s.nowArg(), micros(lease), owner, s.opt.MaxAttempts, nc, key, skip)
 		if err != nil {
 			return err
 		}
@@ -343,9 +498,11 @@ func (s *Sink) readBackClaims(ctx context.Context, nc int64) ([]claimRow, error)
 	defer cancel()
 	var got []claimRow
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT key, state, token, attempts, coalesce(lease_owner, ''), lease_until,
-			payload, first_source, took_over
-			FROM gemrecon_keys WHERE claim_nonce = $1 AND state = 'claimed' ORDER BY first_seen_at, key`, nc)
+		rows, err := c.Query(ctx, `SELECT k.key, state, token, attempts, coalesce(lease_owner, ''), lease_until,
+			payload, first_source, took_over, first_seen_at, confirmed, batch_state, needs_confirm,
+			`+webhookExpr("k")+`, coalesce(x.results_file, '')
+			FROM gemrecon_keys k LEFT JOIN gemrecon_key_extras x ON x.key = k.key
+			WHERE claim_nonce = $1 AND state = 'claimed' ORDER BY first_seen_at, k.key`, nc)
 		if err != nil {
 			return err
 		}
@@ -357,7 +514,8 @@ func (s *Sink) readBackClaims(ctx context.Context, nc int64) ([]claimRow, error)
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first,
 // skipping rows that other claimers hold locked.
-func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int) ([]sink.Claim, error) {
+func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...sink.ClaimOption) ([]sink.Claim, error) {
+	skip := sink.ClaimOptionsOf(opts).SkipNeedsConfirm
 	var out []sink.Claim
 	for limit <= 0 || len(out) < limit {
 		nc := nonce()
@@ -367,7 +525,7 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 		}
 		var got []claimRow
 		err := s.write(ctx, func(c *pgx.Conn) error {
-			rows, err := c.Query(ctx, claimDueSQL, s.nowArg(), micros(lease), owner, s.opt.MaxAttempts, nc, want)
+			rows, err := c.Query(ctx, claimDueSQL, s.nowArg(), micros(lease), owner, s.opt.MaxAttempts, nc, want, skip)
 			if err != nil {
 				return err
 			}
@@ -435,8 +593,8 @@ const (
 	completeSQL = fencedHead + `UPDATE gemrecon_keys
 		SET state = 'done', done_at = ` + now3 + `,
 			lease_owner = NULL, lease_until = NULL, next_attempt_at = NULL
-		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, payload_sha256` +
-		fencedMid + `upd.first_source, upd.payload_sha256` + fencedTail
+		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, confirmed, batch_state` +
+		fencedMid + `upd.first_source, upd.confirmed, upd.batch_state` + fencedTail
 	// $4 permanent, $5 max attempts, $6 backoff µs per attempt (1-based,
 	// the last element serves any later attempt), $7 not-before, $8 cause,
 	// $9 uncounted (Failure.NoAttempt: attempts go back to their value before
@@ -444,6 +602,7 @@ const (
 	// after the backoff of the restored count; never dead).
 	failSQL = fencedHead + `UPDATE gemrecon_keys SET
 			state = CASE WHEN NOT $9 AND ($4 OR attempts >= $5) THEN 'dead' ELSE 'pending' END,
+			dead_reason = CASE WHEN NOT $9 AND ($4 OR attempts >= $5) THEN $10 ELSE '' END,
 			attempts = CASE WHEN $9 THEN greatest(attempts - 1, 0) ELSE attempts END,
 			next_attempt_at = CASE
 				WHEN $9 AND $7::timestamptz IS NOT NULL THEN greatest(` + now3 + `, $7::timestamptz)
@@ -504,7 +663,7 @@ func (s *Sink) completeReadBack(ctx context.Context, key string, token int64, er
 		return fmt.Errorf("postgres: complete %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
 	case e.State == sink.StateDone && e.Token == token:
 		s.mu.Lock()
-		s.noteDoneLocked(key, e.FirstSource, payloadHash(e.Payload))
+		s.noteDoneLocked(key, e.FirstSource, e.Confirmed, e.BatchState)
 		s.mu.Unlock()
 		return nil
 	case e.State == sink.StateClaimed && e.Token == token:
@@ -519,10 +678,10 @@ func (s *Sink) completeReadBack(ctx context.Context, key string, token int64, er
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	var ok bool
 	var cur current
-	var firstSource *string
-	var sha []byte
+	var firstSource, batchState *string
+	var confirmed *bool
 	err := s.write(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, completeSQL, key, token, s.nowArg()).Scan(&ok, &firstSource, &sha, &cur.state, &cur.token)
+		return c.QueryRow(ctx, completeSQL, key, token, s.nowArg()).Scan(&ok, &firstSource, &confirmed, &batchState, &cur.state, &cur.token)
 	})
 	if unknownOutcome(err) {
 		return s.completeReadBack(ctx, key, token, err)
@@ -534,7 +693,7 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		return s.fencedErr("complete", key, token, cur)
 	}
 	s.mu.Lock()
-	s.noteDoneLocked(key, deref(firstSource), sha)
+	s.noteDoneLocked(key, deref(firstSource), confirmed != nil && *confirmed, deref(batchState))
 	s.mu.Unlock()
 	return nil
 }
@@ -584,7 +743,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	var cur current
 	var state *string
 	err := s.write(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, failSQL, key, token, s.nowArg(), f.Permanent, s.opt.MaxAttempts, backoffs, notBefore, cause, f.NoAttempt).
+		return c.QueryRow(ctx, failSQL, key, token, s.nowArg(), f.Permanent, s.opt.MaxAttempts, backoffs, notBefore, cause, f.NoAttempt, f.DeadReason).
 			Scan(&ok, &state, &cur.state, &cur.token)
 	})
 	if unknownOutcome(err) {
@@ -620,7 +779,7 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 		return c.QueryRow(ctx, `
 			WITH upd AS (
 				UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now2+`,
-					attempts = 0, retries = retries + 1, lease_owner = NULL, lease_until = NULL
+					attempts = 0, retries = retries + 1, lease_owner = NULL, lease_until = NULL, dead_reason = ''
 				WHERE key = $1 AND state = 'dead' RETURNING key)
 			SELECT EXISTS (SELECT 1 FROM upd), (SELECT state FROM gemrecon_keys WHERE key = $1)`,
 			key, s.nowArg()).Scan(&updated, &state)
@@ -638,11 +797,11 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 }
 
 // Due lists keys that can be claimed now, oldest first.
-func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
-	q := `SELECT key FROM gemrecon_keys WHERE ` + claimableWhere + ` ORDER BY ` + dueOrder
-	args := []any{s.nowArg()}
+func (s *Sink) Due(ctx context.Context, limit int, opts ...sink.ClaimOption) ([]string, error) {
+	q := `SELECT key FROM gemrecon_keys WHERE ` + claimableWhere + ` AND ` + skipWhere("$2") + ` ORDER BY ` + dueOrder
+	args := []any{s.nowArg(), sink.ClaimOptionsOf(opts).SkipNeedsConfirm}
 	if limit > 0 {
-		q += ` LIMIT $2`
+		q += ` LIMIT $3`
 		args = append(args, limit)
 	}
 	var keys []string
@@ -668,9 +827,13 @@ func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
 	return keys, nil
 }
 
-const entryColumns = `key, state, attempts, token, first_source, sources, seen_count, first_seen_at,
+// entryColumns are read FROM entryFrom.
+var entryColumns = `k.key, state, attempts, token, first_source, sources, seen_count, first_seen_at,
 	last_seen_at, coalesce(lease_owner, ''), lease_until, next_attempt_at, done_at,
-	coalesce(last_error, ''), conflicts, payload`
+	coalesce(last_error, ''), conflicts, payload, confirmed, batch_state, needs_confirm, dead_reason,
+	coalesce(x.results_file, ''), ` + webhookExpr("k")
+
+const entryFrom = ` FROM gemrecon_keys k LEFT JOIN gemrecon_key_extras x ON x.key = k.key `
 
 func scanEntry(row pgx.Row) (sink.Entry, error) {
 	var e sink.Entry
@@ -678,7 +841,7 @@ func scanEntry(row pgx.Row) (sink.Entry, error) {
 	var leaseUntil, next, done *time.Time
 	err := row.Scan(&e.Key, &state, &e.Attempts, &e.Token, &e.FirstSource, &e.Sources, &e.SeenCount,
 		&e.FirstSeenAt, &e.LastSeenAt, &e.LeaseOwner, &leaseUntil, &next, &done, &e.LastError,
-		&e.Conflicts, &e.Payload)
+		&e.Conflicts, &e.Payload, &e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Webhook)
 	if err != nil {
 		return e, err
 	}
@@ -710,7 +873,7 @@ func (s *Sink) get(ctx context.Context, key string) (sink.Entry, error) {
 	var e sink.Entry
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		var err error
-		e, err = scanEntry(c.QueryRow(ctx, `SELECT `+entryColumns+` FROM gemrecon_keys WHERE key = $1`, key))
+		e, err = scanEntry(c.QueryRow(ctx, `SELECT `+entryColumns+entryFrom+`WHERE k.key = $1`, key))
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -730,7 +893,7 @@ func (s *Sink) List(ctx context.Context, opt sink.ListOptions) ([]sink.Entry, er
 	if err := s.Flush(ctx); err != nil {
 		return nil, err
 	}
-	q := `SELECT ` + entryColumns + ` FROM gemrecon_keys WHERE ($1 = '' OR state = $1) ORDER BY first_seen_at, key`
+	q := `SELECT ` + entryColumns + entryFrom + `WHERE ($1 = '' OR state = $1) ORDER BY first_seen_at, k.key`
 	args := []any{string(opt.State)}
 	if opt.Limit > 0 {
 		q += ` LIMIT $2`
@@ -766,8 +929,9 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 		return sink.Stats{}, err
 	}
 	st := sink.Stats{
-		ByState:     map[sink.State]int64{sink.StatePending: 0, sink.StateClaimed: 0, sink.StateDone: 0, sink.StateDead: 0},
-		FirstSource: map[string]int64{},
+		ByState:      map[sink.State]int64{sink.StatePending: 0, sink.StateClaimed: 0, sink.StateDone: 0, sink.StateDead: 0},
+		FirstSource:  map[string]int64{},
+		DeadByReason: map[string]int64{sink.DeadEffect: 0, sink.DeadUnknownToAPI: 0},
 	}
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -803,6 +967,23 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 				return err
 			}
 			st.FirstSource[src] = n
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT CASE WHEN dead_reason = '' THEN '`+sink.DeadEffect+`' ELSE dead_reason END, count(*)
+			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var reason string
+			var n int64
+			if err := rows.Scan(&reason, &n); err != nil {
+				rows.Close()
+				return err
+			}
+			st.DeadByReason[reason] = n
 		}
 		if err := rows.Err(); err != nil {
 			return err
@@ -847,20 +1028,146 @@ func microsDuration(f *float64) time.Duration {
 
 // Purge deletes done rows whose done time is before doneBefore.
 func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
-	var n int64
+	keys, err := s.PurgeKeys(ctx, doneBefore)
+	return int64(len(keys)), err
+}
+
+// PurgeKeys deletes done rows whose done time is before doneBefore (their
+// extras go with them) and returns their keys.
+func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
+	keys := []string{}
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		tag, err := c.Exec(ctx, `DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < $1`, doneBefore)
-		n = tag.RowsAffected()
-		return err
+		keys = keys[:0]
+		rows, err := c.Query(ctx, `DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < $1 RETURNING key`, doneBefore)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return err
+			}
+			keys = append(keys, k)
+		}
+		return rows.Err()
 	})
 	// A purged key seen again must be new again: forget what was done.
 	s.mu.Lock()
 	clear(s.done)
 	s.mu.Unlock()
 	if err != nil {
-		return 0, fmt.Errorf("postgres: purge: %w", err)
+		return nil, fmt.Errorf("postgres: purge: %w", err)
 	}
-	return n, nil
+	return keys, nil
+}
+
+// confirmSQL is Confirm: fenced on the claim's token; a key confirmed
+// meanwhile keeps what it holds (a differing terminal state is still one
+// conflict). $1 key, $2 token, $3 operation, $4 its SHA-256, $5 state.
+var confirmSQL = `
+WITH old AS (
+	SELECT key, first_source, confirmed, batch_state, payload FROM gemrecon_keys
+	WHERE key = $1 AND state = 'claimed' AND token = $2 FOR UPDATE
+),
+upd AS (
+	UPDATE gemrecon_keys k SET
+		confirmed = true, needs_confirm = false,
+		batch_state = CASE WHEN o.confirmed OR $5 = '' THEN k.batch_state ELSE $5 END,
+		conflicts = k.conflicts + CASE WHEN ` + conflictExpr("o.batch_state", "$5") + ` THEN 1 ELSE 0 END,
+		payload = CASE WHEN o.confirmed OR $3::bytea IS NULL THEN k.payload ELSE $3 END,
+		payload_sha256 = CASE WHEN o.confirmed OR $3::bytea IS NULL THEN k.payload_sha256 ELSE $4 END
+	FROM old o WHERE k.key = o.key
+	RETURNING ` + conflictExpr("o.batch_state", "$5") + ` AS conflict, o.batch_state
+),
+wh AS (
+	INSERT INTO gemrecon_key_extras (key, webhook)
+	SELECT key, payload FROM old
+	WHERE NOT confirmed AND first_source = 'webhook' AND payload IS NOT NULL AND $3::bytea IS NOT NULL
+	ON CONFLICT (key) DO UPDATE SET webhook = coalesce(gemrecon_key_extras.webhook, excluded.webhook)
+),
+fenced AS (
+	UPDATE gemrecon_counters SET value = value + 1
+	WHERE name = 'fenced' AND NOT EXISTS (SELECT 1 FROM upd)
+		AND EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)
+	RETURNING value
+)
+SELECT EXISTS (SELECT 1 FROM upd), coalesce((SELECT conflict FROM upd), false), (SELECT batch_state FROM upd),
+	cur.state, cur.token
+FROM (SELECT 1) AS one LEFT JOIN gemrecon_keys cur ON cur.key = $1`
+
+// Confirm stores the API's answer for a claimed key, fenced on token (see
+// sink.Sink). A reply that is lost is settled and the row read back.
+func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Confirmation) error {
+	var op any
+	if len(c.Operation) > 0 {
+		op = c.Operation
+	}
+	var ok, conflict bool
+	var stored *string
+	var cur current
+	err := s.write(ctx, func(cn *pgx.Conn) error {
+		return cn.QueryRow(ctx, confirmSQL, key, token, op, payloadHash(c.Operation), c.State).
+			Scan(&ok, &conflict, &stored, &cur.state, &cur.token)
+	})
+	if unknownOutcome(err) {
+		e, rerr := s.readBack(ctx, key)
+		switch {
+		case rerr != nil:
+			return fmt.Errorf("postgres: confirm %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
+		case e.Token == token && e.State == sink.StateClaimed && e.Confirmed:
+			return nil
+		case e.Token == token && e.State == sink.StateClaimed:
+			return fmt.Errorf("postgres: confirm %q: not applied (read back: not confirmed): %w", key, err)
+		default:
+			return fmt.Errorf("postgres: confirm %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("postgres: confirm %q: %w", key, withCtxErr(ctx, err))
+	}
+	if !ok {
+		return s.fencedErr("confirm", key, token, cur)
+	}
+	if conflict {
+		s.log.Warn("postgres sink: state conflict: the API's batch state differs from the stored one",
+			"key", key, "stored", deref(stored), "api", c.State)
+	}
+	return nil
+}
+
+// noteResultsSQL is NoteResults, fenced on the token. $1 key, $2 token, $3 file.
+const noteResultsSQL = `
+WITH upd AS (
+	INSERT INTO gemrecon_key_extras (key, results_file)
+	SELECT key, $3 FROM gemrecon_keys WHERE key = $1 AND state = 'claimed' AND token = $2
+	ON CONFLICT (key) DO UPDATE SET results_file = excluded.results_file
+	RETURNING key
+),
+fenced AS (
+	UPDATE gemrecon_counters SET value = value + 1
+	WHERE name = 'fenced' AND NOT EXISTS (SELECT 1 FROM upd)
+		AND EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)
+	RETURNING value
+)
+SELECT EXISTS (SELECT 1 FROM upd), cur.state, cur.token
+FROM (SELECT 1) AS one LEFT JOIN gemrecon_keys cur ON cur.key = $1`
+
+// NoteResults records where the claimed key's results were written, fenced
+// on token. Writing it twice is harmless, so a lost reply is an error only.
+func (s *Sink) NoteResults(ctx context.Context, key string, token int64, file string) error {
+	var ok bool
+	var cur current
+	err := s.write(ctx, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, noteResultsSQL, key, token, file).Scan(&ok, &cur.state, &cur.token)
+	})
+	if err != nil {
+		return fmt.Errorf("postgres: note results %q: %w", key, withCtxErr(ctx, err))
+	}
+	if !ok {
+		return s.fencedErr("note results", key, token, cur)
+	}
+	return nil
 }
 
 // NoteLookback records that a poll used this lookback (0 = forever).
@@ -921,20 +1228,21 @@ func (s *Sink) Ping(ctx context.Context) error {
 
 // recordClaimSQL inserts a new key already claimed (one commit for record
 // and claim), or reads a known key without writing, with whether it can be
-// claimed now. Parameters as recordSQL, then $6 owner, $7 lease µs, $8 nonce.
+// claimed now. Parameters as recordSQL, then $9 owner, $10 lease µs, $11
+// nonce.
 const recordClaimSQL = `
 WITH ins AS (
 	INSERT INTO gemrecon_keys (key, state, first_source, sources, seen_count,
-		first_seen_at, last_seen_at, payload, payload_sha256,
+		first_seen_at, last_seen_at, payload, payload_sha256, confirmed, batch_state, needs_confirm,
 		attempts, token, lease_owner, lease_until, claim_nonce)
-	VALUES ($1, 'claimed', $2, ARRAY[$2::text], 1, ` + now3 + `, ` + now3 + `, $4, $5,
-		1, 1, $6, ` + now3 + ` + $7 * interval '1 microsecond', $8)
+	VALUES ($1, 'claimed', $2, ARRAY[$2::text], 1, ` + now3 + `, ` + now3 + `, $4, $5, $6, $7, $8,
+		1, 1, $9, ` + now3 + ` + $10 * interval '1 microsecond', $11)
 	ON CONFLICT (key) DO NOTHING
-	RETURNING state, first_source, payload_sha256, lease_until
+	RETURNING state, first_source, confirmed, batch_state, needs_confirm, lease_until, first_seen_at
 )
-SELECT true, state, first_source, payload_sha256, lease_until, false FROM ins
+SELECT true, state, first_source, confirmed, batch_state, needs_confirm, lease_until, first_seen_at, false FROM ins
 UNION ALL
-SELECT false, state, first_source, payload_sha256, lease_until,
+SELECT false, state, first_source, confirmed, batch_state, needs_confirm, lease_until, first_seen_at,
 	(state = 'pending' AND next_attempt_at <= ` + now3 + `) OR (state = 'claimed' AND lease_until <= ` + now3 + `)
 FROM gemrecon_keys
 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
@@ -943,36 +1251,31 @@ var _ sink.RecordClaimer = (*Sink)(nil)
 
 // RecordAndClaim records a sighting and claims the key when it can be
 // claimed now (sink.RecordClaimer). A new key is inserted already claimed,
-// in one commit; a known, claimable key is claimed by Claim; a sighting of a
-// key that cannot be claimed costs no commit and returns ErrNotClaimable.
+// in one commit; a known, claimable key is claimed by Claim (after the
+// API's sighting confirmed it, if it does); a sighting of a key that
+// cannot be claimed costs no commit and returns ErrNotClaimable.
 func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner string, lease time.Duration) (sink.RecordResult, sink.Claim, error) {
-	if sg.Key == "" {
-		return sink.RecordResult{}, sink.Claim{}, errors.New("postgres: record: empty key")
-	}
-	if err := sink.CheckKey(sg.Key); err != nil { // spec §12
+	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
-	if sg.Source == "" {
-		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record %q: empty source", sg.Key)
-	}
-	sha := payloadHash(sg.Payload)
-	if s.sightDone(ctx, sg, sha) {
-		return sink.RecordResult{State: sink.StateDone}, sink.Claim{},
-			fmt.Errorf("postgres: record and claim %q: done: %w", sg.Key, sink.ErrNotClaimable)
+	if r, ok := s.sightDone(ctx, sg); ok {
+		return r, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: done: %w", sg.Key, sink.ErrNotClaimable)
 	}
 
 	nc := nonce()
 	var (
 		isNew, claimable bool
 		state            string
-		firstSource      string
-		storedSHA        []byte
+		k                known
 		leaseUntil       *time.Time
+		firstSeen        time.Time
 	)
+	needs := sg.Dynamic && !sg.FromAPI
 	err := s.write(ctx, func(c *pgx.Conn) error {
 		for range maxRetries {
-			err := c.QueryRow(ctx, recordClaimSQL, sg.Key, sg.Source, s.nowArg(), sg.Payload, sha,
-				owner, micros(lease), nc).Scan(&isNew, &state, &firstSource, &storedSHA, &leaseUntil, &claimable)
+			err := c.QueryRow(ctx, recordClaimSQL, sg.Key, sg.Source, s.nowArg(), sg.Payload, payloadHash(sg.Payload),
+				sg.FromAPI, sg.State, needs, owner, micros(lease), nc).
+				Scan(&isNew, &state, &k.firstSource, &k.confirmed, &k.batchState, &k.needsConfirm, &leaseUntil, &firstSeen, &claimable)
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
@@ -990,58 +1293,87 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %w", sg.Key, err)
 	}
 	if isNew {
-		c := sink.Claim{Key: sg.Key, Token: 1, Attempt: 1, Owner: owner, Payload: sg.Payload, FirstSource: sg.Source}
+		c := sink.Claim{Key: sg.Key, Token: 1, Attempt: 1, Owner: owner, Payload: sg.Payload, FirstSource: sg.Source,
+			FirstSeenAt: firstSeen.UTC(), Confirmed: sg.FromAPI, BatchState: sg.State, NeedsConfirm: needs}
+		if sg.Source == sink.SourceWebhook && !sg.FromAPI {
+			c.Webhook = sg.Payload
+		}
 		if leaseUntil != nil {
 			c.LeaseUntil = leaseUntil.UTC()
 		}
 		return sink.RecordResult{New: true, State: sink.StateClaimed}, c, nil
 	}
-	st := sink.State(state)
-	s.sightKnown(ctx, sg, sha, st, firstSource, storedSHA)
-	rr := sink.RecordResult{State: st}
+	k.state = sink.State(state)
+	var rr sink.RecordResult
+	if sg.FromAPI && !k.confirmed {
+		if rr, err = s.confirmSighting(ctx, sg, k); err != nil {
+			return rr, sink.Claim{}, err
+		}
+		claimable = claimable || rr.State == sink.StatePending // due now, or revived
+	} else {
+		rr = s.sightKnown(ctx, sg, k)
+	}
 	if !claimable {
-		return rr, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %s: %w", sg.Key, st, sink.ErrNotClaimable)
+		return rr, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %s: %w", sg.Key, rr.State, sink.ErrNotClaimable)
 	}
 	c, err := s.Claim(ctx, sg.Key, owner, lease)
 	if err != nil {
 		return rr, sink.Claim{}, err
 	}
-	return sink.RecordResult{State: sink.StateClaimed}, c, nil
+	rr.State = sink.StateClaimed
+	return rr, c, nil
 }
 
-// sameDoc reports whether a sighting is not a payload conflict: a conflict
-// is a non-empty payload from the first sighting's source whose SHA-256
-// differs from the first payload's (a webhook event and a listed operation
-// are different documents for one completion).
-func sameDoc(source string, sha []byte, firstSource string, firstSHA []byte) bool {
-	return source != firstSource || sha == nil || firstSHA == nil || bytes.Equal(sha, firstSHA)
+// sighting returns what one duplicate sighting of k adds to the buffer: a
+// conflict by meaning (spec §9.4; logged), a poll-first key's webhook body,
+// the end of a need for confirmation.
+func (s *Sink) sighting(sg sink.Sighting, k known) bufferedSighting {
+	bs := bufferedSighting{conflict: sink.StateConflict(k.batchState, sg.State), verified: k.needsConfirm && !sg.Dynamic}
+	if bs.conflict {
+		s.log.Warn("postgres sink: state conflict: a sighting's batch state differs from the stored one; the stored state stays",
+			"key", sg.Key, "source", sg.Source, "stored", k.batchState, "seen", sg.State, "confirmed", k.confirmed)
+	}
+	if sg.Source == sink.SourceWebhook && k.firstSource != sink.SourceWebhook && len(sg.Payload) > 0 {
+		bs.webhook = sg.Payload
+	}
+	return bs
 }
 
 // sightDone answers a sighting of a key this process knows is done from
-// memory: its statistics are buffered (no round trip) and it reports true.
-func (s *Sink) sightDone(ctx context.Context, sg sink.Sighting, sha []byte) bool {
+// memory: its statistics are buffered (no round trip) and it reports true
+// — unless the sighting is the API's for a done key not yet confirmed,
+// which Record confirms.
+func (s *Sink) sightDone(ctx context.Context, sg sink.Sighting) (sink.RecordResult, bool) {
 	s.mu.Lock()
 	di, isDone := s.done[sg.Key]
+	if isDone && sg.FromAPI && !di.confirmed {
+		s.mu.Unlock()
+		return sink.RecordResult{}, false
+	}
+	var bs bufferedSighting
 	if isDone {
-		s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, di.firstSource, di.sha))
+		bs = s.sighting(sg, known{state: sink.StateDone, firstSource: di.firstSource, confirmed: di.confirmed, batchState: di.batchState})
+		s.bufferLocked(sg.Key, sg.Source, bs)
 	}
 	n := len(s.buf)
 	s.mu.Unlock()
 	if isDone {
 		s.maybeFlush(ctx, n)
 	}
-	return isDone
+	return sink.RecordResult{State: sink.StateDone, Conflict: bs.conflict}, isDone
 }
 
 // sightKnown buffers a sighting of a key the database already held, and
 // remembers it in memory if it is done.
-func (s *Sink) sightKnown(ctx context.Context, sg sink.Sighting, sha []byte, st sink.State, firstSource string, storedSHA []byte) {
+func (s *Sink) sightKnown(ctx context.Context, sg sink.Sighting, k known) sink.RecordResult {
+	bs := s.sighting(sg, k)
 	s.mu.Lock()
-	s.bufferLocked(sg.Key, sg.Source, sameDoc(sg.Source, sha, firstSource, storedSHA))
-	if st == sink.StateDone {
-		s.noteDoneLocked(sg.Key, firstSource, storedSHA)
+	s.bufferLocked(sg.Key, sg.Source, bs)
+	if k.state == sink.StateDone {
+		s.noteDoneLocked(sg.Key, k.firstSource, k.confirmed, k.batchState)
 	}
 	n := len(s.buf)
 	s.mu.Unlock()
 	s.maybeFlush(ctx, n)
+	return sink.RecordResult{State: k.state, Conflict: bs.conflict}
 }

@@ -75,6 +75,7 @@ type config struct {
 	roundTrip        time.Duration // 0: statement_timeout + RoundTripMargin
 	pingIdleAfter    time.Duration // see the constant; tests change it
 	extraMigrations  []migration   // tests: a newer binary's migrations
+	knownMigrations  int           // tests: > 0 makes an older binary that knows only the first N
 }
 
 // WithLogger sets where payload conflicts, fenced outcomes and settled
@@ -133,12 +134,20 @@ type sighting struct {
 	last      time.Time // zero: the database clock at flush
 	sources   []string
 	conflicts int64
+	// webhook is a poll-first key's first webhook body (kept once, where
+	// none is yet); verified: a sighting that was not only dynamically
+	// verified came, so the key needs confirmation no more.
+	webhook  []byte
+	verified bool
 }
 
-// doneInfo is what a duplicate of a done key needs to count conflicts.
+// doneInfo is what a duplicate of a done key needs: the first source (a
+// later webhook body of a poll-first key is kept), whether it is confirmed
+// (the API's sighting confirms it once) and its batch state (conflicts).
 type doneInfo struct {
 	firstSource string
-	sha         []byte
+	confirmed   bool
+	batchState  string
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -240,6 +249,9 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	}
 	s.connectTimeout = cfg.ConnConfig.ConnectTimeout
 	if s.migrations, err = allMigrations(c.extraMigrations); err == nil {
+		if n := c.knownMigrations; n > 0 && n < len(s.migrations) {
+			s.migrations = s.migrations[:n]
+		}
 		if opt.ReadOnly {
 			err = s.checkSchema(ctx)
 		} else {

@@ -17,7 +17,7 @@ func TestSmokeLifecycle(t *testing.T) {
 	ctx := context.Background()
 	key := "gemini:batches/one"
 
-	r, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{"a":1}`)})
+	r, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{"a":1}`), State: "SUCCEEDED"})
 	if err != nil || !r.New || r.State != sink.StatePending {
 		t.Fatalf("Record new = %+v, %v; want New pending", r, err)
 	}
@@ -25,7 +25,7 @@ func TestSmokeLifecycle(t *testing.T) {
 	if err != nil || r.New || r.State != sink.StatePending {
 		t.Fatalf("Record dup = %+v, %v; want not new, pending", r, err)
 	}
-	r, err = s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{"c":3}`)})
+	r, err = s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{"c":3}`), State: "FAILED"}) // a conflict
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,37 +2,22 @@ package postgres
 
 import (
 	"context"
-	"crypto/sha256"
 	"strings"
 	"testing"
 
+	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
 // These tests need no server.
 
-func TestSameDoc(t *testing.T) {
-	sum := func(s string) []byte { h := sha256.Sum256([]byte(s)); return h[:] }
-	tests := []struct {
-		source, payload, firstSource, firstPayload string
-		want                                       bool
-	}{
-		{"webhook", "a", "webhook", "a", true},
-		{"webhook", "b", "webhook", "a", false}, // same source, different bytes: a conflict
-		{"poll", "b", "webhook", "a", true},     // another source: another document
-		{"webhook", "", "webhook", "a", true},   // no payload: nothing to compare
-		{"webhook", "b", "webhook", "", true},   // no first payload
-	}
-	for _, tt := range tests {
-		var sha, first []byte
-		if tt.payload != "" {
-			sha = sum(tt.payload)
-		}
-		if tt.firstPayload != "" {
-			first = sum(tt.firstPayload)
-		}
-		if got := sameDoc(tt.source, sha, tt.firstSource, first); got != tt.want {
-			t.Errorf("sameDoc(%q, %q, %q, %q) = %v, want %v", tt.source, tt.payload, tt.firstSource, tt.firstPayload, got, tt.want)
+// TestTerminalList: the SQL list behind conflictExpr is canon's terminal
+// set, so that a conflict decided inside a statement is sink.StateConflict.
+func TestTerminalList(t *testing.T) {
+	for _, st := range []string{"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED",
+		"PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING", "UNSPECIFIED", "COMPLETED", ""} {
+		if in := strings.Contains(terminalList, "'"+st+"'"); in != canon.IsTerminal(st) {
+			t.Errorf("terminalList holds %q: %v; canon.IsTerminal: %v", st, in, canon.IsTerminal(st))
 		}
 	}
 }

@@ -149,7 +149,8 @@ func benchDuplicateDone(b *testing.B, open BenchOpener) {
 	sightings := make([]sink.Sighting, n)
 	for i := range sightings {
 		sightings[i] = sink.Sighting{Key: fmt.Sprintf("gemini:batches/done-%d", i), Source: sink.SourcePoll,
-			Payload: fmt.Appendf(nil, `{"name":"batches/done-%d","metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, i)}
+			Payload: fmt.Appendf(nil, `{"name":"batches/done-%d","metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, i),
+			State:   "SUCCEEDED", FromAPI: true} // as a poll pass records it
 	}
 	recordAll(b, s, sightings)
 	cs, err := s.ClaimDue(ctx, "bench", time.Minute, 0)
@@ -183,7 +184,8 @@ func benchDuplicatePending(b *testing.B, open BenchOpener) {
 	sightings := make([]sink.Sighting, n)
 	for i := range sightings {
 		sightings[i] = sink.Sighting{Key: fmt.Sprintf("gemini:batches/pending-%d", i), Source: sink.SourceWebhook,
-			Payload: fmt.Appendf(nil, `{"name":"batches/pending-%d","metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, i)}
+			Payload: fmt.Appendf(nil, `{"name":"batches/pending-%d","metadata":{"state":"BATCH_STATE_SUCCEEDED"}}`, i),
+			State:   "SUCCEEDED"} // as a webhook redelivery records it
 	}
 	recordAll(b, s, sightings)
 	i := 0

@@ -9,9 +9,9 @@
 //   - A takeover counts the expired attempt as failed ("lease expired"); when
 //     that attempt was attempt MaxAttempts the key goes dead and Claim
 //     returns ErrNotClaimable.
-//   - A payload conflict is a later non-empty payload from the first
-//     sighting's source whose bytes differ from the first payload; payloads
-//     from another source are different documents, not conflicts.
+//   - A conflict is a sighting whose terminal state differs from the stored
+//     batch state (spec §9.4); bytes do not matter. See confirm.go for the
+//     rules of confirmation.
 //   - Complete, Fail and Renew by the current token succeed even after the
 //     lease expired, as long as nobody took the key over.
 //   - Retry gives a dead key a fresh attempt budget (its next claim is
@@ -146,7 +146,7 @@ func Run(t *testing.T, open Opener) {
 		{"RecordAndClaim", testRecordAndClaim},
 		{"PingFlush", testPingFlush},
 	}
-	for _, tt := range slices.Concat(tests, passTests, noAttemptTests) {
+	for _, tt := range slices.Concat(tests, passTests, noAttemptTests, confirmTests) {
 		t.Run(tt.name, func(t *testing.T) { tt.f(t, open) })
 	}
 }
@@ -202,20 +202,42 @@ func testRecordDuplicate(t *testing.T, open Opener) {
 	}
 }
 
+// testRecordConflict: conflicts are by meaning (spec §9.4): a terminal
+// state that differs from the stored batch state. A re-rendered payload
+// with the same state, or one that says nothing of its state, is none; the
+// stored payload and state stay (without confirmation, the first).
 func testRecordConflict(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
-	e.record("k", sink.SourcePoll, `{"state":"SUCCEEDED"}`)
-	e.record("k", sink.SourcePoll, `{"state":"SUCCEEDED"}`) // same: no conflict
-	e.record("k", sink.SourceWebhook, `{"type":"batch.x"}`) // other source: other document
-	e.record("k", sink.SourcePoll, ``)                      // empty: nothing to compare
-	e.record("k", sink.SourcePoll, `{"state":"FAILED"}`)    // conflict
-	e.record("k", sink.SourceWebhook, `{"type":"batch.y"}`) // other source again
+	rec := func(source, payload, state string) sink.RecordResult {
+		t.Helper()
+		r, err := e.s.Record(e.ctx, sink.Sighting{Key: "k", Source: source, Payload: []byte(payload), State: state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	rec(sink.SourceWebhook, `{"type":"batch.succeeded","data":{"id":"k"}}`, "SUCCEEDED")
+	for _, sg := range []struct{ source, payload, state string }{
+		{sink.SourceWebhook, `{"type":"batch.succeeded","data":{"id":"k"},"timestamp":"later"}`, "SUCCEEDED"}, // re-rendered
+		{sink.SourceWebhook, `{"type":"batch.completed","data":{"id":"k"}}`, ""},                              // says nothing
+		{sink.SourceWebhook, ``, ""},
+		{sink.SourceWebhook, `{"data":{"id":"k","state":"RUNNING"}}`, "RUNNING"}, // not terminal: no conflict
+	} {
+		if r := rec(sg.source, sg.payload, sg.state); r.Conflict {
+			t.Fatalf("Record(%s) = %+v, want no conflict", sg.payload, r)
+		}
+	}
+	if r := rec(sink.SourceWebhook, `{"type":"batch.failed","data":{"id":"k"}}`, "FAILED"); !r.Conflict {
+		t.Fatalf("Record(failed after succeeded) = %+v, want a conflict", r)
+	}
 	if st := e.stats(); st.Conflicts != 1 {
 		t.Fatalf("Stats.Conflicts = %d, want 1", st.Conflicts)
 	}
 	en := e.get("k")
-	if en.Conflicts != 1 || string(en.Payload) != `{"state":"SUCCEEDED"}` || en.SeenCount != 6 {
-		t.Fatalf("Get = conflicts %d payload %q seen %d, want 1, first payload, 6", en.Conflicts, en.Payload, en.SeenCount)
+	if en.Conflicts != 1 || en.BatchState != "SUCCEEDED" || en.Confirmed || en.SeenCount != 6 ||
+		string(en.Payload) != `{"type":"batch.succeeded","data":{"id":"k"}}` {
+		t.Fatalf("Get = conflicts %d batch %q confirmed %v seen %d payload %q; want 1, the first state, unconfirmed, 6, the first payload",
+			en.Conflicts, en.BatchState, en.Confirmed, en.SeenCount, en.Payload)
 	}
 }
 

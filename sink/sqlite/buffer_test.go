@@ -99,8 +99,8 @@ func TestLogsConflictAndFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.Record(ctx, sink.Sighting{Key: "gemini:batches/c", Source: "poll", Payload: []byte("a")})
-	s.Record(ctx, sink.Sighting{Key: "gemini:batches/c", Source: "poll", Payload: []byte("b")})
+	s.Record(ctx, sink.Sighting{Key: "gemini:batches/c", Source: "poll", Payload: []byte("a"), State: "SUCCEEDED", FromAPI: true})
+	s.Record(ctx, sink.Sighting{Key: "gemini:batches/c", Source: "webhook", Payload: []byte("b"), State: "FAILED"})
 	c, err := s.Claim(ctx, "gemini:batches/c", "o", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestLogsConflictAndFenced(t *testing.T) {
 	mu.Lock()
 	out := buf.String()
 	mu.Unlock()
-	for _, want := range []string{"payload conflict", "fenced outcome discarded", "key=gemini:batches/c"} {
+	for _, want := range []string{"state conflict", "stored=SUCCEEDED seen=FAILED", "fenced outcome discarded", "key=gemini:batches/c"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("log = %q, want it to contain %q", out, want)
 		}

@@ -1,15 +1,19 @@
 package sqlite
 
 import (
+	"bytes"
 	"slices"
 	"sync"
 )
 
 // doneInfo is what a duplicate of a done key needs: the first sighting's
-// source and payload hash, to tell a payload conflict.
+// source (a later webhook body of a poll-first key is kept), whether it is
+// confirmed (a sighting from the API confirms it once) and its batch state
+// (to tell a conflict, spec §9.4).
 type doneInfo struct {
 	firstSource string
-	sha         []byte
+	confirmed   bool
+	batchState  string
 }
 
 // doneCache is a bounded set of keys known to be done. Done is final (only
@@ -57,6 +61,15 @@ func (c *doneCache) add(key string, info doneInfo) {
 	c.m[key] = info
 }
 
+// update replaces what is cached of key, if anything is.
+func (c *doneCache) update(key string, info doneInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[key]; ok {
+		c.m[key] = info
+	}
+}
+
 func (c *doneCache) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -71,12 +84,21 @@ type delta struct {
 	last      int64 // latest sighting, unix ns
 	sources   []string
 	conflicts int64
+	// webhook is a poll-first key's first webhook body (stored once, where
+	// none is yet); verified: a sighting not only dynamically verified came,
+	// so the key needs confirmation no more.
+	webhook  []byte
+	verified bool
 }
 
 func (d *delta) merge(o *delta) {
 	d.seen += o.seen
 	d.last = max(d.last, o.last)
 	d.conflicts += o.conflicts
+	if d.webhook == nil {
+		d.webhook = o.webhook
+	}
+	d.verified = d.verified || o.verified
 	for _, s := range o.sources {
 		if !slices.Contains(d.sources, s) {
 			d.sources = append(d.sources, s)
@@ -92,18 +114,35 @@ type statBuffer struct {
 
 func newStatBuffer() *statBuffer { return &statBuffer{m: make(map[string]*delta)} }
 
-func (b *statBuffer) add(key, source string, now int64, conflict bool) {
-	d := &delta{seen: 1, last: now, sources: []string{source}}
-	if conflict {
-		d.conflicts = 1
-	}
+// sightingDelta is one duplicate sighting's contribution to a delta.
+type sightingDelta struct {
+	source   string
+	now      int64
+	conflict bool
+	webhook  []byte // a webhook body to keep, or nil
+	verified bool
+}
+
+func (b *statBuffer) add(key string, sd sightingDelta) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if cur, ok := b.m[key]; ok {
-		cur.merge(d)
-		return
+	cur, ok := b.m[key]
+	if !ok {
+		cur = &delta{}
+		b.m[key] = cur
 	}
-	b.m[key] = d
+	cur.seen++
+	cur.last = max(cur.last, sd.now)
+	if !slices.Contains(cur.sources, sd.source) {
+		cur.sources = append(cur.sources, sd.source)
+	}
+	if sd.conflict {
+		cur.conflicts++
+	}
+	if cur.webhook == nil && sd.webhook != nil {
+		cur.webhook = bytes.Clone(sd.webhook) // the caller's buffer may be reused
+	}
+	cur.verified = cur.verified || sd.verified
 }
 
 // take empties the buffer and returns what it held.

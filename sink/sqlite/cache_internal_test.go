@@ -31,9 +31,9 @@ func TestDoneCacheBounded(t *testing.T) {
 
 func TestStatBufferMerges(t *testing.T) {
 	b := newStatBuffer()
-	b.add("k", "poll", 10, false)
-	b.add("k", "webhook", 5, true)
-	b.add("k", "poll", 7, false)
+	b.add("k", sightingDelta{source: "poll", now: 10})
+	b.add("k", sightingDelta{source: "webhook", now: 5, conflict: true})
+	b.add("k", sightingDelta{source: "poll", now: 7})
 	d, ok := b.peek("k")
 	if !ok || d.seen != 3 || d.last != 10 || d.conflicts != 1 || len(d.sources) != 2 {
 		t.Fatalf("peek = %+v, %v; want 3 seen, last 10, 1 conflict, 2 sources", d, ok)
@@ -42,7 +42,7 @@ func TestStatBufferMerges(t *testing.T) {
 	if b.len() != 0 || len(m) != 1 {
 		t.Fatalf("take left %d, returned %d", b.len(), len(m))
 	}
-	b.add("k", "poll", 20, false)
+	b.add("k", sightingDelta{source: "poll", now: 20})
 	b.putBack(m)
 	if d, _ := b.peek("k"); d.seen != 4 || d.last != 20 {
 		t.Fatalf("after putBack = %+v, want 4 seen, last 20", d)

@@ -58,7 +58,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		err := tx.QueryRowContext(bg, `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
 			lease_owner = '', lease_until = 0, next_attempt_at = 0
 			WHERE key = ?2 AND state = 'claimed' AND token = ?3
-			RETURNING first_source`, s.nowNS(), key, token).Scan(&info.firstSource)
+			RETURNING first_source, confirmed, batch_state`, s.nowNS(), key, token).Scan(&info.firstSource, &info.confirmed, &info.batchState)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, s.fencedTx(tx, "complete", key, token)
 		}
@@ -71,11 +71,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		if _, err := tx.ExecContext(bg, script, args...); err != nil {
 			return nil, fmt.Errorf("complete %s: --sql script: %w", key, err)
 		}
-		err = tx.QueryRowContext(bg, `SELECT payload_sha FROM gemrecon_payloads WHERE key = ?`, key).Scan(&info.sha)
-		if errors.Is(err, sql.ErrNoRows) {
-			err = nil
-		}
-		return info, err
+		return info, nil
 	}, func(v any) { s.done.add(key, v.(doneInfo)) })
 	return err
 }

@@ -383,14 +383,30 @@ func TestUpgradeFromV1(t *testing.T) {
 		string(e.Payload) != `{"name":"batches/done"}` {
 		t.Fatalf("done entry = %+v", e)
 	}
-	// The moved payload hash still tells a conflict from a duplicate.
-	for _, p := range []string{`{"name":"batches/done"}`, `{"name":"batches/done","x":1}`} {
-		if r, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/done", Source: "webhook", Payload: []byte(p)}); err != nil || r.State != sink.StateDone {
-			t.Fatalf("Record(old done key) = %+v, %v", r, err)
+	// Version 4: rows stored before are confirmed when a poll saw them
+	// first; their payloads say no state, so the batch state is unknown.
+	for k, confirmed := range map[string]bool{"gemini:batches/pending": true, "gemini:batches/done": false} {
+		if e, _ := s.Get(ctx, k); e.Confirmed != confirmed || e.BatchState != "" {
+			t.Fatalf("Get(%q) after the upgrade: confirmed %v, batch state %q; want %v, unknown", k, e.Confirmed, e.BatchState, confirmed)
 		}
 	}
-	if e, _ := s.Get(ctx, "gemini:batches/done"); e.Conflicts != 1 || e.SeenCount != 5 {
-		t.Fatalf("after two sightings conflicts = %d seen = %d, want 1 and 5", e.Conflicts, e.SeenCount)
+	// Conflicts are by meaning (spec §9.4): a re-rendered payload is none;
+	// the API's operation confirms the old webhook-first row (its webhook
+	// body kept apart), and a later webhook that says otherwise is one.
+	for _, sg := range []sink.Sighting{
+		{Key: "gemini:batches/done", Source: "webhook", Payload: []byte(`{"name":"batches/done"}`)},
+		{Key: "gemini:batches/done", Source: "webhook", Payload: []byte(`{"name":"batches/done","x":1}`)},
+		{Key: "gemini:batches/done", Source: "poll", Payload: []byte(`{"name":"batches/done","metadata":{"state":"BATCH_STATE_FAILED"}}`), State: "FAILED", FromAPI: true},
+		{Key: "gemini:batches/done", Source: "webhook", Payload: []byte(`{"type":"batch.succeeded","data":{"id":"done"}}`), State: "SUCCEEDED"},
+	} {
+		if r, err := s.Record(ctx, sg); err != nil || r.State != sink.StateDone {
+			t.Fatalf("Record(old done key, %s) = %+v, %v", sg.Payload, r, err)
+		}
+	}
+	if e, _ := s.Get(ctx, "gemini:batches/done"); e.Conflicts != 1 || e.SeenCount != 7 || !e.Confirmed || e.BatchState != "FAILED" ||
+		string(e.Webhook) != `{"name":"batches/done"}` || !strings.Contains(string(e.Payload), "BATCH_STATE_FAILED") {
+		t.Fatalf("after four sightings: conflicts %d, seen %d, confirmed %v, batch %q, webhook %s, payload %s; want 1, 7, true, FAILED, the first body, the API's",
+			e.Conflicts, e.SeenCount, e.Confirmed, e.BatchState, e.Webhook, e.Payload)
 	}
 	// Due order survives the move to due_at: the pending row is due, the
 	// claimed row's lease (t0+1h) has expired at 05:00.

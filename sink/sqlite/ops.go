@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -17,11 +16,13 @@ const leaseExpired = "lease expired"
 
 // keyRow is what a sighting needs to know about a stored key.
 type keyRow struct {
-	state       sink.State
-	firstSource string
-	sha         []byte
-	nextAttempt int64
-	leaseUntil  int64
+	state        sink.State
+	firstSource  string
+	nextAttempt  int64
+	leaseUntil   int64
+	confirmed    bool
+	batchState   string
+	needsConfirm bool
 }
 
 // claimable reports whether a claim at now would be granted (or end in a
@@ -70,7 +71,7 @@ func checkSighting(sg sink.Sighting) error {
 func scanKeyRow(row *sql.Row) (keyRow, bool, error) {
 	var r keyRow
 	var st string
-	err := row.Scan(&st, &r.firstSource, &r.sha, &r.nextAttempt, &r.leaseUntil)
+	err := row.Scan(&st, &r.firstSource, &r.nextAttempt, &r.leaseUntil, &r.confirmed, &r.batchState, &r.needsConfirm)
 	if errors.Is(err, sql.ErrNoRows) {
 		return keyRow{}, false, nil
 	}
@@ -78,24 +79,35 @@ func scanKeyRow(row *sql.Row) (keyRow, bool, error) {
 	return r, err == nil, err
 }
 
-// noteDuplicate buffers a known key's sighting. A conflict is a non-empty
-// payload from the first sighting's source whose SHA-256 differs from the
-// stored first payload's: a webhook event and a listed operation are different
-// documents for one completion, so differences across sources are expected.
-func (s *Sink) noteDuplicate(sg sink.Sighting, firstSource string, storedSHA []byte) {
-	conflict := false
-	if sg.Source == firstSource && len(sg.Payload) > 0 && storedSHA != nil {
-		conflict = !bytes.Equal(hashPayload(sg.Payload), storedSHA)
-		if conflict {
-			s.log.Warn("sqlite sink: payload conflict: a later sighting from the same source carries a different payload; the first one is kept",
-				"db", s.path, "key", sg.Key, "source", sg.Source)
-		}
+// noteDuplicate buffers a known key's sighting and reports whether it is a
+// conflict by meaning (spec §9.4): a terminal state that differs from the
+// stored batch state. The stored state stays (the API's, once confirmed;
+// else the first). A poll-first key's first webhook body is kept with the
+// statistics, and a sighting that was not only dynamically verified lifts
+// the need for confirmation.
+func (s *Sink) noteDuplicate(sg sink.Sighting, r keyRow) bool {
+	conflict := sink.StateConflict(r.batchState, sg.State)
+	if conflict {
+		s.log.Warn("sqlite sink: state conflict: a sighting's batch state differs from the stored one; the stored state stays",
+			"db", s.path, "key", sg.Key, "source", sg.Source, "stored", r.batchState, "seen", sg.State, "confirmed", r.confirmed)
 	}
-	s.stats.add(sg.Key, sg.Source, s.nowNS(), conflict)
+	sd := sightingDelta{source: sg.Source, now: s.nowNS(), conflict: conflict, verified: r.needsConfirm && !sg.Dynamic}
+	if sg.Source == sink.SourceWebhook && r.firstSource != sink.SourceWebhook && len(sg.Payload) > 0 {
+		sd.webhook = sg.Payload
+	}
+	s.stats.add(sg.Key, sd)
+	return conflict
+}
+
+// doneRow is the keyRow a done-cache entry stands for.
+func doneRow(info doneInfo) keyRow {
+	return keyRow{state: sink.StateDone, firstSource: info.firstSource, confirmed: info.confirmed, batchState: info.batchState}
 }
 
 // Record notes a sighting: a new key is inserted durably (sharing a commit
-// with whatever else is queued); a known key only touches buffered statistics.
+// with whatever else is queued); a known key only touches buffered
+// statistics, unless the sighting is the API's operation for a key not yet
+// confirmed, which is confirmed durably (confirmSightingTx).
 func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult, error) {
 	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, err
@@ -103,23 +115,36 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 	if err := s.writable(); err != nil {
 		return sink.RecordResult{}, err
 	}
-	if info, ok := s.done.get(sg.Key); ok {
-		s.noteDuplicate(sg, info.firstSource, info.sha)
-		return sink.RecordResult{State: sink.StateDone}, nil
+	if info, ok := s.done.get(sg.Key); ok && (info.confirmed || !sg.FromAPI) {
+		c := s.noteDuplicate(sg, doneRow(info))
+		return sink.RecordResult{State: sink.StateDone, Conflict: c}, nil
 	}
 	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
 	if err != nil {
 		return sink.RecordResult{}, s.fail(err)
 	}
-	if found {
-		s.knownRow(sg, r)
-		return sink.RecordResult{State: r.state}, nil
+	if found && (r.confirmed || !sg.FromAPI) {
+		c := s.knownRow(sg, r)
+		return sink.RecordResult{State: r.state, Conflict: c}, nil
 	}
+	return s.submitRecord(ctx, sg)
+}
+
+// submitRecord runs recordTx on the writer.
+func (s *Sink) submitRecord(ctx context.Context, sg sink.Sighting) (sink.RecordResult, error) {
 	sha := hashPayload(sg.Payload)
+	var done *doneInfo
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		rr, _, err := s.recordTx(tx, sg, sha)
+		rr, r, err := s.recordTx(tx, sg, sha)
+		if err == nil && rr.Confirmed && rr.State == sink.StateDone {
+			done = &doneInfo{firstSource: r.firstSource, confirmed: true, batchState: r.batchState}
+		}
 		return rr, err
-	}, nil)
+	}, func(any) {
+		if done != nil {
+			s.done.update(sg.Key, *done)
+		}
+	})
 	if err != nil {
 		return sink.RecordResult{}, err
 	}
@@ -127,18 +152,22 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 }
 
 // knownRow buffers a duplicate of a stored key and caches it when done.
-func (s *Sink) knownRow(sg sink.Sighting, r keyRow) {
-	s.noteDuplicate(sg, r.firstSource, r.sha)
+func (s *Sink) knownRow(sg sink.Sighting, r keyRow) bool {
+	c := s.noteDuplicate(sg, r)
 	if r.state == sink.StateDone {
-		s.done.add(sg.Key, doneInfo{firstSource: r.firstSource, sha: r.sha})
+		s.done.add(sg.Key, doneInfo{firstSource: r.firstSource, confirmed: r.confirmed, batchState: r.batchState})
 	}
+	return c
 }
 
-// recordTx inserts a new key as pending and due now, or (another writer got
-// there first) notes a duplicate.
+// recordTx inserts a new key as pending and due now — confirmed when the
+// sighting is the API's, needing confirmation when it was only dynamically
+// verified — or (another writer got there first, or the key is known and
+// this sighting confirms it) deals with the known key.
 func (s *Sink) recordTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
 	now := s.nowNS()
-	res, err := s.txExec(tx, qInsertKey, sg.Key, sg.Source, now)
+	needs := sg.Dynamic && !sg.FromAPI
+	res, err := s.txExec(tx, qInsertKey, sg.Key, sg.Source, now, sg.FromAPI, sg.State, needs)
 	if err != nil {
 		return sink.RecordResult{}, keyRow{}, err
 	}
@@ -149,14 +178,115 @@ func (s *Sink) recordTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordRe
 			}
 		}
 		return sink.RecordResult{New: true, State: sink.StatePending},
-			keyRow{state: sink.StatePending, firstSource: sg.Source, sha: sha, nextAttempt: now}, nil
+			keyRow{state: sink.StatePending, firstSource: sg.Source, nextAttempt: now,
+				confirmed: sg.FromAPI, batchState: sg.State, needsConfirm: needs}, nil
 	}
 	r, _, err := scanKeyRow(s.txQueryRow(tx, qKeyRow, sg.Key))
 	if err != nil {
 		return sink.RecordResult{}, keyRow{}, err
 	}
-	s.knownRow(sg, r)
-	return sink.RecordResult{State: r.state}, r, nil
+	if sg.FromAPI && !r.confirmed {
+		return s.confirmSightingTx(tx, sg, sha)
+	}
+	c := s.knownRow(sg, r)
+	return sink.RecordResult{State: r.state, Conflict: c}, r, nil
+}
+
+// confirmRow is what a confirming write reads of a key.
+type confirmRow struct {
+	state       sink.State
+	token       int64
+	firstSource string
+	confirmed   bool
+	batchState  string
+	deadReason  string
+}
+
+func (s *Sink) readConfirmRow(tx *sql.Tx, key string) (confirmRow, bool, error) {
+	var r confirmRow
+	var st string
+	err := s.txQueryRow(tx, qConfirmRow, key).Scan(&st, &r.token, &r.firstSource, &r.confirmed, &r.batchState, &r.deadReason)
+	if errors.Is(err, sql.ErrNoRows) {
+		return confirmRow{}, false, nil
+	}
+	r.state = sink.State(st)
+	return r, err == nil, err
+}
+
+// applyConfirmTx stores the API's operation and state for a key not yet
+// confirmed (spec §9.2): the operation becomes the payload (a webhook-first
+// key's body moves to webhook), the batch state is the API's, the key is
+// confirmed and needs confirmation no more; a conflict (the stored terminal
+// state differs) is counted and logged.
+func (s *Sink) applyConfirmTx(tx *sql.Tx, key string, r confirmRow, op, sha []byte, state string) (bool, error) {
+	if len(op) > 0 {
+		if sha == nil {
+			sha = hashPayload(op)
+		}
+		if _, err := s.txExec(tx, qConfirmPayload, key, op, sha, r.firstSource == sink.SourceWebhook); err != nil {
+			return false, err
+		}
+	}
+	conflict := sink.StateConflict(r.batchState, state)
+	if _, err := s.txExec(tx, qConfirmKey, state, btoi(conflict), key); err != nil {
+		return false, err
+	}
+	if conflict {
+		s.log.Warn("sqlite sink: state conflict: the API's batch state differs from the stored one; the API's wins",
+			"db", s.path, "key", key, "stored", r.batchState, "api", state, "state", r.state)
+	}
+	return conflict, nil
+}
+
+// confirmSightingTx confirms a known key with a sighting from the API: the
+// listed operation is stored, a pending key is due now, and a key dead as
+// unknown to the API is pending again, due now, with a fresh attempt budget.
+func (s *Sink) confirmSightingTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
+	r, found, err := s.readConfirmRow(tx, sg.Key)
+	if err != nil {
+		return sink.RecordResult{}, keyRow{}, err
+	}
+	if !found { // purged meanwhile: nothing to confirm
+		return sink.RecordResult{}, keyRow{}, fmt.Errorf("sqlite sink: record %s: %w", sg.Key, sink.ErrNotFound)
+	}
+	kr := keyRow{state: r.state, firstSource: r.firstSource, confirmed: true, batchState: r.batchState}
+	if r.confirmed {
+		c := s.knownRow(sg, kr)
+		return sink.RecordResult{State: r.state, Conflict: c}, kr, nil
+	}
+	conflict, err := s.applyConfirmTx(tx, sg.Key, r, sg.Payload, sha, sg.State)
+	if err != nil {
+		return sink.RecordResult{}, keyRow{}, err
+	}
+	now := s.nowNS()
+	st := r.state
+	switch {
+	case r.state == sink.StatePending:
+		if _, err := s.txExec(tx, qConfirmDue, now, sg.Key); err != nil {
+			return sink.RecordResult{}, keyRow{}, err
+		}
+	case r.state == sink.StateDead && r.deadReason == sink.DeadUnknownToAPI:
+		if _, err := s.txExec(tx, qConfirmRevive, now, sg.Key); err != nil {
+			return sink.RecordResult{}, keyRow{}, err
+		}
+		st = sink.StatePending
+		s.log.Info("sqlite sink: a key dead as unknown to the API was listed by the API: pending again, due now",
+			"db", s.path, "key", sg.Key)
+	}
+	if sg.State != "" {
+		kr.batchState = sg.State
+	}
+	kr.state = st
+	// The sighting's statistics (no conflict: counted in the row above).
+	s.stats.add(sg.Key, sightingDelta{source: sg.Source, now: now})
+	return sink.RecordResult{State: st, Confirmed: true, Conflict: conflict}, kr, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // recordClaim is RecordAndClaim's result inside the writer.
@@ -177,43 +307,52 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	if err := s.writable(); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
-	if info, ok := s.done.get(sg.Key); ok {
-		s.noteDuplicate(sg, info.firstSource, info.sha)
-		return sink.RecordResult{State: sink.StateDone}, sink.Claim{},
+	if info, ok := s.done.get(sg.Key); ok && (info.confirmed || !sg.FromAPI) {
+		c := s.noteDuplicate(sg, doneRow(info))
+		return sink.RecordResult{State: sink.StateDone, Conflict: c}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
 	}
 	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
 	if err != nil {
 		return sink.RecordResult{}, sink.Claim{}, s.fail(err)
 	}
-	if found && !r.claimable(s.nowNS()) {
-		s.knownRow(sg, r)
-		return sink.RecordResult{State: r.state}, sink.Claim{},
+	if found && !r.claimable(s.nowNS()) && (r.confirmed || !sg.FromAPI) {
+		c := s.knownRow(sg, r)
+		return sink.RecordResult{State: r.state, Conflict: c}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is %s: %w", sg.Key, r.state, sink.ErrNotClaimable)
 	}
 	sha := hashPayload(sg.Payload)
+	var done *doneInfo
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		rr, _, err := s.recordTx(tx, sg, sha)
+		rr, r, err := s.recordTx(tx, sg, sha)
 		if err != nil {
 			return nil, err
 		}
-		c, err := s.claimTx(tx, sg.Key, owner, lease)
+		if rr.Confirmed && rr.State == sink.StateDone {
+			done = &doneInfo{firstSource: r.firstSource, confirmed: true, batchState: r.batchState}
+		}
+		c, err := s.claimTx(tx, sg.Key, owner, lease, sink.ClaimOptions{})
 		if err == nil {
 			rr.State = sink.StateClaimed
 		}
 		return recordClaim{rr: rr, c: c}, err
-	}, nil)
+	}, func(any) {
+		if done != nil {
+			s.done.update(sg.Key, *done)
+		}
+	})
 	rc, _ := v.(recordClaim)
 	return rc.rr, rc.c, err
 }
 
 // Claim takes the key for one attempt.
-func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration) (sink.Claim, error) {
+func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...sink.ClaimOption) (sink.Claim, error) {
 	if err := checkLease("claim "+key, lease); err != nil {
 		return sink.Claim{}, err
 	}
+	o := sink.ClaimOptionsOf(opts)
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
-		return s.claimTx(tx, key, owner, lease)
+		return s.claimTx(tx, key, owner, lease, o)
 	}, nil)
 	if err != nil {
 		return sink.Claim{}, err
@@ -224,8 +363,9 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 // claimTx grants a claim on a pending and due key, or takes over a claimed key
 // whose lease expired (lease_until <= now); the expired attempt counts as
 // failed with "lease expired", and when it was the last allowed attempt the
-// key goes dead instead.
-func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink.Claim, error) {
+// key goes dead instead. With o.SkipNeedsConfirm a key that needs
+// confirmation is not claimable (it is another claimer's).
+func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration, o sink.ClaimOptions) (sink.Claim, error) {
 	now := s.nowNS()
 	var (
 		st                        string
@@ -233,13 +373,19 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 		token, leaseUntil, nextAt int64
 		payload                   []byte
 		firstSource               string
+		firstSeen                 int64
+		c                         sink.Claim
 	)
-	err := s.txQueryRow(tx, qClaimRow, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource)
+	err := s.txQueryRow(tx, qClaimRow, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource,
+		&firstSeen, &c.Confirmed, &c.BatchState, &c.NeedsConfirm, &c.Webhook, &c.ResultsFile)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %w", key, sink.ErrNotFound)
 	}
 	if err != nil {
 		return sink.Claim{}, err
+	}
+	if o.SkipNeedsConfirm && c.NeedsConfirm {
+		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: needs confirmation, which this claimer cannot give: %w", key, sink.ErrNotClaimable)
 	}
 	takeover := false
 	switch {
@@ -267,23 +413,19 @@ func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration) (sink
 	if _, err := s.txExec(tx, qClaim, token+1, attempts+1, owner, until, takeover, leaseExpired, key); err != nil {
 		return sink.Claim{}, err
 	}
-	return sink.Claim{
-		Key:         key,
-		Token:       token + 1,
-		Attempt:     attempts + 1,
-		Owner:       owner,
-		LeaseUntil:  fromNS(until),
-		Payload:     payload,
-		FirstSource: firstSource,
-		Takeover:    takeover,
-	}, nil
+	c.Key, c.Token, c.Attempt, c.Owner = key, token+1, attempts+1, owner
+	c.LeaseUntil, c.Payload, c.FirstSource, c.Takeover = fromNS(until), payload, firstSource, takeover
+	c.FirstSeenAt = fromNS(firstSeen)
+	return c, nil
 }
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
-func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int) ([]sink.Claim, error) {
+func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...sink.ClaimOption) ([]sink.Claim, error) {
 	if err := checkLease("claim due", lease); err != nil {
 		return nil, err
 	}
+	o := sink.ClaimOptionsOf(opts)
+	due := dueQuery(o)
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		var claims []sink.Claim
 		for {
@@ -294,7 +436,7 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 					break
 				}
 			}
-			rows, err := s.txQuery(tx, qDueKeys, s.nowNS())
+			rows, err := s.txQuery(tx, due, s.nowNS())
 			keys, err := scanKeys(rows, err, want)
 			if err != nil {
 				return nil, err
@@ -304,7 +446,7 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 			}
 			skipped := 0
 			for _, k := range keys {
-				c, err := s.claimTx(tx, k, owner, lease)
+				c, err := s.claimTx(tx, k, owner, lease, o)
 				if errors.Is(err, sink.ErrNotClaimable) {
 					skipped++ // a takeover that ended dead
 					continue
@@ -324,6 +466,14 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 		return nil, err
 	}
 	return v.([]sink.Claim), nil
+}
+
+// dueQuery is the due-keys query for these claim options.
+func dueQuery(o sink.ClaimOptions) string {
+	if o.SkipNeedsConfirm {
+		return qDueConfirmable
+	}
+	return qDueKeys
 }
 
 // fencedTx explains why a token-checked write matched no row: ErrNotFound when
@@ -368,18 +518,14 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		var info doneInfo
-		err := s.txQueryRow(tx, qComplete, s.nowNS(), key, token).Scan(&info.firstSource)
+		err := s.txQueryRow(tx, qComplete, s.nowNS(), key, token).Scan(&info.firstSource, &info.confirmed, &info.batchState)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, s.fencedTx(tx, "complete", key, token)
 		}
 		if err != nil {
 			return nil, err
 		}
-		err = s.txQueryRow(tx, qPayloadSHA, key).Scan(&info.sha)
-		if errors.Is(err, sql.ErrNoRows) {
-			err = nil
-		}
-		return info, err
+		return info, nil
 	}, func(v any) { s.done.add(key, v.(doneInfo)) })
 	return err
 }
@@ -401,7 +547,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 			return s.failUncountedTx(tx, key, attempts, f, cause)
 		}
 		if f.Permanent || attempts >= s.opt.MaxAttempts {
-			_, err := s.txExec(tx, qFailDead, cause, key)
+			_, err := s.txExec(tx, qFailDead, cause, f.DeadReason, key)
 			return sink.StateDead, err
 		}
 		now := s.opt.Now()
@@ -435,13 +581,57 @@ func (s *Sink) failUncountedTx(tx *sql.Tx, key string, attempts int, f sink.Fail
 	return sink.StatePending, err
 }
 
+// Confirm stores the API's answer for a claimed key, fenced on token (see
+// sink.Sink).
+func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Confirmation) error {
+	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+		r, found, err := s.readConfirmRow(tx, key)
+		if err != nil {
+			return nil, err
+		}
+		if !found || r.state != sink.StateClaimed || r.token != token {
+			return nil, s.fencedTx(tx, "confirm", key, token)
+		}
+		if r.confirmed { // a poll sighting confirmed it meanwhile: it keeps what it holds
+			if sink.StateConflict(r.batchState, c.State) {
+				s.log.Warn("sqlite sink: state conflict: the API's batch state differs from the stored one",
+					"db", s.path, "key", key, "stored", r.batchState, "api", c.State)
+				_, err := s.txExec(tx, qConflictInc, key)
+				return nil, err
+			}
+			return nil, nil
+		}
+		_, err = s.applyConfirmTx(tx, key, r, c.Operation, nil, c.State)
+		return nil, err
+	}, nil)
+	return err
+}
+
+// NoteResults records where the claimed key's results were written, fenced
+// on token.
+func (s *Sink) NoteResults(ctx context.Context, key string, token int64, file string) error {
+	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+		var attempts int
+		err := s.txQueryRow(tx, qFailRow, key, token).Scan(&attempts)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, s.fencedTx(tx, "note results", key, token)
+		}
+		if err != nil {
+			return nil, err
+		}
+		_, err = s.txExec(tx, qNoteResults, file, key)
+		return nil, err
+	}, nil)
+	return err
+}
+
 // Retry moves a dead key to pending, due now. Its attempts restart from zero
 // (a fresh budget); the retries column counts operator retries and the last
 // error stays until the next attempt ends.
 func (s *Sink) Retry(ctx context.Context, key string) error {
 	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET state = 'pending', attempts = 0,
-			retries = retries + 1, next_attempt_at = ?1, due_at = ?1, lease_owner = '', lease_until = 0
+			retries = retries + 1, next_attempt_at = ?1, due_at = ?1, lease_owner = '', lease_until = 0, dead_reason = ''
 			WHERE key = ?2 AND state = 'dead'`, s.nowNS(), key)
 		if err != nil {
 			return nil, err
@@ -464,22 +654,38 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 
 // Purge deletes done rows whose done time is before doneBefore.
 func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
+	keys, err := s.PurgeKeys(ctx, doneBefore)
+	return int64(len(keys)), err
+}
+
+// PurgeKeys deletes done rows whose done time is before doneBefore and
+// returns their keys.
+func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
 		bg, before := context.Background(), toNS(doneBefore)
 		if _, err := tx.ExecContext(bg, `DELETE FROM gemrecon_payloads WHERE key IN
 			(SELECT key FROM gemrecon_keys WHERE state = 'done' AND due_at < ?)`, before); err != nil {
 			return nil, err
 		}
-		res, err := tx.ExecContext(bg, `DELETE FROM gemrecon_keys WHERE state = 'done' AND due_at < ?`, before)
+		rows, err := tx.QueryContext(bg, `DELETE FROM gemrecon_keys WHERE state = 'done' AND due_at < ? RETURNING key`, before)
 		if err != nil {
 			return nil, err
 		}
-		return res.RowsAffected()
+		defer rows.Close()
+		keys := []string{}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return nil, err
+			}
+			keys = append(keys, k)
+		}
+		return keys, rows.Err()
 	}, func(any) { s.done.reset() })
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return v.(int64), nil
+	return v.([]string), nil
 }
 
 // NoteLookback records a poll's lookback (0 = forever) for MaxLookback.

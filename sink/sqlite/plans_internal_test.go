@@ -23,17 +23,24 @@ func TestQueryPlans(t *testing.T) {
 		name, query string
 		want        []string // substrings the plan must contain
 	}{
-		{"key row", qKeyRow, []string{"SEARCH k USING PRIMARY KEY (key=?)", "SEARCH p USING PRIMARY KEY (key=?)"}},
+		{"key row", qKeyRow, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"claim row", qClaimRow, []string{"SEARCH k USING PRIMARY KEY (key=?)", "SEARCH p USING PRIMARY KEY (key=?)"}},
 		{"claim", qClaim, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"complete", qComplete, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"payload sha", qPayloadSHA, []string{"SEARCH gemrecon_payloads USING PRIMARY KEY (key=?)"}},
+		{"confirm row", qConfirmRow, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
+		{"confirm key", qConfirmKey, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
+		{"confirm due", qConfirmDue, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
+		{"confirm revive", qConfirmRevive, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
+		{"stats webhook", qStatsWebhook, []string{"SEARCH gemrecon_payloads USING PRIMARY KEY (key=?)"}},
+		{"stats verified", qStatsVerified, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
+		{"note results", qNoteResults, []string{"SEARCH gemrecon_payloads USING PRIMARY KEY (key=?)"}},
 		{"fail row", qFailRow, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"fail pending", qFailPending, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"renew", qRenew, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"stats", qStatsSeen, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"get", qGet, []string{"SEARCH k USING PRIMARY KEY (key=?)"}},
 		{"due keys", qDueKeys, []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)"}},
+		{"due keys, confirmable", qDueConfirmable, []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)"}},
 	}
 	for _, tt := range tests {
 		rows, err := s.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+tt.query, 1, 2, 3, 4, 5, 6, 7)

@@ -36,18 +36,19 @@ func scanKeys(rows *sql.Rows, err error, limit int) ([]string, error) {
 }
 
 // Due lists keys that can be claimed now, oldest first (limit <= 0: all).
-func (s *Sink) Due(ctx context.Context, limit int) ([]string, error) {
+func (s *Sink) Due(ctx context.Context, limit int, opts ...sink.ClaimOption) ([]string, error) {
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.readQuery(ctx, qDueKeys, s.nowNS())
+	rows, err := s.readQuery(ctx, dueQuery(sink.ClaimOptionsOf(opts)), s.nowNS())
 	keys, err := scanKeys(rows, err, limit)
 	return keys, s.fail(err)
 }
 
 const selectEntry = `SELECT k.key, k.state, k.attempts, k.token, k.first_source, k.sources, k.seen_count,
 	k.first_seen_at, k.last_seen_at, k.lease_owner, k.lease_until, k.next_attempt_at, k.done_at, k.last_error,
-	k.conflicts, p.payload
+	k.conflicts, p.payload, k.confirmed, k.batch_state, k.needs_confirm, k.dead_reason,
+	coalesce(p.results_file, ''), ` + webhookExpr + `
 	FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key `
 
 func scanEntry(sc interface{ Scan(...any) error }) (sink.Entry, error) {
@@ -57,7 +58,8 @@ func scanEntry(sc interface{ Scan(...any) error }) (sink.Entry, error) {
 		first, last, leaseUntil, nextAt, doneAt int64
 	)
 	err := sc.Scan(&e.Key, &st, &e.Attempts, &e.Token, &e.FirstSource, &sources, &e.SeenCount, &first, &last,
-		&e.LeaseOwner, &leaseUntil, &nextAt, &doneAt, &e.LastError, &e.Conflicts, &e.Payload)
+		&e.LeaseOwner, &leaseUntil, &nextAt, &doneAt, &e.LastError, &e.Conflicts, &e.Payload,
+		&e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Webhook)
 	if err != nil {
 		return e, err
 	}
@@ -146,8 +148,9 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 		return sink.Stats{}, err
 	}
 	st := sink.Stats{
-		ByState:     map[sink.State]int64{sink.StatePending: 0, sink.StateClaimed: 0, sink.StateDone: 0, sink.StateDead: 0},
-		FirstSource: map[string]int64{},
+		ByState:      map[sink.State]int64{sink.StatePending: 0, sink.StateClaimed: 0, sink.StateDone: 0, sink.StateDead: 0},
+		FirstSource:  map[string]int64{},
+		DeadByReason: map[string]int64{sink.DeadEffect: 0, sink.DeadUnknownToAPI: 0},
 	}
 	// One read transaction so that every figure comes from one snapshot.
 	tx, err := s.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
@@ -162,6 +165,12 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 	}
 	if err := groupCount(ctx, tx, `SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`, func(k string, n int64) {
 		st.FirstSource[k] = n
+	}); err != nil {
+		return st, s.fail(err)
+	}
+	if err := groupCount(ctx, tx, `SELECT CASE WHEN dead_reason = '' THEN '`+sink.DeadEffect+`' ELSE dead_reason END, count(*)
+		FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`, func(k string, n int64) {
+		st.DeadByReason[k] = n
 	}); err != nil {
 		return st, s.fail(err)
 	}

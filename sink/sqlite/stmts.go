@@ -19,19 +19,28 @@ const (
 	qRollbackToStats = `ROLLBACK TO stats`
 	qReleaseStats    = `RELEASE stats`
 
-	qKeyRow = `SELECT k.state, k.first_source, p.payload_sha, k.next_attempt_at, k.lease_until
-		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`
+	// qKeyRow is what a sighting of a known key needs: the key row alone
+	// (no payload: conflicts are by state, spec §9.4).
+	qKeyRow = `SELECT state, first_source, next_attempt_at, lease_until, confirmed, batch_state, needs_confirm
+		FROM gemrecon_keys WHERE key = ?`
 
 	qInsertKey = `INSERT INTO gemrecon_keys
-		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at)
-		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3)
+		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at,
+		 confirmed, batch_state, needs_confirm)
+		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3, ?4, ?5, ?6)
 		ON CONFLICT (key) DO NOTHING`
 	qInsertPayload = `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`
 
-	qClaimRow = `SELECT k.state, k.attempts, k.token, k.lease_until, k.next_attempt_at, p.payload, k.first_source
+	// webhookExpr is the first webhook body: kept apart once the payload
+	// is the API's operation, and the payload itself while a webhook-first
+	// key is unconfirmed (each byte stored once).
+	webhookExpr = `coalesce(p.webhook, CASE WHEN k.first_source = 'webhook' AND k.confirmed = 0 THEN p.payload END)`
+
+	qClaimRow = `SELECT k.state, k.attempts, k.token, k.lease_until, k.next_attempt_at, p.payload, k.first_source,
+		k.first_seen_at, k.confirmed, k.batch_state, k.needs_confirm, ` + webhookExpr + `, coalesce(p.results_file, '')
 		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`
 	qDeadExpired = `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
-		next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`
+		next_attempt_at = 0, due_at = 0, last_error = ?, dead_reason = '' WHERE key = ?`
 	qClaim = `UPDATE gemrecon_keys SET state = 'claimed', token = ?1, attempts = ?2,
 		lease_owner = ?3, lease_until = ?4, due_at = ?4, next_attempt_at = 0,
 		last_error = CASE WHEN ?5 THEN ?6 ELSE last_error END
@@ -50,6 +59,12 @@ const (
 		UNION ALL
 		SELECT key, due_at, first_seen_at FROM gemrecon_keys WHERE state = 'claimed' AND due_at <= ?1
 		ORDER BY 2, 3, 1`
+	// qDueConfirmable is qDueKeys without the keys that need confirmation
+	// (sink.SkipNeedsConfirm): a residual filter on the same index ranges.
+	qDueConfirmable = `SELECT key, due_at, first_seen_at FROM gemrecon_keys WHERE state = 'pending' AND due_at <= ?1 AND needs_confirm = 0
+		UNION ALL
+		SELECT key, due_at, first_seen_at FROM gemrecon_keys WHERE state = 'claimed' AND due_at <= ?1 AND needs_confirm = 0
+		ORDER BY 2, 3, 1`
 
 	qFencedRow = `SELECT state, token FROM gemrecon_keys WHERE key = ?`
 	qFencedInc = `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 1)
@@ -61,12 +76,11 @@ const (
 	qComplete = `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
 		lease_owner = '', lease_until = 0, next_attempt_at = 0
 		WHERE key = ?2 AND state = 'claimed' AND token = ?3
-		RETURNING first_source`
-	qPayloadSHA = `SELECT payload_sha FROM gemrecon_payloads WHERE key = ?`
+		RETURNING first_source, confirmed, batch_state`
 
 	qFailRow  = `SELECT attempts FROM gemrecon_keys WHERE key = ? AND state = 'claimed' AND token = ?`
 	qFailDead = `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
-		next_attempt_at = 0, due_at = 0, last_error = ? WHERE key = ?`
+		next_attempt_at = 0, due_at = 0, last_error = ?, dead_reason = ? WHERE key = ?`
 	qFailPending = `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
 		next_attempt_at = ?1, due_at = ?1, last_error = ?2 WHERE key = ?3`
 	qFailUncounted = `UPDATE gemrecon_keys SET state = 'pending', lease_owner = '', lease_until = 0,
@@ -81,6 +95,31 @@ const (
 	qStatsSource = `UPDATE gemrecon_keys SET
 		sources = CASE WHEN instr(sources, ',' || ?1 || ',') > 0 THEN sources ELSE sources || ?1 || ',' END
 		WHERE key = ?2`
+	// A poll-first key's first webhook body, written lazily (written once).
+	qStatsWebhook = `UPDATE gemrecon_payloads SET webhook = ?1 WHERE key = ?2 AND webhook IS NULL`
+	// A sighting not verified only by a dynamic signature: the key no
+	// longer needs confirmation (lazily: losing it is the safe direction).
+	qStatsVerified = `UPDATE gemrecon_keys SET needs_confirm = 0 WHERE key = ?1 AND needs_confirm = 1`
+
+	// Confirmation (spec §9.2): the key's row as the confirming write needs it.
+	qConfirmRow = `SELECT state, token, first_source, confirmed, batch_state, dead_reason
+		FROM gemrecon_keys WHERE key = ?`
+	// The API's operation becomes the payload; a webhook-first key's body
+	// (its payload until now) moves to webhook, once.
+	qConfirmPayload = `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?1, ?2, ?3)
+		ON CONFLICT (key) DO UPDATE SET
+			webhook = CASE WHEN ?4 THEN coalesce(webhook, payload) ELSE webhook END,
+			payload = excluded.payload, payload_sha = excluded.payload_sha`
+	qConfirmKey = `UPDATE gemrecon_keys SET confirmed = 1, needs_confirm = 0,
+		batch_state = CASE WHEN ?1 = '' THEN batch_state ELSE ?1 END, conflicts = conflicts + ?2
+		WHERE key = ?3`
+	qConfirmDue = `UPDATE gemrecon_keys SET next_attempt_at = ?1, due_at = ?1
+		WHERE key = ?2 AND state = 'pending' AND next_attempt_at > ?1`
+	qConfirmRevive = `UPDATE gemrecon_keys SET state = 'pending', attempts = 0, dead_reason = '',
+		next_attempt_at = ?1, due_at = ?1, lease_owner = '', lease_until = 0
+		WHERE key = ?2 AND state = 'dead' AND dead_reason = 'unknown_to_api'`
+	qConflictInc = `UPDATE gemrecon_keys SET conflicts = conflicts + 1 WHERE key = ?`
+	qNoteResults = `UPDATE gemrecon_payloads SET results_file = ?1 WHERE key = ?2`
 
 	qGet = selectEntry + `WHERE k.key = ?`
 
@@ -93,17 +132,18 @@ func writerQueries() []string {
 		qSavepoint, qRollbackTo, qRelease,
 		qSavepointStats, qRollbackToStats, qReleaseStats,
 		qKeyRow, qInsertKey, qInsertPayload,
-		qClaimRow, qDeadExpired, qClaim, qDueKeys,
-		qFencedRow, qFencedInc, qRenew, qComplete, qPayloadSHA,
+		qClaimRow, qDeadExpired, qClaim, qDueKeys, qDueConfirmable,
+		qFencedRow, qFencedInc, qRenew, qComplete,
 		qFailRow, qFailDead, qFailPending, qFailUncounted,
-		qStatsSeen, qStatsSource,
+		qStatsSeen, qStatsSource, qStatsWebhook, qStatsVerified,
+		qConfirmRow, qConfirmPayload, qConfirmKey, qConfirmDue, qConfirmRevive, qConflictInc, qNoteResults,
 	}
 }
 
 // readerQueries are prepared on the reader pool at Open (database/sql
 // prepares them again, once, on each further connection of the pool).
 func readerQueries() []string {
-	return []string{qKeyRow, qDueKeys, qGet, qPing}
+	return []string{qKeyRow, qDueKeys, qDueConfirmable, qGet, qPing}
 }
 
 // prepared is a set of statements prepared once on one pool.

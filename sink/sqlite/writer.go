@@ -230,6 +230,16 @@ func (s *Sink) applyDeltas(tx *sql.Tx, deltas map[string]*delta) error {
 					return err
 				}
 			}
+			if d.webhook != nil {
+				if _, err := s.txExec(tx, qStatsWebhook, d.webhook, k); err != nil {
+					return err
+				}
+			}
+			if d.verified {
+				if _, err := s.txExec(tx, qStatsVerified, k); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	}()
