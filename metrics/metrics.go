@@ -37,6 +37,10 @@ const (
 	OutcomeTooLarge    = "too_large"   // body over the limit (413)
 	OutcomeUnverified  = "unverified"  // signature missing, wrong or stale (401)
 	OutcomeUnavailable = "unavailable" // the database refused the write (503)
+	// OutcomeJWKSUnavailable: a dynamically signed webhook could not be
+	// judged because the Gemini API's key set could not be fetched (503;
+	// the sender retries). Apart from unavailable, which is the database.
+	OutcomeJWKSUnavailable = "jwks_unavailable"
 )
 
 // DefaultStatsTTL is how long one sink.Stats result serves scrapes.

@@ -1,8 +1,10 @@
 // Package webhook is gemrecon's optional webhook receiver (spec §6), the HTTP
-// side only: it bounds and reads the body, verifies Standard Webhooks
-// signatures, hands the verified body to the ingest package (which turns it
-// into a key, records the sighting durably, counts it and wakes the
-// dispatcher: spec §9.1), and turns ingest's answer into a status code —
+// side only: it bounds and reads the body, verifies its signature — Standard
+// Webhooks HMAC (v1) with the project's secrets, and, when configured, the
+// dynamic (per-job) signatures of package webhook/dynamic — hands the
+// verified body to the ingest package (which turns it into a key, records
+// the sighting durably, counts it and wakes the dispatcher: spec §9.1) with
+// how it was verified, and turns ingest's answer into a status code —
 // durable before any 2xx. With Sync it runs the effect inside the request.
 // It also serves /healthz, /readyz and /metrics, and runs an http.Server
 // with timeouts and a graceful drain.
@@ -24,6 +26,7 @@ import (
 	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
 
 // Defaults of Config.
@@ -32,6 +35,11 @@ const (
 	DefaultMaxBody    = 1 << 20 // 1 MiB
 	DefaultSyncWait   = 10 * time.Second
 	DefaultRetryAfter = 5 * time.Second
+	// KeysRetryAfter is the Retry-After of a 503 for a dynamically signed
+	// request whose key set could not be fetched: the verifier fetches it
+	// again at most once per dynamic.RefetchInterval, so a retry sooner
+	// than that would meet the same failure.
+	KeysRetryAfter = dynamic.RefetchInterval
 )
 
 // Statuses in a 2xx response body {"key","status"}.
@@ -60,8 +68,17 @@ type Config struct {
 	Sink sink.Sink
 	// Secrets are whsec_ secrets; a request passes if any verifies it.
 	Secrets []string
-	// InsecureNoVerify accepts unsigned requests; without it, no Secrets is
-	// an error.
+	// Dynamic, when set, verifies the signatures of the Gemini API's
+	// dynamic (per-job) webhooks — v1a Ed25519 and RS256 JWTs — against
+	// its published key set (spec §6). A request passes when the HMAC
+	// secrets or Dynamic verify it; HMAC is tried first, and a request
+	// verified only by Dynamic is recorded as ingest.VerifiedDynamic (its
+	// key must be confirmed with the API before it runs, spec §9.2).
+	Dynamic *dynamic.Verifier
+	// InsecureNoVerify accepts unsigned requests (Secrets are then not
+	// checked); without it, a config with neither Secrets nor Dynamic is an
+	// error, and with it Dynamic is one (a dynamic signature would prove
+	// nothing when unsigned requests pass too).
 	InsecureNoVerify bool
 	// Path is where events are POSTed (default DefaultPath).
 	Path string
@@ -89,7 +106,8 @@ type Config struct {
 // handler serves the receiver's routes.
 type handler struct {
 	cfg      Config
-	verifier *Verifier // nil when InsecureNoVerify
+	verifier *Verifier         // nil when InsecureNoVerify or without Secrets
+	dynamic  *dynamic.Verifier // nil without Config.Dynamic
 	ingest   *ingest.Webhooks
 	metrics  *metrics.Metrics
 	metricsH http.Handler
@@ -98,7 +116,8 @@ type handler struct {
 
 // NewHandler validates cfg and returns the receiver: POST cfg.Path, GET
 // /healthz, GET /readyz (the sink answers Ping), GET /metrics. It refuses a
-// config without secrets unless InsecureNoVerify is set.
+// config without a verifier (Secrets or Dynamic) unless InsecureNoVerify is
+// set, and Dynamic together with InsecureNoVerify.
 func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("webhook: no sink")
@@ -141,15 +160,21 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if h.ingest, err = ingest.NewWebhooks(ic); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	if !cfg.InsecureNoVerify {
-		if len(cfg.Secrets) == 0 {
-			return nil, fmt.Errorf("webhook: no secret configured: set %s or a secret file, or pass --insecure-no-verify to accept unsigned requests", SecretEnv)
+	switch {
+	case cfg.InsecureNoVerify && cfg.Dynamic != nil:
+		return nil, errors.New("webhook: --insecure-no-verify accepts every request unverified, so dynamic verification would prove nothing: use one or the other")
+	case cfg.InsecureNoVerify:
+	case len(cfg.Secrets) == 0 && cfg.Dynamic == nil:
+		return nil, fmt.Errorf("webhook: no verifier configured: set %s or a secret file, or --dynamic, or pass --insecure-no-verify to accept unsigned requests", SecretEnv)
+	default:
+		if len(cfg.Secrets) > 0 {
+			v, err := NewVerifier(cfg.Secrets, cfg.Now)
+			if err != nil {
+				return nil, fmt.Errorf("webhook: %w", err)
+			}
+			h.verifier = v
 		}
-		v, err := NewVerifier(cfg.Secrets, cfg.Now)
-		if err != nil {
-			return nil, fmt.Errorf("webhook: %w", err)
-		}
-		h.verifier = v
+		h.dynamic = cfg.Dynamic
 	}
 	return h, nil
 }
@@ -288,13 +313,9 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 2. Signature, over the exact bytes received.
-	verification := ingest.Unverified
-	if h.verifier != nil {
-		if err := h.verifier.Verify(body, r.Header); err != nil {
-			h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+err.Error())
-			return
-		}
-		verification = ingest.VerifiedStatic
+	verification, ok := h.verify(w, r, body)
+	if !ok {
+		return
 	}
 
 	// 3. Everything else is ingest's (spec §9.1): what the body is (an
@@ -332,6 +353,55 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		code = http.StatusOK
 	}
 	writeJSON(w, code, response{Key: a.Key, Status: a.Outcome})
+}
+
+// verify checks the request's signature (spec §6) and says how it was
+// verified; when no enabled scheme verifies it, it answers the request and
+// returns false. The rules, in order:
+//   - --insecure-no-verify: every request passes, Unverified.
+//   - HMAC (v1) with the configured secrets: a match is VerifiedStatic —
+//     the project's own secret, so no extra confirmation is needed.
+//   - dynamic (v1a, RS256 JWT) against the key set: a match is
+//     VerifiedDynamic. A request with no v1a or JWT entry at all
+//     (dynamic.ErrNoEntry) is decided without touching the key set: 401
+//     with the HMAC verifier's error, so HMAC traffic never depends on the
+//     JWKS. A key set that cannot be fetched (dynamic.ErrUnavailable) is
+//     503 with Retry-After KeysRetryAfter, counted as jwks_unavailable (not
+//     the database's unavailable): the sender retries. Anything else is 401.
+func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (ingest.Verification, bool) {
+	if h.cfg.InsecureNoVerify {
+		return ingest.Unverified, true
+	}
+	var hmacErr error
+	if h.verifier != nil {
+		if hmacErr = h.verifier.Verify(body, r.Header); hmacErr == nil {
+			return ingest.VerifiedStatic, true
+		}
+		if h.dynamic == nil {
+			h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+hmacErr.Error())
+			return 0, false
+		}
+	}
+	res, err := h.dynamic.Verify(r.Context(), body, r.Header)
+	switch {
+	case err == nil:
+		h.log.Debug("webhook verified by a dynamic signature; its key is confirmed with the API before it runs",
+			"scheme", res.Scheme, "kid", clip(res.KeyID), "webhook_id", clip(r.Header.Get("webhook-id")))
+		return ingest.VerifiedDynamic, true
+	case errors.Is(err, dynamic.ErrNoEntry) && hmacErr != nil:
+		h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+hmacErr.Error())
+	case errors.Is(err, dynamic.ErrUnavailable):
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(h.cfg.RetryAfter, KeysRetryAfter)/time.Second)))
+		h.reject(w, r, http.StatusServiceUnavailable, metrics.OutcomeJWKSUnavailable,
+			"dynamic signature: "+err.Error()+"; retry later")
+	default:
+		msg := "dynamic signature: " + err.Error()
+		if hmacErr != nil {
+			msg = "signature: " + hmacErr.Error() + "; " + msg
+		}
+		h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, msg)
+	}
+	return 0, false
 }
 
 // runSync runs the key's effect in the request: 200 once done, 500 when the
