@@ -129,6 +129,12 @@ func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer, api
 	if err != nil {
 		return nil, err
 	}
+	return a.dispatcherFor(s, eff, f, obs, api, cf)
+}
+
+// dispatcherFor is dispatcher with the effect given (demo wraps the
+// configured one to tell its story).
+func (a *app) dispatcherFor(s sink.Sink, eff effect.Effect, f *effectFlags, obs dispatch.Observer, api apiSetup, cf *confirmFlags) (*dispatch.Dispatcher, error) {
 	grace := f.grace
 	if grace == 0 {
 		grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none

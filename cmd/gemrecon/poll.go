@@ -79,6 +79,11 @@ func (a *app) newPoller(ctx context.Context, f *pollFlags) (*poller.Poller, erro
 	if f.backend == "gemini" && key == "" {
 		return nil, withCode(exitFatal, errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key"))
 	}
+	return a.pollerWithKey(ctx, f, key)
+}
+
+// pollerWithKey is newPoller with the API key given (demo: the emulator's).
+func (a *app) pollerWithKey(ctx context.Context, f *pollFlags, key string) (*poller.Poller, error) {
 	cfg := poller.DefaultConfig()
 	cfg.Backend = f.backend
 	cfg.APIKey = key

@@ -517,18 +517,36 @@ func TestWebhooksWithServe(t *testing.T) {
 		})
 	}
 
+	// A ping is verified with the secret create wrote and answered 200
+	// {"status":"ignored"} (spec §6: not a batch event), recorded nowhere;
+	// one attempt (MaxAttempts 1) that failed would have disabled the
+	// webhook and failed the deliveries below.
 	r = gemrecon(t, wh(api, "ping", id)...)
 	wantCode(t, r, exitOK)
-	if code := lastStatus(); code == http.StatusUnauthorized || code >= 500 {
-		t.Fatalf("serve answered the ping %d: its signature should verify with the file create wrote\n%s", code, &stderr)
+	if code := lastStatus(); code != http.StatusOK {
+		t.Fatalf("serve answered the ping %d, want 200 ignored\n%s", code, &stderr)
 	}
-	// Today serve answers a ping 400 (it names no batch); spec §6 has it
-	// answered 200 "ignored". Until then the failed ping (one attempt here)
-	// disables the webhook, as the API does after failed deliveries:
-	// re-enable it, as a user would with the API's update method.
-	enabled := geminifake.WebhookEnabled
-	if _, err := api.Webhooks().Update(id, geminifake.WebhookUpdate{State: &enabled}); err != nil {
-		t.Fatal(err)
+	metricsText := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	m := metricsText()
+	for _, want := range []string{
+		`gemrecon_deliveries_total{outcome="ignored",source="webhook"} 1`,
+		`gemrecon_webhook_ignored_total{type="other"} 1`, // webhook.ping is not a documented type
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("after the ping, /metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(m, `outcome="accepted"`) {
+		t.Errorf("the ping was recorded as a completion")
 	}
 
 	api.Add(geminifake.Batch{Name: "batches/e2e1", State: "SUCCEEDED"})
