@@ -52,10 +52,11 @@ which the Gemini API signs with keys it publishes (--jwks-url, default its
 .well-known/jwks.json; --jwks-url implies --dynamic): a v1a (Ed25519) entry
 or an RS256 JWT. HMAC is tried first; a request no scheme verifies is 401,
 and 503 when the key set cannot be fetched (HMAC requests are unaffected).
-Those keys are Google-wide — anyone's delivery verifies — so --dynamic needs
-API credentials and confirmation: each key seen only that way is fetched with
-Batches.Get before it runs, and one the API does not know (another project's
-batch) goes dead as "unknown to the API" without running.
+Those keys are Google-wide — a delivery Google signed for any customer
+verifies — so --dynamic needs API credentials and confirmation: each key seen
+only that way is fetched with Batches.Get before it runs, and one the API does
+not know (another project's batch) goes dead as "unknown to the API" without
+running.
 
 With API credentials (GEMINI_API_KEY; --base-url for an emulator) each key
 first seen by webhook is confirmed with Batches.Get before its effect runs, so
