@@ -100,6 +100,8 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 			switch {
 			case audience != "" && !dynOn:
 				return usageError("--jwt-audience is for dynamic signatures: add --dynamic")
+			case dynOn && pf.backend == "vertex":
+				return usageError("--dynamic verifies the Gemini API's per-job webhooks, whose batches only the Gemini API can confirm: it does not go with --backend vertex")
 			case dynOn && insecure:
 				return usageError("--insecure-no-verify accepts every request unverified, so --dynamic would prove nothing: use one or the other")
 			case len(secrets) == 0 && !insecure && !dynOn:
@@ -134,7 +136,7 @@ SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`,
 				if cf.mode == confirmNever {
 					return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
 				}
-				return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY), or --backend vertex with --project and --location")
+				return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 			}
 			s, err := a.openSink(ctx, ef.sinkOptions())
 			if err != nil {

@@ -52,6 +52,7 @@ func TestServeDynamicFlags(t *testing.T) {
 		{"--jwks-url implies --dynamic", noKey, []string{"--jwks-url", "http://127.0.0.1:1/jwks.json"}, "--dynamic needs API credentials"},
 		{"--jwt-audience without --dynamic", withKey, []string{"--secret-file", secrets, "--jwt-audience", "me"}, "add --dynamic"},
 		{"--insecure-no-verify with --dynamic", withKey, []string{"--dynamic", "--insecure-no-verify"}, "one or the other"},
+		{"--backend vertex", withKey, []string{"--dynamic", "--backend", "vertex", "--project", "p", "--location", "l"}, "does not go with --backend vertex"},
 		{"a bad --jwks-url", withKey, []string{"--jwks-url", "ftp://example.com/jwks"}, "not an absolute http or https URL"},
 		{"no verifier, GEMRECON_JWKS_URL set", map[string]string{"GEMINI_API_KEY": testAPIKey, "GEMRECON_JWKS_URL": "http://127.0.0.1:1/jwks.json"},
 			nil, "GEMRECON_JWKS_URL only sets the key set's address"},
