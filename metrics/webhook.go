@@ -32,12 +32,13 @@ const (
 // gemrecon_webhook_ignored_total names; every other type counts as
 // IgnoredTypeOther, so that a sender cannot grow the series without bound.
 // Only batch.* completions are ever recorded; these are listed because
-// their counts tell an operator what the endpoint receives. "ping" is a
-// guess: the ping's type string is not documented.
+// their counts tell an operator what the endpoint receives. "ping" and
+// "webhook.ping" are guesses (the second is what the local emulator sends):
+// the real ping's type string is not documented.
 var KnownEventTypes = []string{
 	"batch.succeeded", "batch.failed", "batch.cancelled", "batch.expired",
 	"interaction.completed", "interaction.failed", "interaction.requires_action",
-	"video.generated", "ping",
+	"video.generated", "ping", "webhook.ping",
 }
 
 // webhookCounters are the receiver's counters of bodies it answered 200

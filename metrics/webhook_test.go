@@ -17,6 +17,7 @@ func TestEventTypeLabel(t *testing.T) {
 		{"batch.succeeded", true, "batch.succeeded"},
 		{"batch.running", true, IgnoredTypeOther},
 		{"ping", true, "ping"},
+		{"webhook.ping", true, "webhook.ping"},
 		{"something.new", true, IgnoredTypeOther},
 		{"", true, IgnoredTypeOther},
 		{strings.Repeat("x", 10_000), true, IgnoredTypeOther},
