@@ -96,7 +96,7 @@ func TestNotBatchEventsAreIgnored(t *testing.T) {
 		{`{"type":"interaction.requires_action","data":{"id":"int_3"}}`, "interaction.requires_action", "interaction.requires_action"},
 		{`{"type":"video.generated","version":"v1","data":{"id":"vid_1","name":"operations/v1"}}`, "video.generated", "video.generated"},
 		{`{"type":"ping"}`, "ping", "ping"},
-		{`{"type":"webhook.ping","data":{}}`, "webhook.ping", "other"},
+		{`{"type":"webhook.ping","data":{}}`, "webhook.ping", "webhook.ping"},
 		{`{"type":"INTERACTION.COMPLETED","data":{"id":"int_4"}}`, "INTERACTION.COMPLETED", "interaction.completed"},
 		{`{"type":"file.deleted","name":"batches/f1"}`, "file.deleted", "other"},
 		{`{"type":"batches.succeeded","data":{"id":"x"}}`, "batches.succeeded", "other"},
@@ -142,7 +142,8 @@ func TestNotBatchEventsAreIgnored(t *testing.T) {
 		`gemrecon_webhook_ignored_total{type="interaction.requires_action"} 1`,
 		`gemrecon_webhook_ignored_total{type="video.generated"} 1`,
 		`gemrecon_webhook_ignored_total{type="ping"} 1`,
-		`gemrecon_webhook_ignored_total{type="other"} 9`, // 8 unknown types + batch.running
+		`gemrecon_webhook_ignored_total{type="webhook.ping"} 1`,
+		`gemrecon_webhook_ignored_total{type="other"} 8`, // 7 unknown types + batch.running
 		`gemrecon_webhook_ignored_total{type="none"} 1`,
 		`gemrecon_deliveries_total{outcome="ignored",source="webhook"} 18`,
 		`gemrecon_deliveries_total{outcome="accepted",source="webhook"} 1`,
