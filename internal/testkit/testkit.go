@@ -46,6 +46,13 @@ func (b *Buffer) String() string {
 	return b.b.String()
 }
 
+// Reset empties the buffer.
+func (b *Buffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b.Reset()
+}
+
 // Bytes returns a copy of what was written so far.
 func (b *Buffer) Bytes() []byte {
 	b.mu.Lock()
