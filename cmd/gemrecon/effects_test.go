@@ -22,13 +22,7 @@ import (
 // have run twice. drain and poll say so and exit 4, not 0.
 func TestFencedOutcomeExits4(t *testing.T) {
 	t.Run("drain", func(t *testing.T) {
-		db := filepath.Join(t.TempDir(), "s.db")
-		key := "gemini:batches/fenced"
-		withSink(t, db, sink.Options{}, func(s sink.Sink) {
-			if _, err := s.Record(context.Background(), sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{"name":"batches/fenced"}`)}); err != nil {
-				t.Fatal(err)
-			}
-		})
+		db, key := fencedDB(t)
 		r := runTakenOver(t, db, key, "--db", db, "drain")
 		wantCode(t, r, exitNotDone)
 		if !strings.Contains(r.stderr, "fenced=1") || !strings.Contains(r.stderr, "may have run twice") {
@@ -36,13 +30,7 @@ func TestFencedOutcomeExits4(t *testing.T) {
 		}
 	})
 	t.Run("drain --log-format json", func(t *testing.T) {
-		db := filepath.Join(t.TempDir(), "s.db")
-		key := "gemini:batches/fenced"
-		withSink(t, db, sink.Options{}, func(s sink.Sink) {
-			if _, err := s.Record(context.Background(), sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{"name":"batches/fenced"}`)}); err != nil {
-				t.Fatal(err)
-			}
-		})
+		db, key := fencedDB(t)
 		r := runTakenOver(t, db, key, "--log-format", "json", "--db", db, "drain")
 		wantCode(t, r, exitNotDone)
 		var summaries, warnings int
@@ -70,6 +58,19 @@ func TestFencedOutcomeExits4(t *testing.T) {
 		r := runTakenOver(t, db, "gemini:"+geminifake.GeminiName("b0"), pollArgs(db, api)...)
 		wantCode(t, r, exitNotDone)
 	})
+}
+
+// fencedDB returns a new database with one pending key for runTakenOver.
+func fencedDB(t *testing.T) (db, key string) {
+	t.Helper()
+	db = filepath.Join(t.TempDir(), "s.db")
+	key = "gemini:batches/fenced"
+	withSink(t, db, sink.Options{}, func(s sink.Sink) {
+		if _, err := s.Record(context.Background(), sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{"name":"batches/fenced"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return db, key
 }
 
 // runTakenOver runs the command line args (drain or poll on db) with an
