@@ -111,6 +111,25 @@ func TestName(t *testing.T) {
 	}
 }
 
+func TestBareIDKeys(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want []string
+	}{
+		{"gemini:demo-quota", []string{"gemini:batches/demo-quota", "gemini:batchPredictionJobs/demo-quota", "gemini:operations/demo-quota"}},
+		{"demo-quota", []string{"gemini:batches/demo-quota", "gemini:batchPredictionJobs/demo-quota", "gemini:operations/demo-quota"}},
+		{"gemini:batches/demo-quota", nil}, // names its collection already
+		{"gemini:tunedModels/x", nil},      // a name of another shape: not a bare id
+		{"gemini:batches", nil},            // a collection word, no id
+		{"gemini:", nil},
+		{"", nil},
+	} {
+		if got := canon.BareIDKeys(tt.in); !slices.Equal(got, tt.want) {
+			t.Errorf("BareIDKeys(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
 func TestNormalizeState(t *testing.T) {
 	tests := []struct {
 		in, want string

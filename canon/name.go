@@ -30,6 +30,21 @@ func Key(name string) (string, error) {
 // without its prefix, normalised. It returns "" when nothing is left.
 func Name(key string) string { return canonName(key) }
 
+// BareIDKeys returns, for a key whose name is a bare id ("gemini:demo-quota":
+// no collection, as someone types the last part of batches/demo-quota), the
+// keys that id has in each collection an operation name may end in:
+// batches (the Gemini API's), batchPredictionJobs (Vertex AI's jobs) and
+// operations, in that order. For any other key it returns nil. Inspection
+// uses it to say which recorded key a bare id may have meant; Key itself
+// never guesses a collection, since the same id may exist in several.
+func BareIDKeys(key string) []string {
+	name := canonName(key)
+	if name == "" || strings.ContainsRune(name, '/') || collection(name) != "" {
+		return nil
+	}
+	return []string{Prefix + "batches/" + name, Prefix + "batchPredictionJobs/" + name, Prefix + "operations/" + name}
+}
+
 // collection returns the canonical spelling of a collection path segment
 // whose "<collection>/<id>" pair ends a canonical name, or "" for any other
 // segment. Matching ignores case; batchJobs is an alias of batches.

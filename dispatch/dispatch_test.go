@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
@@ -89,23 +90,13 @@ type effectFunc func(ctx context.Context, ev effect.Event) error
 
 func (f effectFunc) Run(ctx context.Context, ev effect.Event) error { return f(ctx, ev) }
 
-// lockedBuffer is a bytes.Buffer for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+// lockedBuffer is a buffer for concurrent writers (testkit's) that reads
+// back the event documents the print effect wrote.
+type lockedBuffer struct{ testkit.Buffer }
 
 func (l *lockedBuffer) events(t *testing.T) []effect.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var evs []effect.Event
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
+	sc := bufio.NewScanner(bytes.NewReader(l.Bytes()))
 	for sc.Scan() {
 		var ev effect.Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {

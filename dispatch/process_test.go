@@ -316,12 +316,6 @@ func (c *child) exited() bool {
 	}
 }
 
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // recordMany records keys from many goroutines, so the sink's group commit
 // batches them.
 func recordMany(t testing.TB, s sink.Sink, ks []string) {

@@ -13,25 +13,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer safe for concurrent writers.
+type syncBuffer = testkit.Buffer
 
 // chunkWriter writes each line in small pieces, so that without Print's
 // lock two concurrent lines would interleave.

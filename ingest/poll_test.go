@@ -17,6 +17,7 @@ import (
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/sink"
@@ -525,24 +526,9 @@ func TestDeliveriesCountPollSightings(t *testing.T) {
 	}
 }
 
-// safeBuffer is a bytes.Buffer that the renewal goroutine may log to while
-// the test reads it.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// safeBuffer is a buffer that the renewal goroutine may log to while the
+// test reads it.
+type safeBuffer = testkit.Buffer
 
 func metricsText(t *testing.T, m *metrics.Metrics) string {
 	t.Helper()

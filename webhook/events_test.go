@@ -1,7 +1,6 @@
 package webhook_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,10 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
@@ -20,24 +19,13 @@ import (
 
 // logBuffer collects a handler's JSON log lines; the server logs from its
 // own goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logBuffer struct{ testkit.Buffer }
 
 // lines returns the log records written so far, decoded.
 func (l *logBuffer) lines(t *testing.T) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
 		if line == "" {
 			continue
 		}
@@ -49,12 +37,6 @@ func (l *logBuffer) lines(t *testing.T) []map[string]any {
 		out = append(out, m)
 	}
 	return out
-}
-
-func (l *logBuffer) reset() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b.Reset()
 }
 
 // eventServer runs a signed inbox-mode receiver on a real SQLite file with
@@ -189,7 +171,7 @@ func TestUnusableBodiesAreInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		before := snapshot(t, s)
-		logs.reset()
+		logs.Reset()
 		r := send([]byte(tt.body))
 		if r.Code != 200 || r.Status != "invalid" || !strings.Contains(r.Error, tt.wantErr) || r.Key != "" {
 			t.Errorf("%s: POST = %d %.300s, want 200 invalid with an error containing %q", tt.name, r.Code, r.Raw, tt.wantErr)

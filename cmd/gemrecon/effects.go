@@ -228,11 +228,7 @@ took the key over: the effect may have run twice), 1 a fatal error.`,
 			}
 			start := time.Now()
 			sum, err := d.Drain(cmd.Context())
-			fmt.Fprintf(a.stderr, "drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d unconfirmed=%d duration=%s\n",
-				sum.Claimed, sum.OK, sum.Failed, sum.Dead, sum.Fenced, sum.Unconfirmed, time.Since(start).Round(time.Millisecond))
-			if sum.Fenced > 0 {
-				fmt.Fprintf(a.stderr, "drain: %d outcome(s) fenced: another attempt took the key over, so an effect may have run twice (see the FENCED log lines; raise --lease, or make the downstream refuse stale fencing tokens)\n", sum.Fenced)
-			}
+			a.printDrainSummary(sum, time.Since(start))
 			if err != nil {
 				return err
 			}
@@ -243,6 +239,26 @@ took the key over: the effect may have run twice), 1 a fatal error.`,
 	pf.registerAPI(cmd.Flags())
 	cf.register(cmd.Flags())
 	return cmd
+}
+
+// printDrainSummary writes drain's summary line on stderr, as one JSON
+// object under --log-format json (as poll's, printSummary), and when an
+// outcome was fenced a second line (a warning record in JSON) saying an
+// effect may have run twice.
+func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {
+	asJSON := a.logFormat == "json"
+	if err := sum.Line(took).Write(a.stderr, asJSON); err != nil {
+		a.logger.Error("writing the drain summary", "err", err)
+	}
+	if sum.Fenced == 0 {
+		return
+	}
+	const why = "another attempt took the key over, so an effect may have run twice (see the FENCED log lines; raise --lease, or make the downstream refuse stale fencing tokens)"
+	if asJSON {
+		a.logger.Warn("drain: outcomes fenced: "+why, "fenced", sum.Fenced)
+		return
+	}
+	fmt.Fprintf(a.stderr, "drain: %d outcome(s) fenced: %s\n", sum.Fenced, why)
 }
 
 func btoi(b bool) int {

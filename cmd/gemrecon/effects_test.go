@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,17 +22,32 @@ import (
 // have run twice. drain and poll say so and exit 4, not 0.
 func TestFencedOutcomeExits4(t *testing.T) {
 	t.Run("drain", func(t *testing.T) {
-		db := filepath.Join(t.TempDir(), "s.db")
-		key := "gemini:batches/fenced"
-		withSink(t, db, sink.Options{}, func(s sink.Sink) {
-			if _, err := s.Record(context.Background(), sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{"name":"batches/fenced"}`)}); err != nil {
-				t.Fatal(err)
-			}
-		})
+		db, key := fencedDB(t)
 		r := runTakenOver(t, db, key, "--db", db, "drain")
 		wantCode(t, r, exitNotDone)
 		if !strings.Contains(r.stderr, "fenced=1") || !strings.Contains(r.stderr, "may have run twice") {
 			t.Errorf("drain's summary does not say that an outcome was fenced:\n%s", r.stderr)
+		}
+	})
+	t.Run("drain --log-format json", func(t *testing.T) {
+		db, key := fencedDB(t)
+		r := runTakenOver(t, db, key, "--log-format", "json", "--db", db, "drain")
+		wantCode(t, r, exitNotDone)
+		var summaries, warnings int
+		for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("stderr line is not JSON: %q\n%s", line, r.stderr)
+			}
+			if m["claimed"] == 1.0 && m["fenced"] == 1.0 {
+				summaries++
+			}
+			if m["level"] == "WARN" && m["fenced"] == 1.0 && strings.Contains(fmt.Sprint(m["msg"]), "may have run twice") {
+				warnings++
+			}
+		}
+		if summaries != 1 || warnings != 1 {
+			t.Errorf("want one summary object with fenced 1 and one warning record saying an effect may have run twice; got %d and %d:\n%s", summaries, warnings, r.stderr)
 		}
 	})
 	t.Run("poll", func(t *testing.T) {
@@ -42,6 +58,19 @@ func TestFencedOutcomeExits4(t *testing.T) {
 		r := runTakenOver(t, db, "gemini:"+geminifake.GeminiName("b0"), pollArgs(db, api)...)
 		wantCode(t, r, exitNotDone)
 	})
+}
+
+// fencedDB returns a new database with one pending key for runTakenOver.
+func fencedDB(t *testing.T) (db, key string) {
+	t.Helper()
+	db = filepath.Join(t.TempDir(), "s.db")
+	key = "gemini:batches/fenced"
+	withSink(t, db, sink.Options{}, func(s sink.Sink) {
+		if _, err := s.Record(context.Background(), sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{"name":"batches/fenced"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return db, key
 }
 
 // runTakenOver runs the command line args (drain or poll on db) with an

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,6 +88,9 @@ func (a *app) statusCommand() *cobra.Command {
 and last sighting with their sources, lease, next attempt, done time, last
 error and payload conflicts. The argument may be a key (gemini:batches/x) or
 any operation name canon understands (batches/x, a full resource path or URL).
+A bare id (x) is a key of its own, gemini:x; when that is unknown but
+batches/x, batchPredictionJobs/x or operations/x is recorded, status says so
+on stderr ("did you mean batches/x?").
 
 A key stored exactly as typed (gemini:…) is found even when today's
 canonical form of it differs. Control characters in what is printed are
@@ -127,6 +131,9 @@ invalid UTF-8, a control character, over 512 bytes, a collection word).`,
 				} else {
 					fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
 				}
+				if hint := meantKeys(cmd.Context(), s, key); hint != "" {
+					fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
+				}
 				return withCode(exitUnknownKey, nil)
 			}
 			if err != nil {
@@ -165,6 +172,22 @@ func keysFor(arg string) ([]string, error) {
 		return []string{key, arg}, nil
 	}
 	return []string{key}, nil
+}
+
+// meantKeys says which recorded keys an unknown bare id may have meant
+// ("did you mean batches/demo-quota? (recorded: done)"), or "" when it is no
+// bare id or none of its keys is recorded (canon.BareIDKeys).
+func meantKeys(ctx context.Context, s sink.Sink, key string) string {
+	var found []string
+	for _, k := range canon.BareIDKeys(key) {
+		if e, err := s.Get(ctx, k); err == nil {
+			found = append(found, fmt.Sprintf("%s (recorded: %s)", printable(canon.Name(k)), e.State))
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return "did you mean " + strings.Join(found, " or ") + "?"
 }
 
 // printable returns s as it is when every character in it prints as itself

@@ -103,7 +103,7 @@ line) runs until it succeeds, and never again once it is done.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return withCode(exitUsage, err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.db, "db", envOr("GEMRECON_DB", "gemrecon.db"),
-		"sink database: a SQLite file path, or postgres://… (env GEMRECON_DB)")
+		"sink database: a SQLite file path, or PostgreSQL as postgres://… or host=… dbname=… (env GEMRECON_DB)")
 	pf.StringVar(&a.logFormat, "log-format", envOr("GEMRECON_LOG_FORMAT", "text"), "log format on stderr: text or json (env GEMRECON_LOG_FORMAT)")
 	pf.StringVar(&a.logLevel, "log-level", envOr("GEMRECON_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env GEMRECON_LOG_LEVEL)")
 
@@ -165,8 +165,13 @@ func (a *app) setup() error {
 }
 
 // openSink opens the configured database. Read-only opens never create it.
+// A --db string that names no database (sink/dial decides: a URL-like
+// string that is no PostgreSQL URL) is a usage error.
 func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error) {
 	s, err := dial.OpenWithLogger(ctx, a.db, opt, a.logger)
+	if errors.Is(err, dial.ErrInvalidDSN) {
+		return nil, withCode(exitUsage, fmt.Errorf("--db: %w", err))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -168,25 +167,6 @@ func textfileValue(t *testing.T, text, name string) float64 {
 	}
 	t.Fatalf("textfile has no %s:\n%s", name, text)
 	return 0
-}
-
-// safeBuffer is a bytes.Buffer that a child's output goroutine may write
-// while the test reads it.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func waitFor(t *testing.T, max time.Duration, cond func() bool) {

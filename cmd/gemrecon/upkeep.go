@@ -21,7 +21,9 @@ func (a *app) retryCommand() *cobra.Command {
 		Short: "Send dead completions back to pending, due now",
 		Long: `Move dead keys back to pending, due now, so that the next poll, drain or
 serve worker runs their effect again. Their history (attempts, last error) is
-kept. Keys that are not dead are left alone and reported.`,
+kept. Keys that are not dead are left alone and reported; for an unknown
+bare id (x) the report names the recorded batches/x (or
+batchPredictionJobs/x, operations/x) it may have meant.`,
 		Example: `  gemrecon retry batches/abc123
   gemrecon retry --all-dead && gemrecon drain --exec ./publish.sh`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -65,6 +67,8 @@ kept. Keys that are not dead are left alone and reported.`,
 				if errors.Is(err, sink.ErrNotFound) {
 					if cerr := canon.CheckKey(k); cerr != nil {
 						err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
+					} else if hint := meantKeys(cmd.Context(), s, k); hint != "" {
+						err = fmt.Errorf("%w; %s", err, hint)
 					}
 				}
 				switch {

@@ -1,11 +1,21 @@
-// Package dial opens the sink backend that a --db value names: a
-// postgres:// or postgresql:// URL selects PostgreSQL, anything else is a
-// SQLite file path (optionally written sqlite:PATH).
+// Package dial opens the sink backend that a --db value names. It is the one
+// place that decides what such a string is (Parse):
+//
+//   - a postgres:// or postgresql:// URL, or a libpq keyword/value string
+//     (host=db user=app dbname=app: the first word is a keyword followed by
+//     '='), is PostgreSQL;
+//   - a string that starts like a URL but is neither (postgres:/db,
+//     POSTGRES://…, mysql://…) is refused with ErrInvalidDSN: taken as a
+//     file path it would create a SQLite file of that name, or fail with a
+//     message about a file;
+//   - anything else is a SQLite file path, optionally written sqlite:PATH
+//     (the way to name a file whose name looks like one of the above).
 package dial
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 
@@ -14,9 +24,99 @@ import (
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
 
+// ErrInvalidDSN is wrapped by Parse and Open for a string that names no
+// database: empty, or URL-like but not a PostgreSQL URL. It is the user's
+// wrong words, not a failure to reach a database.
+var ErrInvalidDSN = errors.New("not a database name")
+
+// Backend says which sink a --db string names.
+type Backend int
+
+// The backends.
+const (
+	SQLite Backend = iota
+	Postgres
+)
+
+// Target is a parsed --db string: the backend and what to hand to it (for
+// SQLite the file path, without a sqlite: prefix).
+type Target struct {
+	Backend Backend
+	DSN     string
+}
+
+// Parse decides what dsn names (see the package comment). Its errors wrap
+// ErrInvalidDSN and quote no more of dsn than its scheme, since the rest may
+// hold a password.
+func Parse(dsn string) (Target, error) {
+	dsn = strings.TrimSpace(dsn)
+	if dsn == "" {
+		return Target{}, fmt.Errorf("%w: it is empty (give a SQLite file path or a postgres:// URL)", ErrInvalidDSN)
+	}
+	if path, ok := strings.CutPrefix(dsn, "sqlite:"); ok {
+		return Target{SQLite, path}, nil
+	}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") || isKeywordValue(dsn) {
+		return Target{Postgres, dsn}, nil
+	}
+	if scheme, ok := urlScheme(dsn); ok {
+		lower := strings.ToLower(scheme)
+		switch {
+		case lower == "postgres" || lower == "postgresql":
+			return Target{}, fmt.Errorf("%w: %s… is not a PostgreSQL URL: write postgres://[user[:password]@]host[:port]/dbname[?param=value…], or host=… dbname=… (libpq keyword/value)",
+				ErrInvalidDSN, scheme+":")
+		default:
+			return Target{}, fmt.Errorf("%w: %s//… is neither a SQLite file path nor a PostgreSQL URL (a file whose name starts so is sqlite:PATH)",
+				ErrInvalidDSN, scheme+":")
+		}
+	}
+	return Target{SQLite, dsn}, nil
+}
+
 // IsPostgres reports whether dsn names a PostgreSQL database.
 func IsPostgres(dsn string) bool {
-	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+	t, err := Parse(dsn)
+	return err == nil && t.Backend == Postgres
+}
+
+// urlScheme returns the scheme of a string that starts like a URL that
+// would otherwise be taken for a file path: "scheme://…", or "postgres:" /
+// "postgresql:" in any case without the slashes. A plain file name with a
+// colon (backup:2024.db) is no URL.
+func urlScheme(s string) (string, bool) {
+	i := strings.IndexByte(s, ':')
+	if i <= 0 {
+		return "", false
+	}
+	scheme := s[:i]
+	for j := 0; j < len(scheme); j++ {
+		c := scheme[j]
+		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (j == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return "", false
+		}
+	}
+	if strings.HasPrefix(s[i:], "://") {
+		return scheme, true
+	}
+	lower := strings.ToLower(scheme)
+	return scheme, lower == "postgres" || lower == "postgresql"
+}
+
+// isKeywordValue reports whether s is a libpq keyword/value connection
+// string: its first word is an identifier, then '=' (libpq allows spaces
+// around it). A SQLite file whose name starts that way is sqlite:NAME or
+// ./NAME.
+func isKeywordValue(s string) bool {
+	i := 0
+	for i < len(s) && (s[i] == '_' || 'a' <= s[i] && s[i] <= 'z' || 'A' <= s[i] && s[i] <= 'Z' || i > 0 && '0' <= s[i] && s[i] <= '9') {
+		i++
+	}
+	if i == 0 {
+		return false
+	}
+	rest := strings.TrimLeft(s[i:], " \t")
+	return strings.HasPrefix(rest, "=")
 }
 
 // Open opens the sink named by dsn; the backend logs to slog.Default().
@@ -27,19 +127,19 @@ func Open(ctx context.Context, dsn string, opt sink.Options) (sink.Sink, error) 
 // OpenWithLogger opens the sink named by dsn; the backend reports payload
 // conflicts and fenced outcomes to logger.
 func OpenWithLogger(ctx context.Context, dsn string, opt sink.Options, logger *slog.Logger) (sink.Sink, error) {
-	dsn = strings.TrimSpace(dsn)
-	if dsn == "" {
-		return nil, errors.New("no database given: set --db or GEMRECON_DB")
+	t, err := Parse(dsn)
+	if err != nil {
+		return nil, err
 	}
 	// Return a nil interface, not a typed nil, on error.
-	if IsPostgres(dsn) {
-		s, err := postgres.Open(ctx, dsn, opt, postgres.WithLogger(logger))
+	if t.Backend == Postgres {
+		s, err := postgres.Open(ctx, t.DSN, opt, postgres.WithLogger(logger))
 		if err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
-	s, err := sqlite.Open(ctx, strings.TrimPrefix(dsn, "sqlite:"), opt, sqlite.WithLogger(logger))
+	s, err := sqlite.Open(ctx, t.DSN, opt, sqlite.WithLogger(logger))
 	if err != nil {
 		return nil, err
 	}

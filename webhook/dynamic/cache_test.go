@@ -1,7 +1,6 @@
 package dynamic_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
 
@@ -215,23 +215,8 @@ func TestUnknownKidFloodIsBounded(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is a buffer safe for a logger and a test to share.
+type syncBuffer = testkit.Buffer
 
 func randomBytes(n int) []byte {
 	b := make([]byte, n)

@@ -1,0 +1,51 @@
+package dispatch
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+)
+
+// DrainLine is drain's summary line: a Summary's counts and the run's
+// duration, under the same field names in the text line and in the JSON
+// object that --log-format json asks for (as ingest.Summary is a poll
+// pass's).
+type DrainLine struct {
+	Claimed     int    `json:"claimed"`
+	OK          int    `json:"ok"`
+	Failed      int    `json:"failed"`
+	Dead        int    `json:"dead"`
+	Fenced      int    `json:"fenced"`
+	Unconfirmed int    `json:"unconfirmed"`
+	Duration    string `json:"duration"` // Go's notation, rounded to the millisecond: "1.42s"
+}
+
+// Line returns the summary line of a drain that took d.
+func (s Summary) Line(d time.Duration) DrainLine {
+	return DrainLine{Claimed: s.Claimed, OK: s.OK, Failed: s.Failed, Dead: s.Dead, Fenced: s.Fenced,
+		Unconfirmed: s.Unconfirmed, Duration: d.Round(time.Millisecond).String()}
+}
+
+// String renders the text line:
+//
+//	drain: claimed=3 ok=2 failed=1 dead=0 fenced=0 unconfirmed=0 duration=1.42s
+func (l DrainLine) String() string {
+	return fmt.Sprintf("drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d unconfirmed=%d duration=%s",
+		l.Claimed, l.OK, l.Failed, l.Dead, l.Fenced, l.Unconfirmed, l.Duration)
+}
+
+// Write writes the line to w: the text line, or with asJSON one JSON object
+// with the same field names.
+func (l DrainLine) Write(w io.Writer, asJSON bool) error {
+	if !asJSON {
+		_, err := fmt.Fprintln(w, l.String())
+		return err
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}

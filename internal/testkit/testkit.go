@@ -1,0 +1,150 @@
+// Package testkit holds the helpers that tests of several packages share: a
+// buffer a child process and a test may use at once, and the one way a test
+// binary runs itself as a child (the real gemrecon, a crashing dispatcher, a
+// second process on the same database). It is a non-test package so that
+// every package's tests can import it; nothing but tests may import it.
+//
+// Children are started the way testscript starts the commands it registers:
+// Main makes the test binary act as a named command when its argv[0] is that
+// name, and Command starts the test binary with argv[0] set to it. No
+// environment variable decides, so a child's environment is the test's to
+// choose, and a script's `exec gemrecon` and a Go test's Command run the
+// same code.
+package testkit
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/rogpeppe/go-internal/testscript"
+)
+
+// Buffer is a bytes.Buffer for concurrent use: a child's output goroutine,
+// a logger or a server writes to it while the test reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// Reset empties the buffer.
+func (b *Buffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b.Reset()
+}
+
+// Bytes returns a copy of what was written so far.
+func (b *Buffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.b.Bytes())
+}
+
+// Main is TestMain's body for a package whose tests start children: when
+// the test binary was started as one of commands (argv[0]'s base name is the
+// command's name: Command, or a testscript script's `exec NAME`), it runs
+// that command and exits with its status; otherwise it runs the tests. The
+// commands are also installed in $PATH for the tests and their children
+// (testscript.Main), so that a shell command an effect runs can call them by
+// name.
+//
+// Before the tests run it sets GORACE for every child they start (RaceEnv).
+func Main(m *testing.M, commands map[string]func() int) {
+	if name, value, ok := strings.Cut(RaceEnv(), "="); ok && os.Getenv(name) != value {
+		os.Setenv(name, value) // read by each child's race runtime, not by this process's
+	}
+	cmds := make(map[string]func(), len(commands))
+	for name, fn := range commands {
+		cmds[name] = func() { os.Exit(fn()) }
+	}
+	testscript.Main(m, cmds)
+}
+
+// Command returns a command that runs this test binary as the named command
+// of Main, with args and the test's environment (cmd.Env is set, so that a
+// test may append to it).
+func Command(name string, args ...string) *exec.Cmd {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Args[0] = name // what Main dispatches on
+	cmd.Env = os.Environ()
+	return cmd
+}
+
+// RaceEnv returns the GORACE setting for the children of a test built with
+// -race: the race detector's default makes every process that exits 0
+// sleep a second first (atexit_sleep_ms=1000, so that reports from
+// goroutines still running can come out); a child's reports still go to its
+// stderr, which the tests read, and the tests start hundreds of children
+// that exit 0. Options already in GORACE are kept, and an atexit_sleep_ms
+// already there wins.
+func RaceEnv() string {
+	old := os.Getenv("GORACE")
+	if strings.Contains(old, "atexit_sleep_ms=") {
+		return "GORACE=" + old
+	}
+	return "GORACE=" + strings.TrimSpace(old+" atexit_sleep_ms=0")
+}
+
+// Nobody is the user and group id tests drop to where file modes must
+// count: root may write any file.
+const Nobody = 65534
+
+// DropToNobody makes the calling process run as the nobody user from now
+// on, when it runs as root, so that file modes count as they do for an
+// ordinary user; it does nothing for any other user. First it makes the
+// working directory and every directory above it searchable by others
+// (adding only o+x), so that the files of the test's temporary directories
+// stay reachable. A command registered with Main calls it before it does
+// its work.
+func DropToNobody() error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	for {
+		if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(dir, fi.Mode().Perm()|0o001); err != nil {
+				return err
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return err
+	}
+	if err := syscall.Setgid(Nobody); err != nil {
+		return err
+	}
+	return syscall.Setuid(Nobody)
+}

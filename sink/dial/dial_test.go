@@ -1,0 +1,65 @@
+package dial
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestParse: what a --db string names (issue 16's newcomer traps: a libpq
+// keyword/value string was taken for a SQLite file name, and so was
+// postgres:/bad).
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		backend Backend
+		dsn     string
+	}{
+		{"gemrecon.db", SQLite, "gemrecon.db"},
+		{"/var/lib/gemrecon/sink.db", SQLite, "/var/lib/gemrecon/sink.db"},
+		{"  ./s.db ", SQLite, "./s.db"},
+		{"sqlite:s.db", SQLite, "s.db"},
+		{"sqlite:host=x.db", SQLite, "host=x.db"}, // the way to name such a file
+		{"./host=x.db", SQLite, "./host=x.db"},
+		{"backup:2024.db", SQLite, "backup:2024.db"}, // a colon in a file name is no URL
+		{"file:x.db", SQLite, "file:x.db"},
+		{"my db.sqlite", SQLite, "my db.sqlite"},
+		{"postgres://u@h/db?sslmode=disable", Postgres, "postgres://u@h/db?sslmode=disable"},
+		{"postgresql://h/db", Postgres, "postgresql://h/db"},
+		{"host=127.0.0.1 user=postgres dbname=test", Postgres, "host=127.0.0.1 user=postgres dbname=test"},
+		{"dbname=test", Postgres, "dbname=test"},
+		{"host = db port=5433", Postgres, "host = db port=5433"},
+		{"service=gemrecon", Postgres, "service=gemrecon"},
+	} {
+		got, err := Parse(tc.in)
+		if err != nil || got.Backend != tc.backend || got.DSN != tc.dsn {
+			t.Errorf("Parse(%q) = %+v, %v; want backend %d, DSN %q", tc.in, got, err, tc.backend, tc.dsn)
+		}
+		if IsPostgres(tc.in) != (tc.backend == Postgres) {
+			t.Errorf("IsPostgres(%q) = %v", tc.in, !(tc.backend == Postgres))
+		}
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"", "empty"},
+		{"   ", "empty"},
+		{"postgres:/bad", "postgres:… is not a PostgreSQL URL"},
+		{"postgres:bad", "postgres:… is not a PostgreSQL URL"},
+		{"postgresql:/x", "postgresql:… is not a PostgreSQL URL"},
+		{"POSTGRES://u:secret@h/db", "POSTGRES:… is not a PostgreSQL URL"},
+		{"Postgres:/u:secret@h/db", "Postgres:… is not a PostgreSQL URL"},
+		{"mysql://u:secret@h/db", "mysql://… is neither a SQLite file path nor a PostgreSQL URL"},
+		{"http://h/x.db", "http://… is neither"},
+	} {
+		got, err := Parse(tc.in)
+		if !errors.Is(err, ErrInvalidDSN) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%q) = %+v, %v; want ErrInvalidDSN saying %q", tc.in, got, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("Parse(%q): the error %q quotes the password", tc.in, err)
+		}
+		if IsPostgres(tc.in) {
+			t.Errorf("IsPostgres(%q) = true for a refused string", tc.in)
+		}
+	}
+}
