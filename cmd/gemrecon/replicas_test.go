@@ -464,7 +464,11 @@ func TestReplicasKillHolderMidPass(t *testing.T) {
 	}
 	var fleet []*replica
 	for range 3 {
-		fleet = append(fleet, startServe(t, db, api, log, "--page-size", "5", "--pass-lease", lease.String()))
+		// --lease 4s: the killed process may hold effect claims (claimed at
+		// listing, before their effects ran); the others take them over once
+		// that lease has run out, not after the default 10 minutes.
+		fleet = append(fleet, startServe(t, db, api, log, "--page-size", "5", "--pass-lease", lease.String(),
+			"--lease", "4s", "--effect-timeout", "3s"))
 	}
 	byPid := map[int]*replica{}
 	for _, r := range fleet {
