@@ -2,7 +2,6 @@ package webhook_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,24 +17,16 @@ import (
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
-// Environment of a child serve process (the test binary re-executed).
-const (
-	envChild    = "GEMRECON_WEBHOOK_TEST_CHILD" // "serve"
-	envDB       = "GEMRECON_WEBHOOK_TEST_DB"
-	envEffects  = "GEMRECON_WEBHOOK_TEST_EFFECTS"  // file the effect appends keys to
-	envDispatch = "GEMRECON_WEBHOOK_TEST_DISPATCH" // "1": run background dispatch
-)
-
+// TestMain makes the test binary a serve process when started as
+// webhook-serve (startChild).
 func TestMain(m *testing.M) {
-	if os.Getenv(envChild) == "serve" {
-		os.Exit(childServe())
-	}
-	os.Exit(m.Run())
+	testkit.Main(m, map[string]func() int{"webhook-serve": childServe})
 }
 
 // appendEffect is a real side effect: it appends the key to a file, one
@@ -79,12 +70,19 @@ func effectLines(t testing.TB, path string) []string {
 }
 
 // childServe is a whole `gemrecon serve` in miniature: sink, optional
-// dispatcher, verifying receiver, graceful shutdown on SIGTERM.
+// dispatcher, verifying receiver, graceful shutdown on SIGTERM. Its
+// arguments: the database, the file the effect appends keys to, and
+// "dispatch" to run background dispatch (or "none").
 func childServe() int {
+	if len(os.Args) != 4 {
+		fmt.Fprintln(os.Stderr, "usage: webhook-serve DB EFFECTS dispatch|none")
+		return 2
+	}
+	db, effects, dispatchOn := os.Args[1], os.Args[2], os.Args[3] == "dispatch"
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := sqlite.Open(ctx, os.Getenv(envDB), sink.Options{}, sqlite.WithLogger(log))
+	s, err := sqlite.Open(ctx, db, sink.Options{}, sqlite.WithLogger(log))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
@@ -92,8 +90,8 @@ func childServe() int {
 	defer s.Close()
 	cfg := webhook.Config{Sink: s, Secrets: []string{testSecret}, Logger: log}
 	var d *dispatch.Dispatcher
-	if os.Getenv(envDispatch) == "1" {
-		d, err = dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: os.Getenv(envEffects)}, Logger: log, Interval: 50 * time.Millisecond})
+	if dispatchOn {
+		d, err = dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects}, Logger: log, Interval: 50 * time.Millisecond})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 1
@@ -133,20 +131,19 @@ func childServe() int {
 type child struct {
 	cmd    *exec.Cmd
 	base   string
-	stderr *bytes.Buffer
+	stderr *testkit.Buffer
 	done   chan error
 }
 
 // startChild re-executes the test binary as a serve process on db.
 func startChild(t *testing.T, db, effects string, dispatchOn bool) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	env := []string{envChild + "=serve", envDB + "=" + db, envEffects + "=" + effects}
+	mode := "none"
 	if dispatchOn {
-		env = append(env, envDispatch+"=1")
+		mode = "dispatch"
 	}
-	cmd.Env = append(os.Environ(), env...)
-	var stderr bytes.Buffer
+	cmd := testkit.Command("webhook-serve", db, effects, mode)
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

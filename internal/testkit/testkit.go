@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
 )
@@ -69,7 +68,10 @@ func (b *Buffer) Bytes() []byte {
 // name.
 //
 // Before the tests run it sets GORACE for every child they start (RaceEnv).
-func Main(m *testing.M, commands map[string]func() int) {
+//
+// m is the package's *testing.M, or something that runs it and more (work
+// to do after every test of the binary has run).
+func Main(m testscript.TestingM, commands map[string]func() int) {
 	if name, value, ok := strings.Cut(RaceEnv(), "="); ok && os.Getenv(name) != value {
 		os.Setenv(name, value) // read by each child's race runtime, not by this process's
 	}

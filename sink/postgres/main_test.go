@@ -6,29 +6,30 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// envChild makes the test binary act as a drain worker (see drainChild).
-const envChild = "GEMRECON_PG_TEST_CHILD_DSN"
-
+// TestMain makes the test binary a drain worker when started as pg-drain
+// (see drainChild).
 func TestMain(m *testing.M) {
-	if dsn := os.Getenv(envChild); dsn != "" {
-		os.Exit(drainChild(dsn))
-	}
-	os.Exit(m.Run())
+	testkit.Main(m, map[string]func() int{"pg-drain": drainChild})
 }
 
-// drainChild opens the sink at dsn (the migration races the other
-// children's), claims due keys until none is left, completes each and
-// prints its key.
-func drainChild(dsn string) int {
+// drainChild opens the sink at the DSN of its one argument (the migration
+// races the other children's), claims due keys until none is left,
+// completes each and prints its key.
+func drainChild() int {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: pg-drain DSN")
+		return 2
+	}
+	dsn := os.Args[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	s, err := Open(ctx, dsn, sink.Options{})
@@ -100,8 +101,7 @@ func runChildren(t *testing.T, dsn string, procs int) []string {
 	var wg sync.WaitGroup
 	for i := range procs {
 		wg.Go(func() {
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), envChild+"="+dsn)
+			cmd := testkit.Command("pg-drain", dsn)
 			cmd.Stdout = &outs[i]
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

@@ -12,6 +12,7 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // perSecond reports n operations over the benchmark's elapsed time.
@@ -44,14 +45,14 @@ func BenchmarkRawFdatasync(b *testing.B) {
 // on a fresh file in its own temporary directory; the SQLite sink counts its
 // commits, so ops per commit (= per disk sync) are reported too.
 func BenchmarkSink(b *testing.B) {
-	sinktest.Bench(b, func(b *testing.B) sink.Sink { return openTemp(b, sink.Options{}) })
+	sinktest.Bench(b, func(b *testing.B) sink.Sink { return sqlitetest.OpenTemp(b, sink.Options{}) })
 }
 
 // BenchmarkDueBacklog lists the 4 oldest due keys of a backlog of 5,000
 // pending keys: what each of a dispatcher's batch claims has to find.
 func BenchmarkDueBacklog(b *testing.B) {
 	ctx := context.Background()
-	s := openTemp(b, sink.Options{})
+	s := sqlitetest.OpenTemp(b, sink.Options{})
 	sightings := make([]sink.Sighting, 5000)
 	for i := range sightings {
 		sightings[i] = sink.Sighting{Key: fmt.Sprintf("gemini:batches/due-%05d", i), Source: sink.SourcePoll}

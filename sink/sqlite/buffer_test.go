@@ -13,6 +13,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // storedSeen reads seen_count straight from the file, bypassing the sink's
@@ -132,7 +133,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // A lease that would be expired when granted is refused, changing nothing.
 func TestNonPositiveLease(t *testing.T) {
 	ctx := context.Background()
-	s := openTemp(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	if _, err := s.Record(ctx, sink.Sighting{Key: "k", Source: "poll"}); err != nil {
 		t.Fatal(err)
 	}

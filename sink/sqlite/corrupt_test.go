@@ -2,7 +2,6 @@ package sqlite_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // corruptKeys is how many keys the corruption fixtures hold: enough for the
@@ -109,50 +109,6 @@ func (g *errgroup) Wait() error {
 	return errors.Join(g.errs...)
 }
 
-// page finds a b-tree page of name: its root ("/"), or its last leaf.
-func page(t *testing.T, path, name string, root bool) (pgno, size int64) {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := db.QueryRow("PRAGMA page_size").Scan(&size); err != nil {
-		t.Fatal(err)
-	}
-	q := `SELECT pageno FROM dbstat WHERE name = ? AND path = '/'`
-	if !root {
-		q = `SELECT pageno FROM dbstat WHERE name = ? AND pagetype = 'leaf' AND path <> '/' ORDER BY path DESC LIMIT 1`
-	}
-	if err := db.QueryRow(q, name).Scan(&pgno); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
-	return pgno, size
-}
-
-// overwrite writes b at offset off of path.
-func overwrite(t *testing.T, path string, off int64, b []byte) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// trashPage fills page pgno with 0xff bytes: no valid b-tree page.
-func trashPage(t *testing.T, path string, pgno, size int64) {
-	t.Helper()
-	b := make([]byte, size)
-	for i := range b {
-		b[i] = 0xff
-	}
-	overwrite(t, path, (pgno-1)*size, b)
-}
-
 // wantCorrupt fails unless err is the one-line message of a damaged file:
 // naming it, what was found, and what to do.
 func wantCorrupt(t *testing.T, what, path string, err error, found ...string) {
@@ -178,7 +134,7 @@ func TestCorruptHeader(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path := corruptFixture(t)
-			overwrite(t, path, tt.off, tt.b)
+			sqlitetest.Overwrite(t, path, tt.off, tt.b)
 			for _, ro := range []bool{false, true} {
 				_, err := openRW(path, sink.Options{ReadOnly: ro})
 				wantCorrupt(t, fmt.Sprintf("Open(read-only=%v)", ro), path, err, tt.found)
@@ -195,8 +151,8 @@ func TestCorruptRootPage(t *testing.T) {
 	} {
 		t.Run(o.name, func(t *testing.T) {
 			path := corruptFixture(t)
-			pgno, size := page(t, path, o.name, true)
-			trashPage(t, path, pgno, size)
+			pgno, size := sqlitetest.Page(t, path, sqlitetest.RootPage, o.name)
+			sqlitetest.TrashPage(t, path, pgno, size)
 			before := snapshot(t, path)
 			for _, ro := range []bool{false, true} {
 				_, err := openRW(path, sink.Options{ReadOnly: ro})
@@ -215,8 +171,8 @@ func TestCorruptRootPage(t *testing.T) {
 func TestCorruptDataPageFoundLater(t *testing.T) {
 	ctx := context.Background()
 	path := corruptFixture(t)
-	pgno, size := page(t, path, "gemrecon_keys", false) // holds the greatest keys
-	trashPage(t, path, pgno, size)
+	pgno, size := sqlitetest.Page(t, path, sqlitetest.LastLeaf, "gemrecon_keys") // holds the greatest keys
+	sqlitetest.TrashPage(t, path, pgno, size)
 
 	s, err := openRW(path, sink.Options{})
 	if err != nil {

@@ -3,7 +3,6 @@ package sqlite_test
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // crashChild records, claims and completes keys forever, printing each
@@ -84,15 +84,7 @@ func TestCrashLosesNothingAcknowledged(t *testing.T) {
 		t.Fatalf("child acknowledged only %d keys", len(acked))
 	}
 
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var ok string
-	if err := db.QueryRow("PRAGMA integrity_check").Scan(&ok); err != nil || ok != "ok" {
-		t.Fatalf("integrity_check = %q, %v", ok, err)
-	}
+	sqlitetest.IntegrityCheck(t, path)
 	s, err := sqlite.Open(context.Background(), path, sink.Options{}, quiet)
 	if err != nil {
 		t.Fatal(err)

@@ -1,9 +1,7 @@
 package sqlite_test
 
 import (
-	"bufio"
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,67 +9,54 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
-// childEnv selects a child role when the test binary re-executes itself.
-const childEnv = "GEMRECON_SQLITE_TEST_CHILD"
-
+// TestMain makes the test binary one of the child processes of the tests
+// when started under its name (child; the lock holder of sqlitetest).
 func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "":
-		code := m.Run()
-		for _, f := range cleanups {
-			f()
+	onPath := func(f func(path string) int) func() int {
+		return func() int {
+			if len(os.Args) < 2 {
+				fmt.Fprintln(os.Stderr, "usage:", os.Args[0], "PATH [ARGS...]")
+				return 2
+			}
+			return f(os.Args[1])
 		}
-		os.Exit(code)
-	case "race":
-		os.Exit(raceChild(os.Args[len(os.Args)-1]))
-	case "hold":
-		os.Exit(holdChild(os.Args[len(os.Args)-1]))
-	case "open":
-		os.Exit(openChild(os.Args[len(os.Args)-1]))
-	case "start":
-		os.Exit(startChild(os.Args[len(os.Args)-1]))
-	case "crash":
-		os.Exit(crashChild(os.Args[len(os.Args)-1]))
-	default:
-		fmt.Fprintln(os.Stderr, "unknown child role", os.Getenv(childEnv))
-		os.Exit(2)
 	}
+	testkit.Main(afterAll{m}, map[string]func() int{
+		"sqlite-race":              onPath(raceChild),
+		"sqlite-open":              onPath(openChild),
+		"sqlite-start":             onPath(startChild),
+		"sqlite-crash":             onPath(crashChild),
+		sqlitetest.HoldLockCommand: sqlitetest.HoldLockMain,
+	})
+}
+
+// afterAll runs the tests, then the cleanups.
+type afterAll struct{ m *testing.M }
+
+func (a afterAll) Run() int {
+	code := a.m.Run()
+	for _, f := range cleanups {
+		f()
+	}
+	return code
 }
 
 // cleanups run after every test of the binary (for fixtures shared by tests).
 var cleanups []func()
 
-// child starts the test binary in role on path.
-func child(t *testing.T, role, path string) *exec.Cmd {
+// child starts the test binary as the child process sqlite-ROLE on path,
+// with args after path.
+func child(t *testing.T, role, path string, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$", path)
-	cmd.Env = append(os.Environ(), childEnv+"="+role)
+	cmd := testkit.Command("sqlite-"+role, append([]string{path}, args...)...)
 	cmd.Stderr = os.Stderr
 	return cmd
-}
-
-// holdChild takes the write lock of path, says "locked", and keeps it until
-// its stdin closes.
-func holdChild(path string) int {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_txlock=immediate")
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	defer db.Close()
-	tx, err := db.Begin()
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	fmt.Println("locked")
-	bufio.NewReader(os.Stdin).ReadString('\n')
-	tx.Rollback()
-	return 0
 }
 
 // openChild opens path for writing and prints "ok" or the error, one line.

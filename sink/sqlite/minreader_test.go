@@ -2,7 +2,6 @@ package sqlite_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -12,36 +11,14 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // metaValue reads one gemrecon_meta value of a closed database.
 func metaValue(t *testing.T, path, name string) int {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&immutable=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var v int
-	if err := db.QueryRow(`SELECT value FROM gemrecon_meta WHERE name = ?`, name).Scan(&v); err != nil {
-		t.Fatalf("gemrecon_meta %s: %v", name, err)
-	}
-	return v
-}
-
-// headerVersion reads user_version of a closed database without creating
-// anything beside it.
-func headerVersion(t *testing.T, path string) int {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&immutable=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var v int
-	if err := db.QueryRow(`PRAGMA user_version`).Scan(&v); err != nil {
-		t.Fatal(err)
-	}
+	sqlitetest.QueryRow(t, sqlitetest.Immutable(path), `SELECT value FROM gemrecon_meta WHERE name = ?`, []any{name}, &v)
 	return v
 }
 
@@ -103,7 +80,7 @@ func TestMinimumReader(t *testing.T) {
 	}
 	use(t, newer, "gemini:batches/newer-binary")
 	newer.Close()
-	if v, mr := headerVersion(t, path), metaValue(t, path, "min_reader"); v != known+1 || mr != minReader {
+	if v, mr := sqlitetest.UserVersion(t, sqlitetest.Immutable(path)), metaValue(t, path, "min_reader"); v != known+1 || mr != minReader {
 		t.Fatalf("after the additive migration: version %d, min_reader %d; want %d, %d", v, mr, known+1, minReader)
 	}
 
@@ -122,7 +99,7 @@ func TestMinimumReader(t *testing.T) {
 		t.Fatalf("read-only Get = %+v, %v", e, err)
 	}
 	ro.Close()
-	if v := headerVersion(t, path); v != known+1 {
+	if v := sqlitetest.UserVersion(t, sqlitetest.Immutable(path)); v != known+1 {
 		t.Fatalf("version after this binary used it = %d, want %d (never migrated down)", v, known+1)
 	}
 
@@ -140,7 +117,7 @@ func TestMinimumReader(t *testing.T) {
 			t.Fatalf("%s: %v is not ErrSchemaTooNew", what, err)
 		}
 	}
-	if v := headerVersion(t, path); v != known+1 {
+	if v := sqlitetest.UserVersion(t, sqlitetest.Immutable(path)); v != known+1 {
 		t.Logf("the header shows version %d already (checkpointed)", v)
 	}
 	_, err = openRW(path, sink.Options{})
@@ -150,7 +127,7 @@ func TestMinimumReader(t *testing.T) {
 	newer.Close()
 
 	// Closed: the header shows it, and the refusal changes nothing.
-	if v := headerVersion(t, path); v != known+2 {
+	if v := sqlitetest.UserVersion(t, sqlitetest.Immutable(path)); v != known+2 {
 		t.Fatalf("header version after close = %d, want %d", v, known+2)
 	}
 	before := snapshot(t, path)
@@ -175,7 +152,7 @@ func TestMinimumReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer newer.Close()
-	if v := headerVersion(t, path); v != known {
+	if v := sqlitetest.UserVersion(t, sqlitetest.Immutable(path)); v != known {
 		t.Fatalf("header version = %d, want %d (the migrations only in the WAL)", v, known)
 	}
 	_, err = openRW(path, sink.Options{})

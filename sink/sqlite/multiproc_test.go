@@ -3,7 +3,6 @@ package sqlite_test
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 const (
@@ -26,15 +26,23 @@ const (
 	// this machine is shared; what the test asserts is that no busy error
 	// surfaces, not how long one lock wait takes.
 	raceBusyTimeout = 30 * time.Second
-	childIndexEnv   = "GEMRECON_SQLITE_TEST_INDEX"
 )
 
 // raceChild records, claims and completes every key (in one of two orders,
 // so that four processes race on the same key at a time) and prints
 // "done KEY TOKEN" for each Complete that succeeded. Any error other than
-// ErrNotClaimable is printed and fails the child.
+// ErrNotClaimable is printed and fails the child. Its index among the
+// processes is its second argument.
 func raceChild(path string) int {
-	idx, _ := strconv.Atoi(os.Getenv(childIndexEnv))
+	if len(os.Args) != 3 {
+		fmt.Println("error: usage: sqlite-race PATH INDEX")
+		return 2
+	}
+	idx, err := strconv.Atoi(os.Args[2])
+	if err != nil {
+		fmt.Println("error: index:", err)
+		return 2
+	}
 	ctx := context.Background()
 	s, err := sqlite.Open(ctx, path, sink.Options{BusyTimeout: raceBusyTimeout}, quiet)
 	if err != nil {
@@ -96,8 +104,7 @@ func TestMultiProcess(t *testing.T) {
 	)
 	start := time.Now()
 	for i := range raceProcesses {
-		cmd := child(t, "race", path)
-		cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", childIndexEnv, i))
+		cmd := child(t, "race", path, strconv.Itoa(i))
 		wg.Go(func() {
 			out, err := cmd.Output()
 			mu.Lock()
@@ -151,15 +158,7 @@ func TestMultiProcess(t *testing.T) {
 	if want := int64(raceKeys * (raceProcesses - 1)); st.DuplicatesSuppressed != want {
 		t.Fatalf("DuplicatesSuppressed = %d, want %d (every process saw every key)", st.DuplicatesSuppressed, want)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var ok string
-	if err := db.QueryRow("PRAGMA integrity_check").Scan(&ok); err != nil || ok != "ok" {
-		t.Fatalf("integrity_check = %q, %v", ok, err)
-	}
+	sqlitetest.IntegrityCheck(t, path)
 }
 
 func lastLines(s string, n int) string {

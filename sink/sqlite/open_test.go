@@ -1,7 +1,6 @@
 package sqlite_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -15,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // oneLine fails unless err is a one-line message containing every want.
@@ -263,8 +264,8 @@ func TestOpenReadOnlyFile(t *testing.T) {
 		bin := filepath.Join(dir, "sqlite.test")
 		copyFile(t, os.Args[0], bin, 0o755)
 		cmd := child(t, "open", path)
-		cmd.Path, cmd.Args[0] = bin, bin
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		cmd.Path = bin // argv[0] still names the command
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testkit.Nobody, Gid: testkit.Nobody}}
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("child as nobody: %v (%s)", err, out)
@@ -311,24 +312,7 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	}
 	defer early.Close()
 
-	holder := child(t, "hold", path)
-	stdin, err := holder.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Wait()
-	defer stdin.Close()
-	line, _ := bufio.NewReader(stdout).ReadString('\n')
-	if strings.TrimSpace(line) != "locked" {
-		t.Fatalf("holder said %q, want locked", line)
-	}
+	release := sqlitetest.HoldLock(t, path)
 
 	_, err = openRW(path, opt)
 	oneLine(t, "Open while locked", err, path, "locked by another process")
@@ -336,9 +320,9 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	oneLine(t, "Record while locked", err, path, "locked by another process")
 	oneLine(t, "Ping while locked", early.Ping(ctx), path, "locked by another process")
 
-	stdin.Close()
-	if err := holder.Wait(); err != nil {
-		t.Fatalf("holder: %v", err)
+	release()
+	if t.Failed() {
+		t.FailNow() // the holder failed
 	}
 	if r, err := early.Record(ctx, sink.Sighting{Key: "k", Source: "poll"}); err != nil || !r.New {
 		t.Fatalf("Record after the lock went = %+v, %v; want new", r, err)
@@ -354,7 +338,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	// A read-only open neither reads nor upgrades an older schema.
 	_, err := openRW(path, sink.Options{ReadOnly: true})
 	oneLine(t, "read-only Open(v1)", err, path, "schema version 1 is older", "writing command")
-	if v := userVersion(t, path); v != 1 {
+	if v := sqlitetest.UserVersion(t, sqlitetest.ReadOnly(path)); v != 1 {
 		t.Fatalf("user_version after a read-only open = %d, want 1", v)
 	}
 
@@ -364,7 +348,7 @@ func TestUpgradeFromV1(t *testing.T) {
 		t.Fatalf("Open(v1): %v", err)
 	}
 	defer s.Close()
-	if v := userVersion(t, path); v != sqlite.SchemaVersion() || v < 2 {
+	if v := sqlitetest.UserVersion(t, sqlitetest.ReadOnly(path)); v != sqlite.SchemaVersion() || v < 2 {
 		t.Fatalf("user_version after Open = %d, want %d", v, sqlite.SchemaVersion())
 	}
 	want := map[string]sink.State{
@@ -428,18 +412,4 @@ func TestUpgradeFromV1(t *testing.T) {
 	if err != nil || st.Fenced != 0 || st.ByState[sink.StatePending] != 2 {
 		t.Fatalf("Stats = %+v, %v", st, err)
 	}
-}
-
-func userVersion(t *testing.T, path string) int {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var v int
-	if err := db.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	return v
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // startChild says "ready", waits for the barrier (EOF on fd 3), opens path
@@ -122,40 +123,6 @@ func TestStartTogether(t *testing.T) {
 	}
 }
 
-// startHolder starts holdChild on path and returns once it holds the write
-// lock; release makes it let go. On a new (empty) file that is what another
-// process starting at the same time does while it switches the file to WAL
-// mode: it holds the lock in rollback-journal mode.
-func startHolder(t *testing.T, path string) (release func()) {
-	t.Helper()
-	holder := child(t, "hold", path)
-	stdin, err := holder.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			stdin.Close()
-			if err := holder.Wait(); err != nil {
-				t.Errorf("holder: %v", err)
-			}
-		})
-	}
-	t.Cleanup(release)
-	if line, _ := bufio.NewReader(stdout).ReadString('\n'); strings.TrimSpace(line) != "locked" {
-		t.Fatalf("holder said %q, want locked", line)
-	}
-	return release
-}
-
 // The interleaving of two processes starting on a new file, forced: another
 // process holds the write lock of the (empty) file, in rollback-journal mode,
 // while this one switches it to WAL mode. SQLite answers that switch with
@@ -168,7 +135,10 @@ func TestOpenWhileAnotherHoldsTheNewFile(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil { // the other process created it
 		t.Fatal(err)
 	}
-	release := startHolder(t, path)
+	// The holder takes the write lock as another process starting at the
+	// same time does while it switches the file to WAL mode: in
+	// rollback-journal mode.
+	release := sqlitetest.HoldLock(t, path)
 	retries := 0
 	defer sqlite.SetBusyRetryHook(func(err error) {
 		retries++
@@ -197,7 +167,7 @@ func TestOpenBusyMessageTellsTheWait(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	startHolder(t, path)
+	sqlitetest.HoldLock(t, path)
 	const busy = 300 * time.Millisecond
 	t0 := time.Now()
 	_, err := sqlite.Open(context.Background(), path, sink.Options{BusyTimeout: busy}, quiet)

@@ -9,6 +9,7 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // TestStoredKeys: keys written before spec §12's check existed (here with
@@ -16,7 +17,7 @@ import (
 // readable and usable.
 func TestStoredKeys(t *testing.T) {
 	sinktest.RunStoredKeys(t,
-		func(t *testing.T, opt sink.Options) sink.Sink { return openTemp(t, opt) },
+		func(t *testing.T, opt sink.Options) sink.Sink { return sqlitetest.OpenTemp(t, opt) },
 		func(t *testing.T, s sink.Sink, key string, at time.Time) bool {
 			t.Helper()
 			db, err := sql.Open("sqlite", "file:"+s.(*sqlite.Sink).Path()+"?_pragma=busy_timeout(5000)")
