@@ -14,33 +14,14 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
-// openAt opens (creating) the sink at path for the parent's own use.
+// openAt opens (creating) the sink at path for the parent's own use, with
+// the busy timeout the child processes use.
 func openAt(t *testing.T, path string) *sqlite.Sink {
 	t.Helper()
-	s, err := sqlite.Open(context.Background(), path, sink.Options{BusyTimeout: 30 * time.Second}, sqlite.WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatalf("sqlite.Open(%q): %v", path, err)
-	}
-	return s
-}
-
-// integrityCheck runs PRAGMA integrity_check on a read-only connection.
-func integrityCheck(t *testing.T, path string) {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var res string
-	if err := db.QueryRow("PRAGMA integrity_check").Scan(&res); err != nil {
-		t.Fatalf("integrity_check: %v", err)
-	}
-	if res != "ok" {
-		t.Errorf("PRAGMA integrity_check = %q, want ok", res)
-	}
+	return sqlitetest.Open(t, path, sink.Options{BusyTimeout: 30 * time.Second})
 }
 
 // writeLockFree reports whether a write transaction can begin on the
@@ -115,7 +96,7 @@ func testR1(t *testing.T, db, dir string) {
 		t.Errorf("done keys = %d, %v, want 200", len(done), err)
 	}
 	if isSQLite(db) {
-		integrityCheck(t, db)
+		sqlitetest.IntegrityCheck(t, db)
 	}
 }
 
@@ -232,7 +213,7 @@ func TestR2KillNemesis(t *testing.T) {
 	}
 	t.Logf("R2: %d keys, %d kills, %d effect lines, %d duplicates (bound %d), fenced %d, last process %+v, %v",
 		len(ks), kills, lines, dups, kills*concurrency, st.Fenced, sum, elapsed.Round(time.Millisecond))
-	integrityCheck(t, db)
+	sqlitetest.IntegrityCheck(t, db)
 }
 
 // TestR3StoppedHolderIsFenced: a holder SIGSTOPped mid-effect past its lease
@@ -321,7 +302,7 @@ func testR3(t *testing.T, db, dir string) {
 		t.Error(err)
 	}
 	if isSQLite(db) {
-		integrityCheck(t, db)
+		sqlitetest.IntegrityCheck(t, db)
 	}
 }
 

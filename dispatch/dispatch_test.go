@@ -20,34 +20,13 @@ import (
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // quietLogger keeps expected warnings (failures, fencing) out of the output.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 var t0 = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
-
-// openSink opens a fresh SQLite sink in t.TempDir().
-func openSink(t testing.TB, opt sink.Options) *sqlite.Sink {
-	t.Helper()
-	return openSinkAt(t, filepath.Join(t.TempDir(), "gemrecon.db"), opt)
-}
-
-// openSinkAt opens the sink at path, closed when the test ends.
-func openSinkAt(t testing.TB, path string, opt sink.Options) *sqlite.Sink {
-	t.Helper()
-	s, err := sqlite.Open(context.Background(), path, opt, sqlite.WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatalf("sqlite.Open(%q): %v", path, err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return s
-}
 
 func record(t testing.TB, s sink.Sink, keys ...string) {
 	t.Helper()
@@ -108,7 +87,7 @@ func (l *lockedBuffer) events(t *testing.T) []effect.Event {
 }
 
 func TestNewValidates(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	eff := effect.NewPrint(io.Discard)
 	tests := []struct {
 		name string
@@ -140,7 +119,7 @@ func TestNewValidates(t *testing.T) {
 }
 
 func TestDrainRunsEveryDueKeyOnceWithTheEventDocument(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	ks := keys(50)
 	record(t, s, ks...)
 	// A key with a payload that says nothing of its state, from a webhook.
@@ -215,7 +194,7 @@ func (o *observerLog) count(out Outcome) int {
 // TestDrainDoesNotLoop: failures whose retry is due at once are not run
 // again in the same Drain.
 func TestDrainDoesNotLoop(t *testing.T) {
-	s := openSink(t, sink.Options{RetryBase: time.Nanosecond, RetryMax: time.Nanosecond, Rand: sinktest.FixedRand(0), MaxAttempts: 100})
+	s := sqlitetest.OpenTemp(t, sink.Options{RetryBase: time.Nanosecond, RetryMax: time.Nanosecond, Rand: sinktest.FixedRand(0), MaxAttempts: 100})
 	ks := keys(40)
 	record(t, s, ks...)
 	var mu sync.Mutex
@@ -248,7 +227,7 @@ func TestDrainDoesNotLoop(t *testing.T) {
 
 // TestDrainConcurrencyBound: never more than Concurrency effects at once.
 func TestDrainConcurrencyBound(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	record(t, s, keys(30)...)
 	var mu sync.Mutex
 	cur, peak := 0, 0
@@ -277,7 +256,7 @@ func TestDrainConcurrencyBound(t *testing.T) {
 // it) and recorded as a retryable failure.
 func TestDrainShutdownGrace(t *testing.T) {
 	t.Run("finishes within grace", func(t *testing.T) {
-		s := openSink(t, sink.Options{})
+		s := sqlitetest.OpenTemp(t, sink.Options{})
 		record(t, s, "gemini:batches/slow")
 		ctx, cancel := context.WithCancel(context.Background())
 		started := make(chan struct{})
@@ -304,7 +283,7 @@ func TestDrainShutdownGrace(t *testing.T) {
 		}
 	})
 	t.Run("killed after grace", func(t *testing.T) {
-		s := openSink(t, sink.Options{})
+		s := sqlitetest.OpenTemp(t, sink.Options{})
 		// Concurrency 1: one key runs, one is claimed ahead, one waits.
 		record(t, s, "gemini:batches/stuck1", "gemini:batches/stuck2", "gemini:batches/stuck3")
 		dir := t.TempDir()
@@ -357,7 +336,7 @@ func TestDrainShutdownGrace(t *testing.T) {
 
 func TestRunKeyOutcomes(t *testing.T) {
 	clock := sinktest.NewClock(t0)
-	s := openSink(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(1)})
+	s := sqlitetest.OpenTemp(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(1)})
 	record(t, s, "gemini:batches/a", "gemini:batches/busy", "gemini:batches/fails")
 	var out lockedBuffer
 	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out), Now: clock.Now})
@@ -394,7 +373,7 @@ func TestRunKeyOutcomes(t *testing.T) {
 
 // TestRenewExtendsLease: the lease is renewed while the effect runs.
 func TestRenewExtendsLease(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	record(t, s, "gemini:batches/long")
 	const lease = 3 * time.Second // renewed every second
 	var first, later time.Time
@@ -430,10 +409,10 @@ func TestFenced(t *testing.T) {
 		t.Run(fmt.Sprintf("via renew %v", viaRenew), func(t *testing.T) {
 			clock := sinktest.NewClock(t0)
 			path := filepath.Join(t.TempDir(), "gemrecon.db")
-			s := openSinkAt(t, path, sink.Options{Now: clock.Now})
+			s := sqlitetest.Open(t, path, sink.Options{Now: clock.Now})
 			// Another process, an hour later by its clock: our lease has
 			// expired for it, not for us.
-			other := openSinkAt(t, path, sink.Options{Now: func() time.Time { return t0.Add(time.Hour) }})
+			other := sqlitetest.Open(t, path, sink.Options{Now: func() time.Time { return t0.Add(time.Hour) }})
 			key := "gemini:batches/taken"
 			record(t, s, key)
 			lease := 3 * time.Second // renewed every second
@@ -483,7 +462,7 @@ func TestFenced(t *testing.T) {
 
 // TestRunKicks: Run drains on Kick and on its interval and stops with ctx.
 func TestRunKicks(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	var out lockedBuffer
 	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out), Interval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())

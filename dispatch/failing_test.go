@@ -15,6 +15,7 @@ import (
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // TestR4FailingEffects: failures are retried with backoff, permanent ones go
@@ -40,7 +41,7 @@ func TestR4FailingEffects(t *testing.T) {
 
 	t.Run("exit status retried with backoff until it succeeds", func(t *testing.T) {
 		clock := sinktest.NewClock(t0)
-		s := openSink(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(0.5), RetryBase: 10 * time.Second})
+		s := sqlitetest.OpenTemp(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(0.5), RetryBase: 10 * time.Second})
 		key := "gemini:batches/flaky"
 		record(t, s, key)
 		dir := t.TempDir()
@@ -92,7 +93,7 @@ func TestR4FailingEffects(t *testing.T) {
 		}))
 		defer srv.Close()
 		clock := sinktest.NewClock(t0)
-		s := openSink(t, sink.Options{Now: clock.Now})
+		s := sqlitetest.OpenTemp(t, sink.Options{Now: clock.Now})
 		key := "gemini:batches/rejected"
 		record(t, s, key)
 		fw, err := effect.NewForward(srv.URL, "", srv.Client())
@@ -124,7 +125,7 @@ func TestR4FailingEffects(t *testing.T) {
 		defer srv.Close()
 		clock := sinktest.NewClock(t0)
 		// Backoff alone would allow the next attempt at once.
-		s := openSink(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(0)})
+		s := sqlitetest.OpenTemp(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(0)})
 		key := "gemini:batches/overloaded"
 		record(t, s, key)
 		fw, err := effect.NewForward(srv.URL, "", srv.Client())
@@ -148,7 +149,7 @@ func TestR4FailingEffects(t *testing.T) {
 	})
 
 	t.Run("timed-out exec is killed with its grandchildren", func(t *testing.T) {
-		s := openSink(t, sink.Options{})
+		s := sqlitetest.OpenTemp(t, sink.Options{})
 		key := "gemini:batches/hangs"
 		record(t, s, key)
 		dir := t.TempDir()

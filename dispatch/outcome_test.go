@@ -1,17 +1,12 @@
 package dispatch
 
 import (
-	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +15,7 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // mustGet returns key's entry.
@@ -55,7 +51,7 @@ func TestOutcomeIsTheEffectsNotTheTimers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := openSink(t, sink.Options{})
+			s := sqlitetest.OpenTemp(t, sink.Options{})
 			key := "gemini:batches/late"
 			record(t, s, key)
 			d := newDispatcher(t, Config{Sink: s, EffectTimeout: 50 * time.Millisecond, Lease: time.Minute,
@@ -75,70 +71,6 @@ func TestOutcomeIsTheEffectsNotTheTimers(t *testing.T) {
 	}
 }
 
-// holdLockMain (a child process, GDT_HOLD_LOCK=path) takes the SQLite write
-// lock of path, says "locked", and keeps it until its stdin closes: to the
-// sink, the database refuses every write (busy beyond its timeout).
-func holdLockMain(path string) int {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_txlock=immediate")
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	defer db.Close()
-	tx, err := db.Begin()
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	fmt.Println("locked")
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
-	_ = tx.Rollback()
-	return 0
-}
-
-// lockHolder is a running holdLockMain process.
-type lockHolder struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	once  sync.Once
-}
-
-// holdLock starts a process that holds path's write lock until release.
-func holdLock(t *testing.T, path string) *lockHolder {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "GDT_HOLD_LOCK="+path)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h := &lockHolder{cmd: cmd, stdin: stdin}
-	t.Cleanup(func() { h.release(t) })
-	line, _ := bufio.NewReader(stdout).ReadString('\n')
-	if strings.TrimSpace(line) != "locked" {
-		t.Fatalf("lock holder said %q, want locked", line)
-	}
-	return h
-}
-
-// release lets the lock go and waits for the holder to exit.
-func (h *lockHolder) release(t *testing.T) {
-	h.once.Do(func() {
-		h.stdin.Close()
-		if err := h.cmd.Wait(); err != nil {
-			t.Errorf("lock holder: %v", err)
-		}
-	})
-}
-
 // outage is a SQLite database that refuses writes for a while after an
 // effect ran: the effect starts a process that holds the write lock (beyond
 // the sink's 50ms busy timeout) and returns success; the dispatcher's pauses
@@ -149,7 +81,7 @@ type outage struct {
 	clock  *sinktest.Clock
 	s      sink.Sink
 	runs   atomic.Int32
-	holder *lockHolder
+	holder func() // lets the lock holder (sqlitetest.HoldLock) go
 	// onPause is called after each pause (the clock already advanced),
 	// with the runCtx the pause was given.
 	onPause func(o *outage, ctx context.Context)
@@ -159,7 +91,7 @@ type outage struct {
 
 func newOutage(t *testing.T) *outage {
 	o := &outage{t: t, path: filepath.Join(t.TempDir(), "gemrecon.db"), clock: sinktest.NewClock(t0)}
-	o.s = openSinkAt(t, o.path, sink.Options{Now: o.clock.Now, BusyTimeout: 50 * time.Millisecond})
+	o.s = sqlitetest.Open(t, o.path, sink.Options{Now: o.clock.Now, BusyTimeout: 50 * time.Millisecond})
 	record(t, o.s, "gemini:batches/outage")
 	return o
 }
@@ -176,7 +108,7 @@ func (o *outage) config(lease time.Duration) Config {
 		Effect: effectFunc(func(ctx context.Context, ev effect.Event) error {
 			o.runs.Add(1)
 			if o.holder == nil {
-				o.holder = holdLock(o.t, o.path) // the database goes away right after the effect
+				o.holder = sqlitetest.HoldLock(o.t, o.path) // the database goes away right after the effect
 			}
 			return o.result
 		})}
@@ -192,7 +124,7 @@ func TestDoneSurvivesAShortOutage(t *testing.T) {
 	o := newOutage(t)
 	o.onPause = func(o *outage, _ context.Context) {
 		if o.clock.Now().Sub(t0) >= 12*time.Second {
-			o.holder.release(t)
+			o.holder()
 		}
 	}
 	d := newDispatcher(t, o.config(30*time.Second))
@@ -201,7 +133,7 @@ func TestDoneSurvivesAShortOutage(t *testing.T) {
 		t.Errorf("RunKey = %s, %v; want done once the outage ended", out, err)
 	}
 	if o.holder != nil {
-		o.holder.release(t)
+		o.holder()
 	}
 	if e := mustGet(t, o.s, "gemini:batches/outage"); e.State != sink.StateDone || e.Token != 1 {
 		t.Errorf("key is %s with token %d, want done with token 1", e.State, e.Token)
@@ -224,7 +156,7 @@ func TestFailureSurvivesAShortOutage(t *testing.T) {
 	o.result = effect.Permanent(errors.New("HTTP 400: unknown batch"))
 	o.onPause = func(o *outage, _ context.Context) {
 		if o.clock.Now().Sub(t0) >= 12*time.Second {
-			o.holder.release(t)
+			o.holder()
 		}
 	}
 	d := newDispatcher(t, o.config(30*time.Second))
@@ -232,7 +164,7 @@ func TestFailureSurvivesAShortOutage(t *testing.T) {
 		t.Errorf("RunKey = %s, %v; want dead once the outage ended", out, err)
 	}
 	if o.holder != nil {
-		o.holder.release(t)
+		o.holder()
 	}
 	if e := mustGet(t, o.s, "gemini:batches/outage"); e.State != sink.StateDead || e.Attempts != 1 {
 		t.Errorf("key is %s after %d attempts, want dead after 1", e.State, e.Attempts)
@@ -256,7 +188,7 @@ func TestDoneGivesUpWhenTheLeaseRunsShort(t *testing.T) {
 	if want := t0.Add(lease - OutcomeMargin(lease)); !gaveUp.Equal(want) {
 		t.Errorf("gave up at claim+%v, want claim+%v (lease %v − margin %v)", gaveUp.Sub(t0), want.Sub(t0), lease, OutcomeMargin(lease))
 	}
-	o.holder.release(t)
+	o.holder()
 	if e := mustGet(t, o.s, "gemini:batches/outage"); e.State != sink.StateClaimed || !e.LeaseUntil.After(gaveUp) {
 		t.Errorf("key is %s with lease until claim+%v, want still claimed past claim+%v", e.State, e.LeaseUntil.Sub(t0), gaveUp.Sub(t0))
 	}
@@ -278,7 +210,7 @@ func TestDoneRetriesOnShutdownForAtMostGrace(t *testing.T) {
 			case 1:
 				shutdown() // SIGTERM while done cannot be written
 			case 3:
-				o.holder.release(t)
+				o.holder()
 			}
 		}
 		cfg := o.config(time.Minute)
@@ -360,7 +292,7 @@ func TestDoneRetriesRenewTheLease(t *testing.T) {
 // more is claimed, the claims granted ahead are handed back the same way,
 // and Drain, Run and RunKey say the effect broke.
 func TestBrokenEffectStopsClaiming(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	ks := keys(10)
 	record(t, s, ks...)
 	r, w, err := os.Pipe()
@@ -406,7 +338,7 @@ func (l lostCommitAnswer) CompleteSQL(ctx context.Context, key string, token int
 // item 3: the commit decides, not what the context said afterwards); it was
 // reported as fenced ("may have run twice").
 func TestSQLCommitThatReportedAnErrorIsDone(t *testing.T) {
-	s := openSink(t, sink.Options{})
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	key := "gemini:batches/committed"
 	record(t, s, key)
 	q, err := effect.ParseSQL(`SELECT @key`)

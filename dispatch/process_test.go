@@ -1,9 +1,10 @@
 package dispatch
 
-// The multi-process harness: TestMain re-executes this test binary as a
-// dispatcher process when GDT_CHILD is set, so the crash and concurrency
-// tests (R1–R3) run real processes against one database: a SQLite file, or
-// (R1, R3) a PostgreSQL schema, whichever GDT_DB names.
+// The multi-process harness: TestMain makes this test binary a dispatcher
+// process when started as dispatch-child (startChild), so the crash and
+// concurrency tests (R1–R3) run real processes against one database: a
+// SQLite file, or (R1, R3) a PostgreSQL schema, whichever childConfig.DB
+// names.
 
 import (
 	"bufio"
@@ -23,47 +24,58 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
+// TestMain makes the test binary one of the tests' child processes when
+// started under its name: a dispatcher (startChild), a --sql dispatcher
+// (startSQLChild) or a holder of a SQLite write lock (sqlitetest.HoldLock).
 func TestMain(m *testing.M) {
-	if os.Getenv("GDT_CHILD") == "1" {
-		os.Exit(childMain())
-	}
-	if path := os.Getenv("GDT_HOLD_LOCK"); path != "" {
-		os.Exit(holdLockMain(path))
-	}
-	os.Exit(m.Run())
+	testkit.Main(m, map[string]func() int{
+		"dispatch-child":           func() int { return withConfig(childMain) },
+		"dispatch-sql-child":       func() int { return withConfig(sqlChildMain) },
+		sqlitetest.HoldLockCommand: sqlitetest.HoldLockMain,
+	})
 }
 
-// childConfig is what a child dispatcher process is told through its
-// environment.
+// withConfig runs main with the configuration in its one argument (JSON).
+func withConfig[C any](main func(C) int) int {
+	var cfg C
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage:", os.Args[0], "CONFIG-JSON")
+		return 2
+	}
+	if err := json.Unmarshal([]byte(os.Args[1]), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, os.Args[0]+":", err)
+		return 2
+	}
+	return main(cfg)
+}
+
+// configArg is cfg as withConfig's argument.
+func configArg(t *testing.T, cfg any) string {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// childConfig is what a child dispatcher process is told (its argument).
 type childConfig struct {
-	DB          string        // GDT_DB: a SQLite path or a postgres:// DSN (sink/dial)
-	Effect      string        // GDT_EFFECT: "append" (appendEffect on GDT_LOG) or "exec" (GDT_EXEC)
-	Log         string        // GDT_LOG
-	Exec        string        // GDT_EXEC
-	Lease       time.Duration // GDT_LEASE
-	Timeout     time.Duration // GDT_TIMEOUT
-	Concurrency int           // GDT_CONC
-	Hold        time.Duration // GDT_HOLD: appendEffect holds this long after writing, announcing it
-	Mode        string        // GDT_MODE: "once" (one Drain) or "until-done"
-}
-
-func (c childConfig) env() []string {
-	return append(os.Environ(),
-		"GDT_CHILD=1",
-		"GDT_DB="+c.DB,
-		"GDT_EFFECT="+c.Effect,
-		"GDT_LOG="+c.Log,
-		"GDT_EXEC="+c.Exec,
-		"GDT_LEASE="+c.Lease.String(),
-		"GDT_TIMEOUT="+c.Timeout.String(),
-		"GDT_CONC="+strconv.Itoa(c.Concurrency),
-		"GDT_HOLD="+c.Hold.String(),
-		"GDT_MODE="+c.Mode,
-	)
+	DB          string        // a SQLite path or a postgres:// DSN (sink/dial)
+	Effect      string        // "append" (appendEffect on Log) or "exec" (Exec)
+	Log         string        // the append effect's file
+	Exec        string        // the exec effect's command
+	Lease       time.Duration // the dispatcher's lease
+	Timeout     time.Duration // its effect timeout
+	Concurrency int           // its concurrency
+	Hold        time.Duration // appendEffect holds this long after writing, announcing it
+	Mode        string        // "once" (one Drain) or "until-done"
 }
 
 // childSummary is the last line a child prints: "SUMMARY {json}".
@@ -73,17 +85,7 @@ type childSummary struct {
 	Errors int
 }
 
-func childMain() int {
-	dur := func(name string) time.Duration {
-		d, _ := time.ParseDuration(os.Getenv(name))
-		return d
-	}
-	conc, _ := strconv.Atoi(os.Getenv("GDT_CONC"))
-	cfg := childConfig{
-		DB: os.Getenv("GDT_DB"), Effect: os.Getenv("GDT_EFFECT"), Log: os.Getenv("GDT_LOG"),
-		Exec: os.Getenv("GDT_EXEC"), Lease: dur("GDT_LEASE"), Timeout: dur("GDT_TIMEOUT"),
-		Concurrency: conc, Hold: dur("GDT_HOLD"), Mode: os.Getenv("GDT_MODE"),
-	}
+func childMain(cfg childConfig) int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	// dial.Open takes no logger: the backends log to slog.Default, which in
 	// this child process (not the test binary's parent) is the quiet logger.
@@ -209,8 +211,7 @@ type child struct {
 
 func startChild(t *testing.T, cfg childConfig) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = cfg.env()
+	cmd := testkit.Command("dispatch-child", configArg(t, cfg))
 	c := &child{cmd: cmd, lines: make(chan string, 1024), stderr: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()

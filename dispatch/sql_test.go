@@ -26,6 +26,7 @@ import (
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // The application schema and the --sql scripts, per dialect.
@@ -237,13 +238,13 @@ func TestSQLNeedsCompleter(t *testing.T) {
 		t.Fatal(err)
 	}
 	type plain struct{ sink.Sink } // hides CompleteSQL
-	if _, err := New(Config{Sink: plain{openSink(t, sink.Options{})}, SQL: q}); err == nil || !strings.Contains(err.Error(), "sink.SQLCompleter") {
+	if _, err := New(Config{Sink: plain{sqlitetest.OpenTemp(t, sink.Options{})}, SQL: q}); err == nil || !strings.Contains(err.Error(), "sink.SQLCompleter") {
 		t.Fatalf("New(SQL with a sink without CompleteSQL) error = %v, want one naming sink.SQLCompleter", err)
 	}
-	if _, err := New(Config{Sink: openSink(t, sink.Options{}), SQL: q, Effect: effect.NewPrint(nil)}); err == nil || !strings.Contains(err.Error(), "exclusive") {
+	if _, err := New(Config{Sink: sqlitetest.OpenTemp(t, sink.Options{}), SQL: q, Effect: effect.NewPrint(nil)}); err == nil || !strings.Contains(err.Error(), "exclusive") {
 		t.Fatalf("New(SQL and Effect) error = %v, want exclusive", err)
 	}
-	if _, err := New(Config{Sink: openSink(t, sink.Options{}), SQL: q}); err != nil {
+	if _, err := New(Config{Sink: sqlitetest.OpenTemp(t, sink.Options{}), SQL: q}); err != nil {
 		t.Fatalf("New(SQL, no Effect) error = %v", err)
 	}
 }

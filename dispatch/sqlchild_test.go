@@ -1,9 +1,8 @@
 package dispatch
 
-// A child dispatcher process for the --sql tests: the parent re-executes
-// this test binary with -test.run=^TestSQLChild$ and GDT_SQL_CHILD set to a
-// role. The child prints protocol lines starting with "SQLCHILD " on stdout
-// and exits without returning to the test framework.
+// A child dispatcher process for the --sql tests: the parent starts this
+// test binary as dispatch-sql-child (TestMain) with a sqlChildEnv. The
+// child prints protocol lines starting with "SQLCHILD " on stdout.
 
 import (
 	"bufio"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,11 +18,12 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
 )
 
-// sqlChildEnv is what a --sql child is told.
+// sqlChildEnv is what a --sql child is told (its argument).
 type sqlChildEnv struct {
 	Role    string        // "drain": drain until no key is pending or claimed; "stale": RunKey(Key), stopping itself before CompleteSQL
 	DB      string        // sink/dial DSN or path
@@ -33,27 +32,6 @@ type sqlChildEnv struct {
 	Timeout time.Duration // effect timeout
 	Conc    int           // concurrency
 	Key     string        // stale: the key
-}
-
-func (e sqlChildEnv) environ() []string {
-	return append(os.Environ(),
-		"GDT_SQL_CHILD="+e.Role, "GDT_SQL_DB="+e.DB, "GDT_SQL_FILE="+e.File,
-		"GDT_SQL_LEASE="+e.Lease.String(), "GDT_SQL_TIMEOUT="+e.Timeout.String(),
-		"GDT_SQL_CONC="+strconv.Itoa(e.Conc), "GDT_SQL_KEY="+e.Key)
-}
-
-// TestSQLChild is the child's entry point; it skips in a normal run.
-func TestSQLChild(t *testing.T) {
-	role := os.Getenv("GDT_SQL_CHILD")
-	if role == "" {
-		t.Skip("helper process for the --sql tests")
-	}
-	lease, _ := time.ParseDuration(os.Getenv("GDT_SQL_LEASE"))
-	timeout, _ := time.ParseDuration(os.Getenv("GDT_SQL_TIMEOUT"))
-	conc, _ := strconv.Atoi(os.Getenv("GDT_SQL_CONC"))
-	e := sqlChildEnv{Role: role, DB: os.Getenv("GDT_SQL_DB"), File: os.Getenv("GDT_SQL_FILE"),
-		Lease: lease, Timeout: timeout, Conc: conc, Key: os.Getenv("GDT_SQL_KEY")}
-	os.Exit(sqlChildMain(e))
 }
 
 func sqlChildMain(e sqlChildEnv) int {
@@ -157,28 +135,14 @@ type sqlChild struct {
 	cmd    *exec.Cmd
 	lines  chan string
 	done   chan struct{}
-	mu     sync.Mutex
-	stderr strings.Builder
-}
-
-func (c *sqlChild) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.stderr.Write(p)
-}
-
-func (c *sqlChild) errText() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.stderr.String()
+	stderr testkit.Buffer
 }
 
 func startSQLChild(t *testing.T, e sqlChildEnv) *sqlChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSQLChild$")
-	cmd.Env = e.environ()
+	cmd := testkit.Command("dispatch-sql-child", configArg(t, e))
 	c := &sqlChild{cmd: cmd, lines: make(chan string, 4096), done: make(chan struct{})}
-	cmd.Stderr = c
+	cmd.Stderr = &c.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +179,7 @@ func (c *sqlChild) waitFor(t *testing.T, prefix string, within time.Duration) st
 		select {
 		case l := <-c.lines:
 			if strings.HasPrefix(l, "ERROR") {
-				t.Fatalf("child: %s; stderr:\n%s", l, c.errText())
+				t.Fatalf("child: %s; stderr:\n%s", l, c.stderr.String())
 			}
 			if strings.HasPrefix(l, prefix) {
 				return l
@@ -229,9 +193,9 @@ func (c *sqlChild) waitFor(t *testing.T, prefix string, within time.Duration) st
 				continue
 			default:
 			}
-			t.Fatalf("child exited before printing %q; stderr:\n%s", prefix, c.errText())
+			t.Fatalf("child exited before printing %q; stderr:\n%s", prefix, c.stderr.String())
 		case <-deadline:
-			t.Fatalf("child did not print %q within %v; stderr:\n%s", prefix, within, c.errText())
+			t.Fatalf("child did not print %q within %v; stderr:\n%s", prefix, within, c.stderr.String())
 		}
 	}
 }
