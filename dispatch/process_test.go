@@ -35,34 +35,10 @@ import (
 // (startSQLChild) or a holder of a SQLite write lock (sqlitetest.HoldLock).
 func TestMain(m *testing.M) {
 	testkit.Main(m, map[string]func() int{
-		"dispatch-child":           func() int { return withConfig(childMain) },
-		"dispatch-sql-child":       func() int { return withConfig(sqlChildMain) },
+		"dispatch-child":           testkit.WithJSON(childMain),
+		"dispatch-sql-child":       testkit.WithJSON(sqlChildMain),
 		sqlitetest.HoldLockCommand: sqlitetest.HoldLockMain,
 	})
-}
-
-// withConfig runs main with the configuration in its one argument (JSON).
-func withConfig[C any](main func(C) int) int {
-	var cfg C
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage:", os.Args[0], "CONFIG-JSON")
-		return 2
-	}
-	if err := json.Unmarshal([]byte(os.Args[1]), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, os.Args[0]+":", err)
-		return 2
-	}
-	return main(cfg)
-}
-
-// configArg is cfg as withConfig's argument.
-func configArg(t *testing.T, cfg any) string {
-	t.Helper()
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // childConfig is what a child dispatcher process is told (its argument).
@@ -211,7 +187,7 @@ type child struct {
 
 func startChild(t *testing.T, cfg childConfig) *child {
 	t.Helper()
-	cmd := testkit.Command("dispatch-child", configArg(t, cfg))
+	cmd := testkit.CommandJSON(t, "dispatch-child", cfg)
 	c := &child{cmd: cmd, lines: make(chan string, 1024), stderr: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()

@@ -140,7 +140,7 @@ type sqlChild struct {
 
 func startSQLChild(t *testing.T, e sqlChildEnv) *sqlChild {
 	t.Helper()
-	cmd := testkit.Command("dispatch-sql-child", configArg(t, e))
+	cmd := testkit.CommandJSON(t, "dispatch-sql-child", e)
 	c := &sqlChild{cmd: cmd, lines: make(chan string, 4096), done: make(chan struct{})}
 	cmd.Stderr = &c.stderr
 	out, err := cmd.StdoutPipe()

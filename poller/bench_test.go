@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -13,30 +12,23 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
-
-// childEnv makes the test binary run one measured pass against the fake at
-// this URL instead of the tests (see TestMain): the fake, whose memory grows
-// with the number of batches, lives in the parent; the child's peak RSS is
-// the poller's alone.
-const childEnv = "GEMRECON_POLL_BENCH_CHILD_URL"
 
 // benchEnv enables TestLoadPass (slow: ~100k batches over HTTP).
 const benchEnv = "GEMRECON_POLL_BENCH"
 
+// TestMain makes the test binary run one measured pass (benchChild) when
+// started as poll-bench: the fake, whose memory grows with the number of
+// batches, lives in the parent; the child's peak RSS is the poller's alone.
 func TestMain(m *testing.M) {
-	if u := os.Getenv(childEnv); u != "" {
-		os.Exit(benchChild(u))
-	}
-	os.Exit(m.Run())
+	testkit.Main(m, map[string]func() int{"poll-bench": testkit.WithJSON(benchChild)})
 }
 
-// scenarioEnv passes the child its scenario (JSON).
-const scenarioEnv = "GEMRECON_POLL_BENCH_SCENARIO"
-
-// scenario is one measured pass: the poller's lookback and whether the
-// pass is a periodic full scan.
+// scenario is one measured pass: the fake's URL, the poller's lookback and
+// whether the pass is a periodic full scan.
 type scenario struct {
+	URL      string
 	Lookback time.Duration
 	FullScan bool
 }
@@ -51,20 +43,12 @@ type childResult struct {
 	Err                                         string
 }
 
-func benchChild(url string) int {
+func benchChild(sc scenario) int {
 	cfg := DefaultConfig()
 	cfg.APIKey = testKey
-	cfg.BaseURL = url
+	cfg.BaseURL = sc.URL
 	cfg.PageSize = 100
-	cfg.Lookback = 0
-	var sc scenario
-	if raw := os.Getenv(scenarioEnv); raw != "" {
-		if err := json.Unmarshal([]byte(raw), &sc); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		cfg.Lookback = sc.Lookback
-	}
+	cfg.Lookback = sc.Lookback
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -110,27 +94,9 @@ func benchChild(url string) int {
 	if err != nil {
 		res.Err = err.Error()
 	}
-	res.VmHWMKiB = vmHWM()
+	res.VmHWMKiB = testkit.PeakRSS()
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 	return 0
-}
-
-// vmHWM reads this process's peak resident set size (KiB) from
-// /proc/self/status. rusage's ru_maxrss of a child is useless here: Go
-// starts children with CLONE_VM, so the kernel records the parent's peak.
-func vmHWM() int64 {
-	raw, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return -1
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			var kib int64
-			fmt.Sscanf(strings.TrimSpace(v), "%d", &kib)
-			return kib
-		}
-	}
-	return -1
 }
 
 // benchBatches makes n Gemini batches, one in ten terminal.
@@ -171,7 +137,7 @@ func windowBatches(n, recent int) []geminifake.Batch {
 
 // runChild runs one measured pass in a child process against a fake
 // holding bs, listed in order.
-func runChild(t *testing.T, exe string, bs []geminifake.Batch, order geminifake.Order, sc scenario) childResult {
+func runChild(t *testing.T, bs []geminifake.Batch, order geminifake.Order, sc scenario) childResult {
 	t.Helper()
 	s := geminifake.New(geminifake.Options{APIKey: testKey, MaxPageSize: 100, Order: order})
 	s.Add(bs...)
@@ -180,9 +146,8 @@ func runChild(t *testing.T, exe string, bs []geminifake.Batch, order geminifake.
 		t.Fatal(err)
 	}
 	defer s.Close()
-	raw, _ := json.Marshal(sc)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+u, scenarioEnv+"="+string(raw))
+	sc.URL = u
+	cmd := testkit.CommandJSON(t, "poll-bench", sc)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
@@ -209,14 +174,10 @@ func TestLoadPass(t *testing.T) {
 	if os.Getenv(benchEnv) == "" {
 		t.Skip("set " + benchEnv + "=1 to run the load measurement")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var rows []string
 	var rss []int64
 	for _, n := range []int{1_000, 10_000, 100_000} {
-		res := runChild(t, exe, benchBatches(n), geminifake.OrderShuffled, scenario{})
+		res := runChild(t, benchBatches(n), geminifake.OrderShuffled, scenario{})
 		if res.Listed != n || res.Passed != n/10 || res.Pages != n/100 || res.Requests != n/100 || !res.FullScan {
 			t.Fatalf("n=%d: %+v", n, res)
 		}
@@ -244,7 +205,7 @@ func TestLoadPass(t *testing.T) {
 		{"oldest first, lookback 72h (order broken at page 2: reads all)", geminifake.OrderOldestFirst, scenario{Lookback: DefaultLookback}, n / 100},
 		{"shuffled, lookback 72h (order broken: reads all)", geminifake.OrderShuffled, scenario{Lookback: DefaultLookback}, n / 100},
 	} {
-		res := runChild(t, exe, window, c.order, c.sc)
+		res := runChild(t, window, c.order, c.sc)
 		if res.Requests != c.want || res.Passed != recent/10 {
 			t.Fatalf("%s: %+v, want %d requests and %d handed over", c.what, res, c.want, recent/10)
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 // benchEnv enables TestBenchResults (slow: it writes about 3 GiB).
@@ -30,18 +30,16 @@ type benchResult struct {
 }
 
 // benchChild runs one measured write in its own process, so that its peak
-// RSS is that write's alone: MODE=download fetches files/bench (SIZE bytes)
-// from URL with Poller.Download into a results Dir; MODE=raw writes the
-// same bytes (geminifake.Content, SEED and SIZE) to a plain file in DIR
+// RSS is that write's alone: Mode download fetches files/bench (Size bytes)
+// from URL with Poller.Download into a results Dir; Mode raw writes the
+// same bytes (geminifake.Content, Seed and Size) to a plain file in Dir
 // through one 256 KiB buffer and fsyncs it: the disk's own rate for the
 // same work, with the same fsync.
-func benchChild() int {
-	size, _ := strconv.ParseInt(os.Getenv("SIZE"), 10, 64)
-	seed, _ := strconv.ParseUint(os.Getenv("SEED"), 10, 64)
-	dir := os.Getenv("DIR")
+func benchChild(a childArgs) int {
+	size, seed, dir := a.Size, a.Seed, a.Dir
 	var res benchResult
 	start := time.Now()
-	switch os.Getenv("MODE") {
+	switch a.Mode {
 	case "raw":
 		path := filepath.Join(dir, "raw.jsonl")
 		f, err := os.Create(path)
@@ -63,7 +61,7 @@ func benchChild() int {
 		d, err := Open(dir)
 		var w Written
 		if err == nil {
-			p, perr := newPoller(os.Getenv("URL"))
+			p, perr := newPoller(a.URL)
 			if err = perr; err == nil {
 				w, err = d.Write(context.Background(), "bench", 1, download(p, "files/bench"))
 			}
@@ -77,25 +75,9 @@ func benchChild() int {
 	default:
 		res.Err = "unknown MODE"
 	}
-	res.VmHWMKiB = vmHWM()
+	res.VmHWMKiB = testkit.PeakRSS()
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 	return 0
-}
-
-// vmHWM reads this process's peak resident set size (KiB).
-func vmHWM() int64 {
-	raw, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return -1
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			var kib int64
-			fmt.Sscanf(strings.TrimSpace(v), "%d", &kib)
-			return kib
-		}
-	}
-	return -1
 }
 
 // TestBenchResults measures a results download of a 1 MiB and a 512 MiB
@@ -131,9 +113,7 @@ func TestBenchResults(t *testing.T) {
 		runs = n
 	}
 	child := func(mode string, size int64, dir string) benchResult {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=bench", "MODE="+mode, "DIR="+dir, "URL="+s.URL(),
-			"SIZE="+strconv.FormatInt(size, 10), "SEED=3")
+		cmd := testkit.CommandJSON(t, "results-bench", childArgs{Mode: mode, Dir: dir, URL: s.URL(), Size: size, Seed: 3})
 		cmd.Stderr = os.Stderr
 		out, err := cmd.Output()
 		var r benchResult

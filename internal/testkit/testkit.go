@@ -14,12 +14,15 @@ package testkit
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
 )
@@ -94,6 +97,56 @@ func Command(name string, args ...string) *exec.Cmd {
 	cmd.Args[0] = name // what Main dispatches on
 	cmd.Env = os.Environ()
 	return cmd
+}
+
+// CommandJSON returns Command(name, the JSON of cfg): the way to tell a
+// child more than a few words. Its function in Main is WithJSON's.
+func CommandJSON(t testing.TB, name string, cfg any) *exec.Cmd {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Command(name, string(b))
+}
+
+// WithJSON returns a command for Main that decodes its one argument (the
+// JSON of CommandJSON) into a C and runs main with it; a bad argument exits
+// 2.
+func WithJSON[C any](main func(C) int) func() int {
+	return func() int {
+		var cfg C
+		if len(os.Args) != 2 {
+			fmt.Fprintln(os.Stderr, "usage:", os.Args[0], "CONFIG-JSON")
+			return 2
+		}
+		if err := json.Unmarshal([]byte(os.Args[1]), &cfg); err != nil {
+			fmt.Fprintln(os.Stderr, os.Args[0]+":", err)
+			return 2
+		}
+		return main(cfg)
+	}
+}
+
+// PeakRSS returns this process's peak resident set size in KiB (VmHWM in
+// /proc/self/status), or -1 where that is not known. A child reports its
+// own: rusage's ru_maxrss of a child is useless here, as Go starts
+// children with CLONE_VM, so the kernel records the parent's peak.
+func PeakRSS() int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kib int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d", &kib); err != nil {
+				return -1
+			}
+			return kib
+		}
+	}
+	return -1
 }
 
 // RaceEnv returns the GORACE setting for the children of a test built with
