@@ -42,6 +42,17 @@ func readmeBlock(t *testing.T, name string) []string {
 	return lines
 }
 
+// gemreconOnPath returns the path of the gemrecon that a shell finds: this
+// test binary, which testkit.Main puts first in $PATH.
+func gemreconOnPath(t *testing.T) string {
+	t.Helper()
+	exe, err := exec.LookPath("gemrecon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
 // TestReadmeCommands runs the README's demo commands as a user would, with
 // `go run ./cmd/gemrecon` standing for this very binary and the kept
 // directory moved into a temporary one, so the README cannot silently rot.
@@ -49,11 +60,7 @@ func TestReadmeCommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo twice")
 	}
-	bin := t.TempDir()
-	wrapper := filepath.Join(bin, "gemrecon")
-	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\nGEMRECON_CLI_CHILD=1 exec "+shellQuote(os.Args[0])+` "$@"`+"\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	wrapper := gemreconOnPath(t)
 	keep := filepath.Join(t.TempDir(), "kept")
 	run := func(line string) string {
 		t.Helper()
@@ -142,14 +149,10 @@ func TestReadmeTryLocally(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("the README's walkthrough uses curl, which is not installed")
 	}
-	bin := t.TempDir()
-	if err := os.WriteFile(filepath.Join(bin, "gemrecon"), []byte("#!/bin/sh\nGEMRECON_CLI_CHILD=1 exec "+shellQuote(os.Args[0])+` "$@"`+"\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	gemreconOnPath(t)
 	work := t.TempDir()
 	serveAddr := freeAddr(t)
-	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"GEMRECON_DB=", "GOOGLE_API_KEY=", "GEMINI_API_KEY=", "GEMRECON_WEBHOOK_SECRET=", "GEMRECON_JWKS_URL=", "GOOGLE_GEMINI_BASE_URL=")
+	env := append(os.Environ(), "GEMRECON_DB=", "GOOGLE_API_KEY=", "GEMINI_API_KEY=", "GEMRECON_WEBHOOK_SECRET=", "GEMRECON_JWKS_URL=", "GOOGLE_GEMINI_BASE_URL=")
 	local := func(line string) string { return strings.ReplaceAll(line, "127.0.0.1:8080", serveAddr) }
 
 	emuBlock := readmeBlock(t, "try-locally-emulator")

@@ -29,13 +29,6 @@ import (
 // (the same, dropped to the nobody user first when it runs as root, for
 // scripts that need file modes to count).
 func TestMain(m *testing.M) {
-	// readme_test.go's shell wrapper still starts the binary this way; it
-	// is being rewritten on another branch, and then this goes (use
-	// `gemrecon` from $PATH: Main puts it there).
-	if os.Getenv("GEMRECON_CLI_CHILD") == "1" {
-		main()
-		return
-	}
 	testkit.Main(m, map[string]func() int{
 		"gemrecon": func() int { return run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr) },
 		"gemrecon-as-nobody": func() int {
