@@ -3,86 +3,58 @@ package sqlite_test
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // slowSQL keeps the writer busy for a while (a recursive CTE).
 const slowSQL = `SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 20000) SELECT x FROM c)`
 
-func TestCompleteSQL(t *testing.T) {
+// sqliteDB is a fresh SQLite database for sinktest.CompleteSQL, with the
+// application's own connection to it.
+func sqliteDB(t *testing.T) sinktest.SQLDatabase {
+	path := sqlitetest.Path(t)
+	app, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)") // connects at its first use
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app.Close() })
+	return sinktest.SQLDatabase{
+		Open: func(t *testing.T, opt sink.Options) sink.Sink { return sqlitetest.Open(t, path, opt) },
+		Exec: func(t *testing.T, stmt string) {
+			t.Helper()
+			if _, err := app.Exec(stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		},
+		QueryRow: func(t *testing.T, query string, dest ...any) {
+			t.Helper()
+			if err := app.QueryRow(query).Scan(dest...); err != nil {
+				t.Fatalf("%s: %v", query, err)
+			}
+		},
+		OperationName: `json_extract(@operation, '$.name')`,
+	}
+}
+
+func TestCompleteSQL(t *testing.T) { sinktest.CompleteSQL(t, sqliteDB(t)) }
+
+// What CompleteSQL is on SQLite alone: a script runs inside the writer's
+// group commit, with other operations.
+func TestCompleteSQLInAGroupCommit(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "gemrecon.db")
-	s, err := sqlite.Open(ctx, path, sink.Options{}, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { s.Close() }()
-	app, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close()
-	if _, err := app.Exec(`CREATE TABLE effects (key TEXT, token INTEGER, name TEXT, n INTEGER NOT NULL CHECK (n < 2))`); err != nil {
-		t.Fatal(err)
-	}
-	// Every statement uses parameters: all of them must be bound.
-	const script = `INSERT INTO effects (key, token, name, n) VALUES (@key, @token, json_extract(@operation, '$.name'), 0);
-		-- a comment; with a semicolon
-		UPDATE effects SET n = n + 1 WHERE key = @key AND token = @token;`
-	claim := func(key string) sink.Claim {
-		t.Helper()
-		if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
-		c, err := s.Claim(ctx, key, "w", time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	rows := func(key string) (n int, name string) {
-		t.Helper()
-		if err := app.QueryRow(`SELECT count(*), coalesce(max(name), '') FROM effects WHERE key = ? AND n = 1`, key).Scan(&n, &name); err != nil {
-			t.Fatal(err)
-		}
-		return n, name
-	}
-	params := func(c sink.Claim) map[string]any {
-		return map[string]any{"key": c.Key, "token": c.Token, "name": "x", "operation": json.RawMessage(`{"name":"batches/o'brien"}`)}
-	}
-
-	t.Run("done with the script", func(t *testing.T) {
-		c := claim("gemini:batches/o'brien")
-		if err := s.CompleteSQL(ctx, c.Key, c.Token, script, params(c)); err != nil {
-			t.Fatalf("CompleteSQL: %v", err)
-		}
-		if n, name := rows(c.Key); n != 1 || name != "batches/o'brien" {
-			t.Fatalf("effects rows = %d, name %q; want 1, %q", n, name, "batches/o'brien")
-		}
-		if e, err := s.Get(ctx, c.Key); err != nil || e.State != sink.StateDone {
-			t.Fatalf("Get = %+v, %v; want done", e, err)
-		}
-		// The done cache answers a duplicate sighting.
-		if rr, err := s.Record(ctx, sink.Sighting{Key: c.Key, Source: sink.SourcePoll}); err != nil || rr.State != sink.StateDone {
-			t.Fatalf("Record after CompleteSQL = %+v, %v; want done", rr, err)
-		}
-		if err := s.CompleteSQL(ctx, c.Key, c.Token, script, params(c)); !errors.Is(err, sink.ErrFenced) {
-			t.Fatalf("second CompleteSQL error = %v, want ErrFenced", err)
-		}
-		if n, _ := rows(c.Key); n != 1 {
-			t.Fatalf("effects rows after a fenced CompleteSQL = %d, want 1", n)
-		}
-	})
-
+	db := sqliteDB(t)
+	s := db.Open(t, sink.Options{}).(*sqlite.Sink)
+	db.Exec(t, sinktest.EffectsTable)
+	claim := func(key string) sink.Claim { t.Helper(); return sinktest.Claimed(t, s, key) }
 	t.Run("script fails, the group commit's other operations do not", func(t *testing.T) {
 		bad := claim("gemini:batches/bad")
 		slow := claim("gemini:batches/slow")
@@ -103,7 +75,7 @@ func TestCompleteSQL(t *testing.T) {
 		}
 		// The second statement violates the CHECK (n < 2).
 		badErr := s.CompleteSQL(ctx, bad.Key, bad.Token, `INSERT INTO effects (key, token, n) VALUES (@key, @token, 1);
-			UPDATE effects SET n = n + 1 WHERE key = @key;`, params(bad))
+			UPDATE effects SET n = n + 1 WHERE key = @key;`, sinktest.SQLParams(bad))
 		wg.Wait()
 		if err := <-slowDone; err != nil {
 			t.Fatalf("slow CompleteSQL: %v", err)
@@ -112,8 +84,8 @@ func TestCompleteSQL(t *testing.T) {
 			t.Fatalf("CompleteSQL with a failing script = %v, want the script's error", badErr)
 		}
 		var n int
-		if err := app.QueryRow(`SELECT count(*) FROM effects WHERE key = ?`, bad.Key).Scan(&n); err != nil || n != 0 {
-			t.Fatalf("effects rows of the failed script = %d, %v; want 0 (rolled back)", n, err)
+		if db.QueryRow(t, `SELECT count(*) FROM effects WHERE key = 'gemini:batches/bad'`, &n); n != 0 {
+			t.Fatalf("effects rows of the failed script = %d; want 0 (rolled back)", n)
 		}
 		if e, err := s.Get(ctx, bad.Key); err != nil || e.State != sink.StateClaimed || e.Token != bad.Token {
 			t.Fatalf("Get(failed) = %+v, %v; want still claimed with token %d", e, err, bad.Token)
@@ -156,7 +128,7 @@ func TestCompleteSQL(t *testing.T) {
 		for i, c := range others {
 			wg.Go(func() { errs[i] = s.Complete(ctx, c.Key, c.Token) })
 		}
-		badErr := s.CompleteSQL(ctx, bad.Key, bad.Token, `INSERT OR ROLLBACK INTO effects (key, token, n) VALUES (@key, @token, 5)`, params(bad))
+		badErr := s.CompleteSQL(ctx, bad.Key, bad.Token, `INSERT OR ROLLBACK INTO effects (key, token, n) VALUES (@key, @token, 5)`, sinktest.SQLParams(bad))
 		wg.Wait()
 		<-slowDone
 		if badErr == nil {
@@ -191,22 +163,7 @@ func TestCompleteSQL(t *testing.T) {
 		}
 	})
 
-	t.Run("unknown key", func(t *testing.T) {
-		err := s.CompleteSQL(ctx, "gemini:batches/none", 1, script, map[string]any{"key": "x", "token": 1, "operation": "{}"})
-		if !errors.Is(err, sink.ErrNotFound) {
-			t.Fatalf("CompleteSQL(unknown) error = %v, want ErrNotFound", err)
-		}
-	})
-
-	// The fenced counter survives a restart.
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err = sqlite.Open(ctx, path, sink.Options{}, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, err := s.Stats(ctx); err != nil || st.Fenced != 1 {
-		t.Fatalf("Stats.Fenced after reopening = %d, %v; want 1", st.Fenced, err)
+	if st, err := s.Stats(ctx); err != nil || st.Fenced != 0 {
+		t.Fatalf("Stats.Fenced = %d, %v; want 0", st.Fenced, err)
 	}
 }
