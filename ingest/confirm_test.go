@@ -18,6 +18,7 @@ import (
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/results"
@@ -62,7 +63,7 @@ func (d *docs) of(key string) []effect.Event {
 // world is one test's stand-in, sink, poller, dispatcher and ingest paths.
 type world struct {
 	t       *testing.T
-	clock   *clock
+	clock   *testkit.Clock
 	api     *geminifake.Server
 	sink    sink.Sink
 	poller  *poller.Poller
@@ -83,7 +84,7 @@ type worldOptions struct {
 
 func newWorld(t *testing.T, o worldOptions) *world {
 	t.Helper()
-	w := &world{t: t, clock: &clock{now: t0}, docs: &docs{fail: map[string]bool{}}, api: o.api}
+	w := &world{t: t, clock: testkit.NewClock(t0), docs: &docs{fail: map[string]bool{}}, api: o.api}
 	if w.api == nil {
 		w.api = geminifake.New(geminifake.Options{APIKey: testKey, Seed: 1})
 		if _, err := w.api.Start(""); err != nil {
@@ -696,7 +697,7 @@ func TestVertexResultsLocation(t *testing.T) {
 	defer api.Close()
 	name := geminifake.VertexName("123", "us-central1", "777")
 	api.Add(geminifake.Batch{Name: name, State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0, SuccessfulCount: 2})
-	clk := &clock{now: t0}
+	clk := testkit.NewClock(t0)
 	s, err := dial.Open(context.Background(), filepath.Join(t.TempDir(), "sink.db"), sink.Options{Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)

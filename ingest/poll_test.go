@@ -29,25 +29,6 @@ const testKey = "test-key"
 // t0 is the start of every simulation.
 var t0 = time.Date(2025, 12, 1, 0, 0, 0, 0, time.UTC)
 
-// clock is the one injected clock of a test: poller, sink, dispatcher and
-// the Poll all read it, and only the test moves it.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
-
 // effects records every run and fails the keys it is told to.
 type effects struct {
 	mu   sync.Mutex
@@ -74,7 +55,7 @@ func (e *effects) count(key string) int {
 // env is one test's world: the stand-in over HTTP, a real SQLite file, the
 // real SDK, a dispatcher and the Poll under test.
 type env struct {
-	clock   *clock
+	clock   *testkit.Clock
 	api     *geminifake.Server
 	sink    sink.Sink
 	poller  *poller.Poller
@@ -109,7 +90,7 @@ func backends(t *testing.T, fn func(t *testing.T, pg bool)) {
 
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	e := &env{clock: &clock{now: t0}, eff: &effects{runs: map[string]int{}, fail: map[string]bool{}}, logs: &safeBuffer{}}
+	e := &env{clock: testkit.NewClock(t0), eff: &effects{runs: map[string]int{}, fail: map[string]bool{}}, logs: &safeBuffer{}}
 	e.api = geminifake.New(geminifake.Options{APIKey: testKey, Order: o.order, Seed: 1})
 	if _, err := e.api.Start(""); err != nil {
 		t.Fatal(err)

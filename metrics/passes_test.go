@@ -2,15 +2,14 @@ package metrics
 
 import (
 	"context"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // TestPassGauges: the per-scope pass records (spec §5.5) of the database
@@ -18,12 +17,8 @@ import (
 // happened, and follow the records once the cache expires.
 func TestPassGauges(t *testing.T) {
 	ctx := context.Background()
-	clk := &clock{t: time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)}
-	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "g.db"), sink.Options{Now: clk.now}, sqlite.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	clk := testkit.NewClock(time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC))
+	s := sqlitetest.OpenTemp(t, sink.Options{Now: clk.Now})
 	pass := func(scope string, o sink.PassOutcome) {
 		t.Helper()
 		l, _, err := s.AcquirePass(ctx, scope, "host/1", time.Minute, 0)
@@ -34,7 +29,7 @@ func TestPassGauges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t0 := clk.now()
+	t0 := clk.Now()
 	// ok: a full, successful pass; failing: only a failed partial one;
 	// starting: a lease, no pass ended yet.
 	pass("gemini|https://a|ok", sink.PassOutcome{Start: t0, End: t0.Add(1500 * time.Millisecond), Success: true, FullScan: true})
@@ -43,7 +38,7 @@ func TestPassGauges(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m := NewWithOptions(s, Options{NoRuntime: true, Now: clk.now, StatsTTL: 5 * time.Second})
+	m := NewWithOptions(s, Options{NoRuntime: true, Now: clk.Now, StatsTTL: 5 * time.Second})
 	e := scrape(t, m)
 	sec := float64(t0.Unix())
 	e.expect(t, []check{
@@ -72,10 +67,10 @@ func TestPassGauges(t *testing.T) {
 	}
 
 	// The failing scope succeeds later: shown after the cache's TTL.
-	clk.add(time.Minute)
-	t1 := clk.now()
+	clk.Advance(time.Minute)
+	t1 := clk.Now()
 	pass("gemini|https://a|failing", sink.PassOutcome{Start: t1, End: t1.Add(time.Second), Success: true})
-	clk.add(5 * time.Second)
+	clk.Advance(5 * time.Second)
 	e = scrape(t, m)
 	e.expect(t, []check{
 		{"gemrecon_poll_last_success_timestamp_seconds", []string{"scope=gemini|https://a|failing"}, float64(t1.Unix()) + 1},

@@ -3,35 +3,20 @@ package metrics
 import (
 	"context"
 	"io"
-	"log/slog"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
-
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 func TestStatsCollector(t *testing.T) {
 	ctx := context.Background()
-	clk := &clock{t: time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)}
-	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "g.db"), sink.Options{Now: clk.now}, sqlite.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	clk := testkit.NewClock(time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC))
+	s := sqlitetest.OpenTemp(t, sink.Options{Now: clk.Now})
 	for _, k := range []string{"gemini:batches/a", "gemini:batches/b", "gemini:batches/c"} {
 		if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
@@ -40,7 +25,7 @@ func TestStatsCollector(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll, Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(90 * time.Second)
+	clk.Advance(90 * time.Second)
 	c, err := s.Claim(ctx, "gemini:batches/a", "t", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +37,7 @@ func TestStatsCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m := NewWithOptions(s, Options{NoRuntime: true, Now: clk.now, StatsTTL: 5 * time.Second})
+	m := NewWithOptions(s, Options{NoRuntime: true, Now: clk.Now, StatsTTL: 5 * time.Second})
 	e := scrape(t, m)
 	e.expect(t, []check{
 		{"gemrecon_db_up", nil, 1},
@@ -85,7 +70,7 @@ func TestStatsCollector(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/d", Source: sink.SourcePoll, Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(4 * time.Second)
+	clk.Advance(4 * time.Second)
 	scrape(t, m).expect(t, []check{{"gemrecon_keys", []string{"state=pending"}, 2}})
 	if queries(m) != 1 {
 		t.Errorf("Stats queries after two scrapes within the TTL = %d, want 1", queries(m))
@@ -94,7 +79,7 @@ func TestStatsCollector(t *testing.T) {
 	if _, err := m.WriteTo(io.Discard); err != nil || queries(m) != 1 {
 		t.Errorf("WriteTo within the TTL: err %v, queries = %d, want nil, 1", err, queries(m))
 	}
-	clk.add(2 * time.Second)
+	clk.Advance(2 * time.Second)
 	e = scrape(t, m)
 	e.expect(t, []check{
 		{"gemrecon_keys", []string{"state=pending"}, 3},
@@ -105,14 +90,14 @@ func TestStatsCollector(t *testing.T) {
 	}
 
 	// A TTL under the minimum is raised to it.
-	m2 := NewWithOptions(s, Options{NoRuntime: true, Now: clk.now, StatsTTL: time.Millisecond})
+	m2 := NewWithOptions(s, Options{NoRuntime: true, Now: clk.Now, StatsTTL: time.Millisecond})
 	scrape(t, m2)
-	clk.add(999 * time.Millisecond)
+	clk.Advance(999 * time.Millisecond)
 	scrape(t, m2)
 	if queries(m2) != 1 {
 		t.Errorf("Stats queries with a 1ms TTL within 999ms = %d, want 1 (MinStatsTTL)", queries(m2))
 	}
-	clk.add(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	scrape(t, m2)
 	if queries(m2) != 2 {
 		t.Errorf("Stats queries with a 1ms TTL after 1s = %d, want 2", queries(m2))
@@ -121,7 +106,7 @@ func TestStatsCollector(t *testing.T) {
 	// A closed database reports db_up 0 and no database series, and the
 	// scrape itself still succeeds (200).
 	s.Close()
-	clk.add(time.Minute)
+	clk.Advance(time.Minute)
 	e = scrape(t, m)
 	e.expect(t, []check{{"gemrecon_db_up", nil, 0}})
 	for _, name := range []string{"gemrecon_keys", "gemrecon_oldest_pending_age_seconds", "gemrecon_completion_to_done_seconds",

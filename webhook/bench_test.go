@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // BenchmarkDuplicateHandler is the CPU cost of one signed duplicate delivery
 // through the handler (no network): verify, canon, Record of a known key.
 func BenchmarkDuplicateHandler(b *testing.B) {
-	s := openSink(b, tempDB(b), sink.Options{})
+	s := sqlitetest.Open(b, sqlitetest.Path(b), sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
 	if err != nil {
 		b.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/internal/loadgen"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -81,9 +82,9 @@ func waitDone(t *testing.T, s sink.Sink, key string) {
 }
 
 func TestConcurrentDuplicatesOneProcess(t *testing.T) {
-	path := tempDB(t)
+	path := sqlitetest.Path(t)
 	effects := filepath.Join(t.TempDir(), "effects")
-	s := openSink(t, path, sink.Options{})
+	s := sqlitetest.Open(t, path, sink.Options{})
 	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects}, Logger: slog.New(slog.DiscardHandler), Interval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -124,12 +125,12 @@ func TestConcurrentDuplicatesTwoProcesses(t *testing.T) {
 	dir := t.TempDir()
 	db, effects := filepath.Join(dir, "gemrecon.db"), filepath.Join(dir, "effects")
 	// Create and migrate the file first, so the children race only on keys.
-	openSink(t, db, sink.Options{}).Close()
+	sqlitetest.Open(t, db, sink.Options{}).Close()
 	a := startChild(t, db, effects, true)
 	b := startChild(t, db, effects, true)
 
 	checkOneAccepted(t, deliverConcurrently(t, []string{a.base, b.base}, 8, event("same-2")))
-	s := openSink(t, db, sink.Options{ReadOnly: true})
+	s := sqlitetest.Open(t, db, sink.Options{ReadOnly: true})
 	waitDone(t, s, "gemini:batches/same-2")
 	a.term(t)
 	b.term(t)
@@ -147,7 +148,7 @@ func checkNoLoss(t *testing.T, path string, acks []loadgen.Ack) {
 		t.Fatal("no request was acknowledged: the test proved nothing")
 	}
 	ctx := context.Background()
-	s := openSink(t, path, sink.Options{})
+	s := sqlitetest.Open(t, path, sink.Options{})
 	for _, a := range acks {
 		if _, err := s.Get(ctx, a.Key); err != nil {
 			t.Errorf("acknowledged key %s (status %s) missing after shutdown: %v", a.Key, a.Status, err)
@@ -178,8 +179,8 @@ func checkNoLoss(t *testing.T, path string, acks []loadgen.Ack) {
 }
 
 func TestNoLossUnderShutdownInProcess(t *testing.T) {
-	path := tempDB(t)
-	s := openSink(t, path, sink.Options{})
+	path := sqlitetest.Path(t)
+	s := sqlitetest.Open(t, path, sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,9 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
@@ -32,29 +34,10 @@ import (
 // HTTP by internal/fakejwks. The verifier's own rules are tested in
 // webhook/dynamic; these prove what serve answers and records.
 
-// dynClock is a clock tests move by hand (the dynamic verifier's: the key
-// set's cache and refetch limit, v1a timestamps and JWT claims).
-type dynClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *dynClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *dynClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // dynRig is a receiver with HMAC (testSecret) and dynamic verification.
 type dynRig struct {
 	keys   *fakejwks.Keys
-	clock  *dynClock
+	clock  *testkit.Clock
 	sink   sink.Sink
 	base   string
 	client *http.Client
@@ -68,12 +51,12 @@ func newDynRig(t *testing.T, secrets ...string) *dynRig {
 	}
 	jwks := httptest.NewServer(keys)
 	t.Cleanup(jwks.Close)
-	clk := &dynClock{t: time.Now()}
+	clk := testkit.NewClock(time.Now())
 	v, err := dynamic.New(dynamic.Config{JWKSURL: jwks.URL, Now: clk.Now, FetchTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := openSink(t, tempDB(t), sink.Options{})
+	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: secrets, Dynamic: v})
 	if err != nil {
 		t.Fatal(err)
@@ -402,7 +385,7 @@ func TestUnknownKidStormFetchesBounded(t *testing.T) {
 // A receiver may verify dynamic signatures alone (no secret); it may not
 // combine them with --insecure-no-verify.
 func TestNewHandlerDynamicConfig(t *testing.T) {
-	s := openSink(t, tempDB(t), sink.Options{})
+	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
 	v, err := dynamic.New(dynamic.Config{JWKSURL: "http://127.0.0.1:1/jwks.json"})
 	if err != nil {
 		t.Fatal(err)

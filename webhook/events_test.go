@@ -14,6 +14,7 @@ import (
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -43,7 +44,7 @@ func (l *logBuffer) lines(t *testing.T) []map[string]any {
 // its metrics and a JSON log.
 func eventServer(t *testing.T) (base string, s sink.Sink, m *metrics.Metrics, logs *logBuffer, send func(body []byte) reply) {
 	t.Helper()
-	s = openSink(t, tempDB(t), sink.Options{})
+	s = sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
 	m = metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
 	logs = &logBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

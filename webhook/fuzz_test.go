@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -47,7 +48,7 @@ func FuzzWebhook(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	s := openSink(f, tempDB(f), sink.Options{})
+	s := sqlitetest.Open(f, sqlitetest.Path(f), sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, InsecureNoVerify: true, MaxBody: 4096})
 	if err != nil {
 		f.Fatal(err)

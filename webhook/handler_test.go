@@ -15,6 +15,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -86,8 +87,8 @@ func trickle(t *testing.T, addr string) (answer string, held time.Duration) {
 // SQLite file and checks the status code and that a rejected request left
 // the database exactly as it was.
 func TestBadInput(t *testing.T) {
-	path := tempDB(t)
-	s := openSink(t, path, sink.Options{BusyTimeout: 200 * time.Millisecond})
+	path := sqlitetest.Path(t)
+	s := sqlitetest.Open(t, path, sink.Options{BusyTimeout: 200 * time.Millisecond})
 	m := metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, RetryAfter: 2 * time.Second})
 	if err != nil {
@@ -248,8 +249,8 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHealthAndReady(t *testing.T) {
-	path := tempDB(t)
-	s := openSink(t, path, sink.Options{BusyTimeout: 100 * time.Millisecond})
+	path := sqlitetest.Path(t)
+	s := sqlitetest.Open(t, path, sink.Options{BusyTimeout: 100 * time.Millisecond})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, InsecureNoVerify: true})
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +288,7 @@ func TestHealthAndReady(t *testing.T) {
 }
 
 func TestNewHandlerConfig(t *testing.T) {
-	s := openSink(t, tempDB(t), sink.Options{})
+	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
 	tests := []struct {
 		name    string
 		cfg     webhook.Config
@@ -315,7 +316,7 @@ func TestNewHandlerConfig(t *testing.T) {
 }
 
 func TestCustomPathAndSmallBody(t *testing.T) {
-	s := openSink(t, tempDB(t), sink.Options{})
+	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/hooks/gemini", MaxBody: 100})
 	if err != nil {
 		t.Fatal(err)

@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -18,7 +16,6 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -32,19 +29,6 @@ const (
 func event(id string) []byte {
 	return fmt.Appendf(nil, `{"type":"batch.succeeded","version":"v1","timestamp":"2026-11-29T07:00:00Z","data":{"id":%q}}`, id)
 }
-
-// openSink opens a real SQLite sink in dir, closed at cleanup.
-func openSink(t testing.TB, path string, opt sink.Options) *sqlite.Sink {
-	t.Helper()
-	s, err := sqlite.Open(context.Background(), path, opt, sqlite.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatalf("sqlite.Open(%q) = %v", path, err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func tempDB(t testing.TB) string { return filepath.Join(t.TempDir(), "gemrecon.db") }
 
 // serve runs h through webhook.Serve on a loopback port until the test ends
 // (or cancel is called) and returns its base URL and a function that stops

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -13,7 +14,7 @@ import (
 // webhook-signature header line carries a signature by another secret and
 // whose second line carries the valid one: it is accepted.
 func TestSecondSignatureLine(t *testing.T) {
-	s := openSink(t, tempDB(t), sink.Options{})
+	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
 	if err != nil {
 		t.Fatal(err)

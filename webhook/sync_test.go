@@ -13,6 +13,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -20,7 +21,7 @@ import (
 // for keys that fail() rejects.
 func syncServer(t *testing.T, fail func(context.Context, string) error, wait time.Duration) (base string, s sink.Sink, effects string) {
 	t.Helper()
-	s = openSink(t, tempDB(t), sink.Options{RetryBase: time.Hour})
+	s = sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{RetryBase: time.Hour})
 	effects = filepath.Join(t.TempDir(), "effects")
 	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects, fail: fail}, Logger: slog.New(slog.DiscardHandler), Grace: -1})
 	if err != nil {

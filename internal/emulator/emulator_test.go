@@ -16,17 +16,9 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
-
-// clock is a settable clock for Manual emulators.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
 
 // events collects an emulator's events.
 type events struct {
@@ -117,9 +109,9 @@ func waitIdle(t *testing.T, e *Emulator) {
 // or a readable responses file, and the same seed makes the same plan.
 func TestGeneratedBatchesFinishOverTime(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &clock{t: t0}
+	clk := testkit.NewClock(t0)
 	var evs events
-	e := startEmu(t, Config{Seed: 5, Generate: 12, FinishWithin: time.Minute, Manual: true, Now: clk.now, OnEvent: evs.on})
+	e := startEmu(t, Config{Seed: 5, Generate: 12, FinishWithin: time.Minute, Manual: true, Now: clk.Now, OnEvent: evs.on})
 	c := client(t, e)
 
 	before := listAll(t, c)
@@ -131,8 +123,8 @@ func TestGeneratedBatchesFinishOverTime(t *testing.T) {
 			t.Errorf("at the start %s is %s, created %v", name, b.State, b.CreateTime)
 		}
 	}
-	clk.set(t0.Add(30 * time.Second))
-	half := e.Advance(clk.now())
+	clk.Set(t0.Add(30 * time.Second))
+	half := e.Advance(clk.Now())
 	mid := listAll(t, c)
 	nDone := 0
 	for _, b := range mid {
@@ -143,8 +135,8 @@ func TestGeneratedBatchesFinishOverTime(t *testing.T) {
 	if half == 0 || nDone == 0 || nDone == 12 {
 		t.Errorf("half-way: %d changes applied, %d of 12 finished; want some, not all (seed 5)", half, nDone)
 	}
-	clk.set(t0.Add(time.Minute))
-	e.Advance(clk.now())
+	clk.Set(t0.Add(time.Minute))
+	e.Advance(clk.Now())
 	after := listAll(t, c)
 	states := map[genai.JobState]int{}
 	ctx := context.Background()
@@ -203,7 +195,7 @@ func TestGeneratedBatchesFinishOverTime(t *testing.T) {
 	// The same seed, the same plan; another seed, other names.
 	plan := func(seed uint64) []string {
 		var evs events
-		e := startEmu(t, Config{Seed: seed, Generate: 12, FinishWithin: time.Minute, Manual: true, Now: (&clock{t: t0}).now, OnEvent: evs.on})
+		e := startEmu(t, Config{Seed: seed, Generate: 12, FinishWithin: time.Minute, Manual: true, Now: testkit.NewClock(t0).Now, OnEvent: evs.on})
 		e.Close()
 		var out []string
 		for _, ev := range evs.of(KindCreated) {
@@ -228,8 +220,8 @@ func TestFileBatchesPlayedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clk := &clock{t: t0}
-	e := startEmu(t, Config{Seed: 9, Batches: bs, FinishWithin: 10 * time.Second, Manual: true, Now: clk.now})
+	clk := testkit.NewClock(t0)
+	e := startEmu(t, Config{Seed: 9, Batches: bs, FinishWithin: 10 * time.Second, Manual: true, Now: clk.Now})
 	for _, b := range bs {
 		got, ok := e.API().Batch(b.Name)
 		if !ok {
@@ -245,14 +237,14 @@ func TestFileBatchesPlayedOut(t *testing.T) {
 			t.Errorf("%s: createTime %v, want the file's %v", b.Name, got.CreateTime, b.CreateTime)
 		}
 	}
-	clk.set(t0.Add(10 * time.Second))
-	e.Advance(clk.now())
+	clk.Set(t0.Add(10 * time.Second))
+	e.Advance(clk.Now())
 	for _, b := range bs {
 		got, _ := e.API().Batch(b.Name)
 		if got.State != b.State {
 			t.Errorf("%s ends %s, want the file's %s", b.Name, got.State, b.State)
 		}
-		if terminal(b.State) && (got.EndTime.Before(t0) || got.EndTime.After(clk.now()) ||
+		if terminal(b.State) && (got.EndTime.Before(t0) || got.EndTime.After(clk.Now()) ||
 			(b.Error == nil) != (got.Error == nil) || got.ResponsesFile != b.ResponsesFile) {
 			t.Errorf("%s ends as %+v, want the file's fields and an end within the window", b.Name, got)
 		}
@@ -340,9 +332,9 @@ func TestCreateDeliversDynamically(t *testing.T) {
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			t0 := time.Now()
-			clk := &clock{t: t0}
+			clk := testkit.NewClock(t0)
 			rc := newReceiver(t, nil)
-			e := startEmu(t, Config{Signature: tc.mode, CreatedFinishAfter: 5 * time.Second, Manual: true, Now: clk.now})
+			e := startEmu(t, Config{Signature: tc.mode, CreatedFinishAfter: 5 * time.Second, Manual: true, Now: clk.Now})
 			c := client(t, e)
 			ctx := context.Background()
 			job, err := c.Batches.Create(ctx, "gemini-2.5-flash", &genai.BatchJobSource{InlinedRequests: []*genai.InlinedRequest{
@@ -358,13 +350,13 @@ func TestCreateDeliversDynamically(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			clk.set(t0.Add(2500 * time.Millisecond))
-			e.Advance(clk.now())
+			clk.Set(t0.Add(2500 * time.Millisecond))
+			e.Advance(clk.Now())
 			if b, _ := c.Batches.Get(ctx, job.Name, nil); b.State != genai.JobStateRunning {
 				t.Errorf("half-way the created batch is %s, want RUNNING", b.State)
 			}
-			clk.set(t0.Add(5 * time.Second))
-			e.Advance(clk.now())
+			clk.Set(t0.Add(5 * time.Second))
+			e.Advance(clk.Now())
 			waitIdle(t, e)
 
 			b, err := c.Batches.Get(ctx, job.Name, nil)

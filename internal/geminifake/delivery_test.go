@@ -18,6 +18,7 @@ import (
 	"google.golang.org/genai/interactions/models/operations"
 	"google.golang.org/genai/interactions/models/webhooks"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -409,26 +410,14 @@ func TestDropsAndDuplicates(t *testing.T) {
 	}
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // During a rotation's overlap every delivery is signed with both secrets,
 // so a receiver holding either verifies it; after 24 h only the new one
 // signs. An immediate rotation signs with the new secret alone.
 func TestRotationOverlapSignsWithEither(t *testing.T) {
-	clk := &clock{t: time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)}
+	clk := testkit.NewClock(time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC))
 	s, base := start(t, Options{APIKey: whKey})
 	ws := s.Webhooks()
-	if err := ws.SetOptions(WebhookOptions{Now: clk.now}); err != nil {
+	if err := ws.SetOptions(WebhookOptions{Now: clk.Now}); err != nil {
 		t.Fatal(err)
 	}
 	rc := newReceiver(t, nil)
@@ -442,7 +431,7 @@ func TestRotationOverlapSignsWithEither(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := *rot.WebhookRotateSigningSecretResponse.Secret
-	oldOnly, newOnly := verifier(t, clk.now, old), verifier(t, clk.now, fresh)
+	oldOnly, newOnly := verifier(t, clk.Now, old), verifier(t, clk.Now, fresh)
 
 	last := func() received {
 		t.Helper()
@@ -450,7 +439,7 @@ func TestRotationOverlapSignsWithEither(t *testing.T) {
 		got := rc.requests()
 		return got[len(got)-1]
 	}
-	clk.add(23 * time.Hour)
+	clk.Advance(23 * time.Hour)
 	s.Add(Batch{Name: "batches/during", State: "SUCCEEDED"})
 	r := last()
 	if n := len(strings.Fields(r.header.Get("webhook-signature"))); n != 2 {
@@ -463,7 +452,7 @@ func TestRotationOverlapSignsWithEither(t *testing.T) {
 		t.Errorf("during the overlap a receiver with the new secret fails: %v", err)
 	}
 
-	clk.add(time.Hour) // 24 h after the rotation: the old secret has expired
+	clk.Advance(time.Hour) // 24 h after the rotation: the old secret has expired
 	if _, err := c.Webhooks.Ping(ctx, operations.PingWebhookRequest{ID: *w.ID}); err != nil {
 		t.Fatal(err)
 	}
@@ -493,7 +482,7 @@ func TestRotationOverlapSignsWithEither(t *testing.T) {
 	if err := newOnly.Verify(r.body, r.header); !errors.Is(err, webhook.ErrBadSignature) {
 		t.Errorf("after an immediate rotation the previous secret still verifies: %v", err)
 	}
-	if err := verifier(t, clk.now, third).Verify(r.body, r.header); err != nil {
+	if err := verifier(t, clk.Now, third).Verify(r.body, r.header); err != nil {
 		t.Errorf("after an immediate rotation the new secret fails: %v", err)
 	}
 }

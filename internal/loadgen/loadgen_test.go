@@ -2,14 +2,12 @@ package loadgen
 
 import (
 	"context"
-	"log/slog"
 	"net/http/httptest"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -38,11 +36,7 @@ func TestCheckLoopback(t *testing.T) {
 
 func TestRunAgainstReceiver(t *testing.T) {
 	ctx := context.Background()
-	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "g.db"), sink.Options{}, sqlite.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := sqlitetest.OpenTemp(t, sink.Options{})
 	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{secret}})
 	if err != nil {
 		t.Fatal(err)

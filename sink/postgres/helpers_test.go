@@ -71,9 +71,3 @@ func openDSN(tb testing.TB, dsn string, opt sink.Options, opts ...Option) *Sink 
 	})
 	return s
 }
-
-// manualClock is a settable clock for tests of this package alone.
-type manualClock struct{ t time.Time }
-
-func (c *manualClock) Now() time.Time          { return c.t }
-func (c *manualClock) Advance(d time.Duration) { c.t = c.t.Add(d) }

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
 func TestSmokeLifecycle(t *testing.T) {
-	clk := &manualClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	clk := testkit.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	s, _ := openTest(t, sink.Options{Now: clk.Now, Rand: func() float64 { return 0.5 }})
 	ctx := context.Background()
 	key := "gemini:batches/one"

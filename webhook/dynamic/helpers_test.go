@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
 
@@ -25,26 +25,8 @@ import (
 // on the machine's time.
 var t0 = time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
 
-// clock is an injected clock tests move by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: t0} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-	return c.t
-}
+// newClock returns a clock at t0 that tests move by hand.
+func newClock() *testkit.Clock { return testkit.NewClock(t0) }
 
 // served starts a fake key server over real HTTP.
 func served(t *testing.T, opts fakejwks.Options) (*fakejwks.Keys, *httptest.Server) {
@@ -58,7 +40,7 @@ func served(t *testing.T, opts fakejwks.Options) (*fakejwks.Keys, *httptest.Serv
 	return keys, srv
 }
 
-func verifier(t *testing.T, url string, clk *clock, audience string) *dynamic.Verifier {
+func verifier(t *testing.T, url string, clk *testkit.Clock, audience string) *dynamic.Verifier {
 	t.Helper()
 	v, err := dynamic.New(dynamic.Config{JWKSURL: url, Now: clk.Now, Audience: audience, FetchTimeout: 5 * time.Second})
 	if err != nil {
