@@ -2,10 +2,7 @@ package webhook_test
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -18,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
@@ -152,49 +148,6 @@ func TestDynamicAndStaticDeliveriesAccepted(t *testing.T) {
 	}
 }
 
-// rawToken builds a compact JWS by hand: header and claims as given, the
-// signature from sign (nil: empty).
-func rawToken(t *testing.T, header, claims map[string]any, sign func([]byte) []byte) string {
-	t.Helper()
-	hb, err := json.Marshal(header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, err := json.Marshal(claims)
-	if err != nil {
-		t.Fatal(err)
-	}
-	input := base64.RawURLEncoding.EncodeToString(hb) + "." + base64.RawURLEncoding.EncodeToString(cb)
-	var sig []byte
-	if sign != nil {
-		sig = sign([]byte(input))
-	}
-	return input + "." + base64.RawURLEncoding.EncodeToString(sig)
-}
-
-func hmacSHA256(secret []byte) func([]byte) []byte {
-	return func(in []byte) []byte {
-		m := hmac.New(sha256.New, secret)
-		m.Write(in)
-		return m.Sum(nil)
-	}
-}
-
-// rs256 signs live claims (iat now, exp in a minute) with any RSA key
-// under any kid.
-func rs256(t *testing.T, key *rsa.PrivateKey, kid string, now time.Time) string {
-	t.Helper()
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: jose.JSONWebKey{Key: key, KeyID: kid}}, (&jose.SignerOptions{}).WithType("JWT"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := jwt.Signed(s).Claims(jwt.Claims{IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(now.Add(time.Minute))}).Serialize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
-}
-
 // Every forged or stale dynamic signature is 401 at the HTTP level and
 // records nothing: a wrong key, a tampered body (v1a), an expired JWT,
 // alg none, an HS256 token keyed with the RSA public key, an unknown kid,
@@ -226,11 +179,11 @@ func TestDynamicForgeriesRefused(t *testing.T) {
 		{"v1a over another body", tampered, "no Ed25519 key"},
 		{"expired JWT", jwtHeader(r.keys.SignClaims(jwt.Claims{
 			IssuedAt: jwt.NewNumericDate(now.Add(-time.Hour)), Expiry: jwt.NewNumericDate(now.Add(-30 * time.Minute))})), "expired"},
-		{"alg none", jwtHeader(rawToken(t, map[string]any{"alg": "none", "typ": "JWT", "kid": r.keys.RSAKeyID()}, live, nil)), "refused"},
-		{"HS256 keyed with the public key (DER)", jwtHeader(rawToken(t, map[string]any{"alg": "HS256", "typ": "JWT", "kid": r.keys.RSAKeyID()}, live, hmacSHA256(der))), "refused"},
-		{"HS256 keyed with the public key (PEM)", jwtHeader(rawToken(t, map[string]any{"alg": "HS256", "typ": "JWT", "kid": r.keys.RSAKeyID()}, live, hmacSHA256(pemText))), "refused"},
-		{"unknown kid", jwtHeader(rs256(t, other.RSAPrivateKey(), other.RSAKeyID(), now)), "no RSA key with the JWT's kid"},
-		{"right kid, wrong key", jwtHeader(rs256(t, other.RSAPrivateKey(), r.keys.RSAKeyID(), now)), "does not verify"},
+		{"alg none", jwtHeader(fakejwks.RawJWT(map[string]any{"alg": "none", "typ": "JWT", "kid": r.keys.RSAKeyID()}, live, nil)), "refused"},
+		{"HS256 keyed with the public key (DER)", jwtHeader(fakejwks.RawJWT(map[string]any{"alg": "HS256", "typ": "JWT", "kid": r.keys.RSAKeyID()}, live, fakejwks.HS256(der))), "refused"},
+		{"HS256 keyed with the public key (PEM)", jwtHeader(fakejwks.RawJWT(map[string]any{"alg": "HS256", "typ": "JWT", "kid": r.keys.RSAKeyID()}, live, fakejwks.HS256(pemText))), "refused"},
+		{"unknown kid", jwtHeader(fakejwks.SignRS256(other.RSAPrivateKey(), other.RSAKeyID(), now)), "no RSA key with the JWT's kid"},
+		{"right kid, wrong key", jwtHeader(fakejwks.SignRS256(other.RSAPrivateKey(), r.keys.RSAKeyID(), now)), "does not verify"},
 		{"wrong HMAC secret", signed(t, rotatedSecret, "msg_h", now, body), "no webhook-signature matches"},
 		{"no signature", http.Header{}, "missing webhook-id"},
 	}

@@ -12,8 +12,10 @@ package fakejwks
 
 import (
 	"crypto/ed25519"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -304,4 +306,47 @@ func (k *Keys) SignClaims(claims any) string {
 		panic("fakejwks: signing a JWT: " + strings.TrimPrefix(err.Error(), "go-jose/go-jose: "))
 	}
 	return tok
+}
+
+// Forgeries, for tests of what a verifier refuses.
+
+// RawJWT builds a compact JWS by hand: header and claims as given, the
+// signature from sign over the signing input (nil: an empty signature).
+func RawJWT(header, claims map[string]any, sign func(input []byte) []byte) string {
+	hb, err := json.Marshal(header)
+	if err == nil {
+		var cb []byte
+		if cb, err = json.Marshal(claims); err == nil {
+			input := base64.RawURLEncoding.EncodeToString(hb) + "." + base64.RawURLEncoding.EncodeToString(cb)
+			var sig []byte
+			if sign != nil {
+				sig = sign([]byte(input))
+			}
+			return input + "." + base64.RawURLEncoding.EncodeToString(sig)
+		}
+	}
+	// Only values that do not marshal fail here: a caller's bug.
+	panic("fakejwks: RawJWT: " + err.Error())
+}
+
+// HS256 returns a RawJWT signature function: HMAC-SHA256 keyed with secret.
+func HS256(secret []byte) func(input []byte) []byte {
+	return func(input []byte) []byte {
+		m := hmac.New(sha256.New, secret)
+		m.Write(input)
+		return m.Sum(nil)
+	}
+}
+
+// SignRS256 signs a live JWT (iat now, exp a minute later) with any RSA
+// key under any kid: a key set's own, another's, or none published.
+func SignRS256(key *rsa.PrivateKey, kid string, now time.Time) string {
+	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: jose.JSONWebKey{Key: key, KeyID: kid}}, (&jose.SignerOptions{}).WithType("JWT"))
+	if err == nil {
+		var tok string
+		if tok, err = jwt.Signed(s).Claims(jwt.Claims{IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(now.Add(time.Minute))}).Serialize(); err == nil {
+			return tok
+		}
+	}
+	panic("fakejwks: SignRS256: " + err.Error())
 }

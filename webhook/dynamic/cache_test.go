@@ -155,12 +155,12 @@ func TestFailedRefreshIsUnavailable(t *testing.T) {
 		t.Errorf("Verify(v1a by a new key, refresh failing) = %v, want ErrUnavailable", err)
 	}
 	// The old key is still in the cached set, within its hour.
-	if _, err := verify(v, testBody, headers("", time.Time{}, signRS256(t, firstKey, firstKid, now))); err != nil {
+	if _, err := verify(v, testBody, headers("", time.Time{}, fakejwks.SignRS256(firstKey, firstKid, now))); err != nil {
 		t.Errorf("Verify(JWT by a cached key, server down) = %v, want nil", err)
 	}
 	// An hour after the fetch, the set is expired and the server still down.
 	clk.Advance(time.Hour)
-	if _, err := verify(v, testBody, headers("", time.Time{}, signRS256(t, firstKey, firstKid, clk.Now()))); !errors.Is(err, dynamic.ErrUnavailable) {
+	if _, err := verify(v, testBody, headers("", time.Time{}, fakejwks.SignRS256(firstKey, firstKid, clk.Now()))); !errors.Is(err, dynamic.ErrUnavailable) {
 		t.Errorf("Verify after the set expired, server down = %v, want ErrUnavailable", err)
 	}
 	keys.SetFailure(0)
@@ -193,7 +193,7 @@ func TestUnknownKidFloodIsBounded(t *testing.T) {
 				// the kid (or, for v1a, every key), and a forger need not
 				// sign anything.
 				if i%2 == 0 {
-					tok := rawJWT(t, map[string]any{"alg": "RS256", "kid": rand.Text()},
+					tok := fakejwks.RawJWT(map[string]any{"alg": "RS256", "kid": rand.Text()},
 						map[string]any{"iat": now.Unix(), "exp": now.Unix() + 60}, func([]byte) []byte { return randomBytes(256) })
 					h = headers("", time.Time{}, tok)
 				} else {

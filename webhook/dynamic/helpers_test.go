@@ -2,19 +2,11 @@ package dynamic_test
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/rsa"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
-
-	jose "github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
 	"github.com/gemrecon/gemrecon/internal/testkit"
@@ -65,50 +57,6 @@ func headers(id string, ts time.Time, sigLines ...string) http.Header {
 		h.Add(dynamic.HeaderSignature, l)
 	}
 	return h
-}
-
-// rawJWT builds a compact JWS by hand from a header and claims, with sig
-// computed over the signing input by signFn (nil: an empty signature).
-func rawJWT(t *testing.T, header map[string]any, claims map[string]any, signFn func(input []byte) []byte) string {
-	t.Helper()
-	hb, err := json.Marshal(header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, err := json.Marshal(claims)
-	if err != nil {
-		t.Fatal(err)
-	}
-	input := base64.RawURLEncoding.EncodeToString(hb) + "." + base64.RawURLEncoding.EncodeToString(cb)
-	var sig []byte
-	if signFn != nil {
-		sig = signFn([]byte(input))
-	}
-	return input + "." + base64.RawURLEncoding.EncodeToString(sig)
-}
-
-func hs256(secret []byte) func([]byte) []byte {
-	return func(input []byte) []byte {
-		m := hmac.New(sha256.New, secret)
-		m.Write(input)
-		return m.Sum(nil)
-	}
-}
-
-// signRS256 signs a live JWT (iat now, exp in a minute) with any RSA key
-// under any kid. Safe to call from several goroutines (t.Fatal is not
-// used).
-func signRS256(t *testing.T, key *rsa.PrivateKey, kid string, now time.Time) string {
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: jose.JSONWebKey{Key: key, KeyID: kid}}, (&jose.SignerOptions{}).WithType("JWT"))
-	if err != nil {
-		t.Error(err)
-		return ""
-	}
-	tok, err := jwt.Signed(s).Claims(jwt.Claims{IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(now.Add(time.Minute))}).Serialize()
-	if err != nil {
-		t.Error(err)
-	}
-	return tok
 }
 
 func verify(v *dynamic.Verifier, body []byte, h http.Header) (dynamic.Result, error) {

@@ -174,12 +174,12 @@ func TestRejectedAsUnverified(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := func(alg string, secret []byte) string {
-		return rawJWT(t, map[string]any{"alg": alg, "typ": "JWT", "kid": kid}, live, hs256(secret))
+		return fakejwks.RawJWT(map[string]any{"alg": alg, "typ": "JWT", "kid": kid}, live, fakejwks.HS256(secret))
 	}
 	none := func(alg string) string {
-		return rawJWT(t, map[string]any{"alg": alg, "typ": "JWT", "kid": kid}, live, nil)
+		return fakejwks.RawJWT(map[string]any{"alg": alg, "typ": "JWT", "kid": kid}, live, nil)
 	}
-	noneSigned := rawJWT(t, map[string]any{"alg": "none", "kid": kid}, live, func(in []byte) []byte { return hs256(pkixPEM)(in) })
+	noneSigned := fakejwks.RawJWT(map[string]any{"alg": "none", "kid": kid}, live, func(in []byte) []byte { return fakejwks.HS256(pkixPEM)(in) })
 
 	v1a := func(id string, ts time.Time, body []byte) http.Header {
 		return headers(id, ts, keys.SignV1a(id, ts, body))
@@ -228,7 +228,7 @@ func TestRejectedAsUnverified(t *testing.T) {
 		{"alg None", testBody, jwtH(none("None")), `alg "None" refused`},
 		{"alg NONE", testBody, jwtH(none("NONE")), `alg "NONE" refused`},
 		{"alg none with a signature", testBody, jwtH(noneSigned), `alg "none" refused`},
-		{"no alg", testBody, jwtH(rawJWT(t, map[string]any{"kid": kid}, live, hs256([]byte("x")))), `alg "" refused`},
+		{"no alg", testBody, jwtH(fakejwks.RawJWT(map[string]any{"kid": kid}, live, fakejwks.HS256([]byte("x")))), `alg "" refused`},
 		{"HS256 keyed with the public key (PKIX PEM)", testBody, jwtH(hs("HS256", pkixPEM)), `alg "HS256" refused`},
 		{"HS256 keyed with the public key (PKIX DER)", testBody, jwtH(hs("HS256", pkix)), `alg "HS256" refused`},
 		{"HS256 keyed with the public key (PKCS#1 PEM)", testBody, jwtH(hs("HS256", pkcs1PEM)), `alg "HS256" refused`},
@@ -312,7 +312,7 @@ func TestNoDynamicEntryTouchesNoKeySet(t *testing.T) {
 	for name, h := range map[string]http.Header{
 		"stale v1a":   headers("m", now.Add(-time.Hour), keys.SignV1a("m", now.Add(-time.Hour), testBody)),
 		"expired JWT": headers("m", now, keys.SignClaims(jwt.Claims{Expiry: jwt.NewNumericDate(now.Add(-time.Hour))})),
-		"alg none":    headers("m", now, rawJWT(t, map[string]any{"alg": "none", "kid": keys.RSAKeyID()}, map[string]any{"exp": now.Unix() + 60}, nil)),
+		"alg none":    headers("m", now, fakejwks.RawJWT(map[string]any{"alg": "none", "kid": keys.RSAKeyID()}, map[string]any{"exp": now.Unix() + 60}, nil)),
 	} {
 		if _, err := verify(v, testBody, h); !errors.Is(err, dynamic.ErrUnverified) {
 			t.Errorf("%s: Verify = %v, want ErrUnverified", name, err)
