@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/gemrecon/gemrecon/internal/tcpproxy"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 )
@@ -182,10 +181,8 @@ func TestDatabaseClock(t *testing.T) {
 // reports the truth (done) instead of an error.
 func TestCompleteOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, _ := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/unknown"
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
@@ -199,15 +196,11 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 	if err := s.Complete(ctx, key, c.Token+100); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up Complete = %v, want ErrFenced", err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	if err := s.Complete(cctx, key, c.Token); err != nil {
 		t.Fatalf("Complete with a lost reply = %v, want nil (read back: done)", err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 	e, err := s.Get(ctx, key)
 	if err != nil || e.State != sink.StateDone || e.Token != c.Token {
 		t.Fatalf("Get = %+v, %v; want done with token %d", e, err, c.Token)
@@ -222,10 +215,8 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 // nonce, so the caller holds the claim the database granted.
 func TestClaimOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, _ := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/claim-unknown"
 	for _, k := range []string{key, key + "-warm-up"} {
 		if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourcePoll}); err != nil {
@@ -236,16 +227,12 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 	if _, err := s.Claim(ctx, key+"-warm-up", "w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	c, err := s.Claim(cctx, key, "w", time.Minute)
 	if err != nil {
 		t.Fatalf("Claim with a lost reply = %v, want the claim read back", err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 	e, err := s.Get(ctx, key)
 	if err != nil || e.State != sink.StateClaimed || e.Token != c.Token || c.Token != 1 || c.Owner != "w" {
 		t.Fatalf("Claim = %+v; Get = %+v, %v; want claimed with token 1", c, e, err)
@@ -299,10 +286,8 @@ func TestCompleteCancelledWhileBlocked(t *testing.T) {
 // claims the database granted, found by the statement's nonce.
 func TestClaimDueOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, _ := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	for i := range 4 {
 		if _, err := s.Record(ctx, sink.Sighting{Key: fmt.Sprintf("gemini:batches/due-%d", i), Source: sink.SourcePoll}); err != nil {
 			t.Fatal(err)
@@ -312,16 +297,12 @@ func TestClaimDueOutcomeUnknown(t *testing.T) {
 	if cs, err := s.ClaimDue(ctx, "w", time.Minute, 1); err != nil || len(cs) != 1 {
 		t.Fatalf("warm-up ClaimDue = %v, %v", cs, err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	cs, err := s.ClaimDue(cctx, "w", time.Minute, 10)
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("ClaimDue with a lost reply = %d claims, %v; want 3 read back", len(cs), err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 	for _, c := range cs {
 		if err := s.Complete(ctx, c.Key, c.Token); err != nil {
 			t.Errorf("Complete(%s, %d): %v", c.Key, c.Token, err)
@@ -456,10 +437,8 @@ func TestDroppedIdleConnection(t *testing.T) {
 // is pending under the same token with this failure's cause.
 func TestFailOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, _ := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/fail-unknown"
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
 		t.Fatal(err)
@@ -472,16 +451,12 @@ func TestFailOutcomeUnknown(t *testing.T) {
 	if _, err := s.Fail(ctx, key, c.Token+100, sink.Failure{Cause: "warm-up"}); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up Fail = %v, want ErrFenced", err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	st, err := s.Fail(cctx, key, c.Token, sink.Failure{Cause: "exit status 3"})
 	if err != nil || st != sink.StatePending {
 		t.Fatalf("Fail with a lost reply = %v, %v; want pending (read back)", st, err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StatePending || e.LastError != "exit status 3" {
 		t.Fatalf("Get = %+v, %v; want pending with the cause", e, err)
 	}
@@ -491,23 +466,17 @@ func TestFailOutcomeUnknown(t *testing.T) {
 // whose reply is lost, is found by the statement's nonce.
 func TestRecordAndClaimOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, _ := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	sg := sink.Sighting{Key: "gemini:batches/rc-unknown", Source: sink.SourceWebhook, Payload: []byte(`{"a":1}`)}
 	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
 	if _, _, err := s.RecordAndClaim(ctx, sink.Sighting{Key: sg.Key + "-warm-up", Source: sg.Source}, "w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	r, c, err := s.RecordAndClaim(cctx, sg, "w", time.Minute)
 	if err != nil || !r.New || r.State != sink.StateClaimed || c.Token != 1 || string(c.Payload) != `{"a":1}` {
 		t.Fatalf("RecordAndClaim with a lost reply = %+v, %+v, %v; want new and claimed, read back", r, c, err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/tcpproxy"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -70,4 +71,33 @@ func openDSN(tb testing.TB, dsn string, opt sink.Options, opts ...Option) *Sink 
 		}
 	})
 	return s
+}
+
+// lostReplySink opens a sink in a fresh schema through a proxy that can
+// drop the server's replies, with one connection: a warm-up call then
+// prepares its statement on it, so that the call whose reply is lost sends
+// Bind/Execute at once instead of waiting for a Describe reply. dsn is the
+// schema's own, not through the proxy.
+func lostReplySink(t *testing.T) (s *Sink, p *tcpproxy.Proxy, dsn string) {
+	t.Helper()
+	dsn, _ = testSchema(t)
+	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	return openDSN(t, pdsn, sink.Options{}, WithMaxConns(1)), p, dsn
+}
+
+// lostReply makes p drop the server's replies from now on and returns the
+// context for the one call whose reply is lost (it ends after 300ms);
+// dropped, called after that call, fails the test unless bytes of a reply
+// were dropped (else the test did not exercise a lost reply).
+func lostReply(t *testing.T, p *tcpproxy.Proxy) (ctx context.Context, dropped func()) {
+	t.Helper()
+	p.DropReplies()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	t.Cleanup(cancel)
+	return ctx, func() {
+		t.Helper()
+		if p.Dropped() == 0 {
+			t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
+		}
+	}
 }

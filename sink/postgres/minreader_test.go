@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sinktest"
 )
 
 // withExtraMigration makes Open know one more migration after the embedded
@@ -43,25 +43,6 @@ func schemaVersionIn(t *testing.T, schema string) int {
 	return v
 }
 
-// usePG records, claims and completes a new key, and reads it back.
-func usePG(t *testing.T, s *Sink, key string) {
-	t.Helper()
-	ctx := context.Background()
-	if r, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{}`)}); err != nil || !r.New {
-		t.Fatalf("Record(%s) = %+v, %v", key, r, err)
-	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
-	if err != nil {
-		t.Fatalf("Claim(%s): %v", key, err)
-	}
-	if err := s.Complete(ctx, key, c.Token); err != nil {
-		t.Fatalf("Complete(%s): %v", key, err)
-	}
-	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StateDone {
-		t.Fatalf("Get(%s) = %+v, %v", key, e, err)
-	}
-}
-
 // Rolling upgrades (spec §3) on PostgreSQL: a newer gemrecon (simulated by
 // extra migrations) applies an additive migration; this binary opens the
 // database and works without migrating it, writing and read-only. After a
@@ -75,7 +56,7 @@ func TestMinimumReader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	usePG(t, s, "gemini:batches/old-first")
+	sinktest.Use(t, s, "gemini:batches/old-first")
 	s.Close()
 	minReader := minReaderIn(t, schema)
 	if minReader < 1 || minReader > known {
@@ -92,7 +73,7 @@ func TestMinimumReader(t *testing.T) {
 	if err != nil {
 		t.Fatalf("newer binary, additive migration: %v", err)
 	}
-	usePG(t, newer, "gemini:batches/newer")
+	sinktest.Use(t, newer, "gemini:batches/newer")
 	newer.Close()
 	if v, mr := schemaVersionIn(t, schema), minReaderIn(t, schema); v != known+1 || mr != minReader {
 		t.Fatalf("after the additive migration: version %d, min_reader %d; want %d, %d", v, mr, known+1, minReader)
@@ -102,7 +83,7 @@ func TestMinimumReader(t *testing.T) {
 	if err != nil {
 		t.Fatalf("this binary on a newer schema whose minimum reader is %d: %v", minReader, err)
 	}
-	usePG(t, s, "gemini:batches/old-after")
+	sinktest.Use(t, s, "gemini:batches/old-after")
 	s.Close()
 	ro, err := Open(ctx, dsn, sink.Options{ReadOnly: true})
 	if err != nil {

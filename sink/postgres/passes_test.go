@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gemrecon/gemrecon/internal/tcpproxy"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -15,24 +14,18 @@ import (
 // and can end it.
 func TestAcquirePassOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, dsn := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
 	if _, _, err := s.AcquirePass(ctx, "warm-up", "w", time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	l, r, err := s.AcquirePass(cctx, "s", "w", time.Minute, 0)
 	if err != nil || l.Token != 1 || l.Owner != "w" || r.Holder != "w" || l.Until.IsZero() {
 		t.Fatalf("AcquirePass with a lost reply = %+v, %+v, %v; want the lease, read back", l, r, err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 	other := openDSN(t, dsn, sink.Options{})
 	if _, _, err := other.AcquirePass(ctx, "s", "x", time.Minute, 0); !errors.Is(err, sink.ErrPassHeld) {
 		t.Fatalf("AcquirePass by another process = %v, want ErrPassHeld", err)
@@ -46,10 +39,8 @@ func TestAcquirePassOutcomeUnknown(t *testing.T) {
 // recorded, so it reports success; the lease is free.
 func TestEndPassOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	dsn, _ := testSchema(t)
-	p, pdsn := tcpproxy.ForDSN(t, dsn)
+	s, p, dsn := lostReplySink(t)
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithMaxConns(1))
 	l, _, err := s.AcquirePass(ctx, "s", "w", time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -60,16 +51,12 @@ func TestEndPassOutcomeUnknown(t *testing.T) {
 	if err := s.EndPass(ctx, stale, sink.PassOutcome{Start: time.Now(), End: time.Now()}); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up EndPass = %v, want ErrFenced", err)
 	}
-	p.DropReplies()
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
+	cctx, dropped := lostReply(t, p)
 	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	if err := s.EndPass(cctx, l, sink.PassOutcome{Start: start, End: start.Add(time.Second), Success: true}); err != nil {
 		t.Fatalf("EndPass with a lost reply = %v, want nil (read back)", err)
 	}
-	if p.Dropped() == 0 {
-		t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
-	}
+	dropped()
 	other := openDSN(t, dsn, sink.Options{})
 	recs, err := other.PassRecords(ctx)
 	if err != nil || len(recs) != 1 || recs[0].Holder != "" || !recs[0].LastSuccess.Equal(start.Add(time.Second)) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -37,21 +36,6 @@ const EffectsTable = `CREATE TABLE effects (key TEXT, token BIGINT, name TEXT, n
 // {"name":"batches/o'brien"}.
 func SQLParams(c sink.Claim) map[string]any {
 	return map[string]any{"key": c.Key, "token": c.Token, "name": "x", "operation": json.RawMessage(`{"name":"batches/o'brien"}`)}
-}
-
-// Claimed records key (from a webhook, payload {}) in s and claims it for
-// a minute, as owner "w".
-func Claimed(t testing.TB, s sink.Sink, key string) sink.Claim {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // quote is s as an SQL string literal.

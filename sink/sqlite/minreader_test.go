@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
@@ -20,28 +20,6 @@ func metaValue(t *testing.T, path, name string) int {
 	var v int
 	sqlitetest.QueryRow(t, sqlitetest.Immutable(path), `SELECT value FROM gemrecon_meta WHERE name = ?`, []any{name}, &v)
 	return v
-}
-
-// use records, claims and completes a new key, and reads it back.
-func use(t *testing.T, s *sqlite.Sink, key string) {
-	t.Helper()
-	ctx := context.Background()
-	if r, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{}`)}); err != nil || !r.New {
-		t.Fatalf("Record(%s) = %+v, %v", key, r, err)
-	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
-	if err != nil {
-		t.Fatalf("Claim(%s): %v", key, err)
-	}
-	if err := s.Complete(ctx, key, c.Token); err != nil {
-		t.Fatalf("Complete(%s): %v", key, err)
-	}
-	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StateDone {
-		t.Fatalf("Get(%s) = %+v, %v", key, e, err)
-	}
-	if _, err := s.Stats(ctx); err != nil {
-		t.Fatalf("Stats: %v", err)
-	}
 }
 
 // Rolling upgrades (spec §3): a newer gemrecon (simulated by extra
@@ -59,7 +37,7 @@ func TestMinimumReader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	use(t, s, "gemini:batches/old-binary-first")
+	sinktest.Use(t, s, "gemini:batches/old-binary-first")
 	s.Close()
 	minReader := metaValue(t, path, "min_reader")
 	if minReader < 1 || minReader > known {
@@ -78,7 +56,7 @@ func TestMinimumReader(t *testing.T) {
 	if err != nil {
 		t.Fatalf("newer binary, additive migration: %v", err)
 	}
-	use(t, newer, "gemini:batches/newer-binary")
+	sinktest.Use(t, newer, "gemini:batches/newer-binary")
 	newer.Close()
 	if v, mr := sqlitetest.UserVersion(t, sqlitetest.Immutable(path)), metaValue(t, path, "min_reader"); v != known+1 || mr != minReader {
 		t.Fatalf("after the additive migration: version %d, min_reader %d; want %d, %d", v, mr, known+1, minReader)
@@ -89,7 +67,7 @@ func TestMinimumReader(t *testing.T) {
 	if err != nil {
 		t.Fatalf("this binary on a newer schema whose minimum reader is %d: %v", minReader, err)
 	}
-	use(t, s, "gemini:batches/old-binary-after")
+	sinktest.Use(t, s, "gemini:batches/old-binary-after")
 	s.Close()
 	ro, err := openRW(path, sink.Options{ReadOnly: true})
 	if err != nil {
