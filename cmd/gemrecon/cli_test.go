@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -96,4 +98,40 @@ type safeBuffer = testkit.Buffer
 func child(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
 	return testkit.Command("gemrecon", args...)
+}
+
+// startServing starts cmd, a child that serves HTTP, with its stderr in the
+// returned buffer, kills it when the test ends, and returns once url
+// answers 200 (waitHealthy).
+func startServing(t *testing.T, cmd *exec.Cmd, url string) *safeBuffer {
+	t.Helper()
+	var stderr safeBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitHealthy(t, url, &stderr)
+	return &stderr
+}
+
+// postJSON POSTs body as application/json with the headers h and returns
+// the status and the response body.
+func postJSON(t *testing.T, url, body string, h http.Header) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

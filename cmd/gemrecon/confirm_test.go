@@ -284,13 +284,7 @@ func TestServeSyncConfirmsWithinSyncWait(t *testing.T) {
 	cmd := child(t, "--db", filepath.Join(dir, "s.db"), "serve", "--listen", addr, "--insecure-no-verify", "--sync",
 		"--sync-wait", "1s", "--base-url", api.URL(), "--qps", "0", "--exec", `echo "$GEMRECON_KEY $GEMRECON_BATCH_STATE $GEMRECON_CONFIRMED" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMINI_API_KEY="+testAPIKey, "GOOGLE_API_KEY=")
-	var stderr safeBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	waitHealthy(t, "http://"+addr+"/healthz", &stderr)
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
 	post := func(id string) (int, string, time.Duration) {
 		start := time.Now()
 		resp, err := http.Post("http://"+addr+"/webhook", "application/json",
@@ -303,14 +297,14 @@ func TestServeSyncConfirmsWithinSyncWait(t *testing.T) {
 		return resp.StatusCode, string(b), time.Since(start)
 	}
 	if code, body, _ := post("b0"); code != http.StatusOK || !strings.Contains(body, `"done"`) {
-		t.Fatalf("finished batch: %d %s\n%s", code, body, &stderr)
+		t.Fatalf("finished batch: %d %s\n%s", code, body, stderr)
 	}
 	if lines := readLines(t, log); len(lines) != 1 || lines[0] != "gemini:batches/b0 SUCCEEDED true" {
 		t.Fatalf("effect log %q", lines)
 	}
 	code, body, took := post("b1")
 	if code != http.StatusAccepted || took > 10*time.Second {
-		t.Fatalf("running batch: %d %s after %v; want 202 within about --sync-wait\n%s", code, body, took, &stderr)
+		t.Fatalf("running batch: %d %s after %v; want 202 within about --sync-wait\n%s", code, body, took, stderr)
 	}
 	if lines := readLines(t, log); len(lines) != 1 {
 		t.Fatalf("the effect ran for a batch the API says is running: %q", lines)

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/genai"
 
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -111,8 +112,8 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 
 	// Every completion ran its effect exactly once.
 	var keys []string
-	for name, job := range listJobs(t, c) {
-		if !jobDone(job.State) {
+	for name, job := range genaitest.ListAll(t, c, 5) {
+		if !genaitest.Terminal(job.State) {
 			t.Errorf("%s is %s after the emulator went idle", name, job.State)
 		}
 		keys = append(keys, "gemini:"+name)

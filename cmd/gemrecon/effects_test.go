@@ -199,6 +199,18 @@ func TestDrainIntoHeadExits1(t *testing.T) {
 	wantPendingUncharged(t, db, ks...)
 }
 
+// stalledPipe returns the write end of a pipe whose read end is held open
+// (until the test ends) and never read: a stdout reader that stopped.
+func stalledPipe(t *testing.T) *os.File {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	return pw
+}
+
 // TestDrainStalledStdoutEndsWithinTheEffectTimeout (issue 12 item 6): a
 // reader that stops reading (a pipe nobody drains) holds the attempt no
 // longer than --effect-timeout; drain then exits 1 with a message, and the
@@ -207,11 +219,7 @@ func TestDrainStalledStdoutEndsWithinTheEffectTimeout(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "s.db")
 	key := "gemini:batches/stalled"
 	recordBig(t, db, key)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close() // held open and never read
+	pw := stalledPipe(t)
 	gem := child(t, "--db", db, "drain", "--effect-timeout", "1s", "--lease", "1m")
 	gem.Stdout = pw
 	var stderr safeBuffer
@@ -238,11 +246,7 @@ func TestServeSIGTERMWithStalledStdout(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "s.db")
 	key := "gemini:batches/stalled"
 	recordBig(t, db, key)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close() // held open and never read
+	pw := stalledPipe(t)
 	gem := child(t, "--db", db, "serve", "--insecure-no-verify", "--listen", "127.0.0.1:0",
 		"--effect-timeout", "1m", "--lease", "2m", "--grace", "1s")
 	gem.Stdout = pw

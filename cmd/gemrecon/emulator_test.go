@@ -23,6 +23,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/internal/emulator"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
@@ -136,37 +137,7 @@ func (p *emuProc) events(msg string) []map[string]any {
 
 func (p *emuProc) client(t *testing.T) *genai.Client {
 	t.Helper()
-	c, err := genai.NewClient(context.Background(), &genai.ClientConfig{
-		APIKey: p.key, Backend: genai.BackendGeminiAPI, HTTPOptions: genai.HTTPOptions{BaseURL: p.url},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-func listJobs(t *testing.T, c *genai.Client) map[string]*genai.BatchJob {
-	t.Helper()
-	out := map[string]*genai.BatchJob{}
-	page, err := c.Batches.List(context.Background(), &genai.ListBatchJobsConfig{PageSize: 5})
-	for err != genai.ErrPageDone {
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range page.Items {
-			out[b.Name] = b
-		}
-		page, err = page.Next(context.Background())
-	}
-	return out
-}
-
-func jobDone(s genai.JobState) bool {
-	switch s {
-	case genai.JobStateSucceeded, genai.JobStateFailed, genai.JobStateExpired, genai.JobStateCancelled:
-		return true
-	}
-	return false
+	return genaitest.Client(t, p.url, p.key)
 }
 
 // The exports work as printed: with GOOGLE_GEMINI_BASE_URL and the key in
@@ -182,13 +153,13 @@ func TestEmulatorBatchesFinishOverTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := listJobs(t, c)
+	first := genaitest.ListAll(t, c, 5)
 	if len(first) != 8 {
 		t.Fatalf("listed %d batches, want 8", len(first))
 	}
 	var pendingName string
 	for name, b := range first {
-		if !jobDone(b.State) {
+		if !genaitest.Terminal(b.State) {
 			pendingName = name
 		}
 	}
@@ -197,9 +168,9 @@ func TestEmulatorBatchesFinishOverTime(t *testing.T) {
 	}
 	var last map[string]*genai.BatchJob
 	waitFor(t, 60*time.Second, func() bool {
-		last = listJobs(t, c)
+		last = genaitest.ListAll(t, c, 5)
 		for _, b := range last {
-			if !jobDone(b.State) {
+			if !genaitest.Terminal(b.State) {
 				return false
 			}
 		}
@@ -213,7 +184,7 @@ func TestEmulatorBatchesFinishOverTime(t *testing.T) {
 		t.Errorf("outcomes %v, want SUCCEEDED, FAILED, EXPIRED and CANCELLED", states)
 	}
 	got, err := c.Batches.Get(context.Background(), pendingName, nil)
-	if err != nil || !jobDone(got.State) || got.EndTime.Before(got.CreateTime) {
+	if err != nil || !genaitest.Terminal(got.State) || got.EndTime.Before(got.CreateTime) {
 		t.Errorf("Get %s after the run: %+v, %v", pendingName, got, err)
 	}
 	_, err = c.Batches.Get(context.Background(), "batches/nope", nil)
@@ -449,7 +420,7 @@ func TestEmulatorResultsDownloadByteForByte(t *testing.T) {
 		t.Fatal(err)
 	}
 	checked := 0
-	for name, job := range listJobs(t, c) {
+	for name, job := range genaitest.ListAll(t, c, 5) {
 		if job.State != genai.JobStateSucceeded {
 			continue
 		}

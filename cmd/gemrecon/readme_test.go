@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/genai"
+
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 )
 
 // readmeBlock returns the lines of the fenced block that follows the
@@ -237,7 +239,7 @@ func TestReadmeTryLocally(t *testing.T) {
 		t.Fatal(err)
 	}
 	var keys []string
-	for name := range listJobs(t, c) {
+	for name := range genaitest.ListAll(t, c, 5) {
 		keys = append(keys, "gemini:"+name)
 	}
 	if len(keys) != 8 {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -74,18 +73,11 @@ func TestServeDynamicFlags(t *testing.T) {
 // and -timestamp) and returns the status and response body.
 func dynDeliver(t *testing.T, url, id string, at time.Time, sig string, body []byte) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("webhook-id", id)
-	req.Header.Set("webhook-timestamp", strconv.FormatInt(at.Unix(), 10))
-	req.Header.Set("webhook-signature", sig)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	h := http.Header{}
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", strconv.FormatInt(at.Unix(), 10))
+	h.Set("webhook-signature", sig)
+	return postJSON(t, url, string(body), h)
 }
 
 // keyStatus is `status --json KEY` on db.

@@ -48,13 +48,7 @@ func TestServePollEvery(t *testing.T) {
 	cmd := child(t, "--db", db, "serve", "--listen", addr, "--poll-every", "200ms",
 		"--base-url", api.URL(), "--qps", "0", "--exec", `echo "$GEMRECON_KEY $GEMRECON_SOURCE" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "GEMINI_API_KEY="+testAPIKey)
-	var stderr safeBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	waitHealthy(t, "http://"+addr+"/healthz", &stderr)
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
 
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -63,7 +57,7 @@ func TestServePollEvery(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no poll-driven effects after 30s; log %q\n%s", b, &stderr)
+			t.Fatalf("no poll-driven effects after 30s; log %q\n%s", b, stderr)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -93,10 +87,10 @@ func TestServePollEvery(t *testing.T) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("serve exited with %v after SIGTERM\n%s", err, &stderr)
+			t.Fatalf("serve exited with %v after SIGTERM\n%s", err, stderr)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("serve did not stop after SIGTERM\n%s", &stderr)
+		t.Fatalf("serve did not stop after SIGTERM\n%s", stderr)
 	}
 	lines := readLines(t, log)
 	if len(lines) != 2 || !strings.HasSuffix(lines[0], " poll") {

@@ -495,13 +495,7 @@ func TestWebhooksWithServe(t *testing.T) {
 	cmd := child(t, "--db", filepath.Join(dir, "s.db"), "serve", "--listen", addr, "--secret-file", secrets,
 		"--base-url", api.URL(), "--exec", `echo "$GEMRECON_KEY" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET=")
-	var stderr safeBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	waitHealthy(t, "http://"+addr+"/healthz", &stderr)
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
 
 	lastStatus := func() int {
 		t.Helper()
@@ -524,7 +518,7 @@ func TestWebhooksWithServe(t *testing.T) {
 	r = gemrecon(t, wh(api, "ping", id)...)
 	wantCode(t, r, exitOK)
 	if code := lastStatus(); code != http.StatusOK {
-		t.Fatalf("serve answered the ping %d, want 200 ignored\n%s", code, &stderr)
+		t.Fatalf("serve answered the ping %d, want 200 ignored\n%s", code, stderr)
 	}
 	metricsText := func() string {
 		t.Helper()
@@ -551,7 +545,7 @@ func TestWebhooksWithServe(t *testing.T) {
 
 	api.Add(geminifake.Batch{Name: "batches/e2e1", State: "SUCCEEDED"})
 	if code := lastStatus(); code != http.StatusAccepted {
-		t.Fatalf("serve answered a completion %d, want 202\n%s", code, &stderr)
+		t.Fatalf("serve answered a completion %d, want 202\n%s", code, stderr)
 	}
 	wantEffects(1)
 
@@ -560,7 +554,7 @@ func TestWebhooksWithServe(t *testing.T) {
 	wantCode(t, r, exitOK)
 	api.Add(geminifake.Batch{Name: "batches/e2e2", State: "FAILED"})
 	if code := lastStatus(); code != http.StatusAccepted {
-		t.Fatalf("during the overlap an unrestarted serve answered %d, want 202\n%s", code, &stderr)
+		t.Fatalf("during the overlap an unrestarted serve answered %d, want 202\n%s", code, stderr)
 	}
 	wantEffects(2)
 

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
@@ -58,43 +59,6 @@ func startEmu(t *testing.T, cfg Config) *Emulator {
 	return e
 }
 
-func client(t *testing.T, e *Emulator) *genai.Client {
-	t.Helper()
-	c, err := genai.NewClient(context.Background(), &genai.ClientConfig{
-		APIKey: e.APIKey(), Backend: genai.BackendGeminiAPI, HTTPOptions: genai.HTTPOptions{BaseURL: e.URL()},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-func listAll(t *testing.T, c *genai.Client) map[string]*genai.BatchJob {
-	t.Helper()
-	out := map[string]*genai.BatchJob{}
-	page, err := c.Batches.List(context.Background(), &genai.ListBatchJobsConfig{PageSize: 7})
-	for {
-		if err == genai.ErrPageDone {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range page.Items {
-			out[b.Name] = b
-		}
-		page, err = page.Next(context.Background())
-	}
-}
-
-func done(s genai.JobState) bool {
-	switch s {
-	case genai.JobStateSucceeded, genai.JobStateFailed, genai.JobStateExpired, genai.JobStateCancelled:
-		return true
-	}
-	return false
-}
-
 func waitIdle(t *testing.T, e *Emulator) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -112,23 +76,23 @@ func TestGeneratedBatchesFinishOverTime(t *testing.T) {
 	clk := testkit.NewClock(t0)
 	var evs events
 	e := startEmu(t, Config{Seed: 5, Generate: 12, FinishWithin: time.Minute, Manual: true, Now: clk.Now, OnEvent: evs.on})
-	c := client(t, e)
+	c := genaitest.Client(t, e.URL(), e.APIKey())
 
-	before := listAll(t, c)
+	before := genaitest.ListAll(t, c, 7)
 	if len(before) != 12 {
 		t.Fatalf("listed %d batches, want 12", len(before))
 	}
 	for name, b := range before {
-		if done(b.State) || !strings.HasPrefix(name, "batches/gen-") || b.CreateTime.After(t0) || t0.Sub(b.CreateTime) > 30*time.Minute {
+		if genaitest.Terminal(b.State) || !strings.HasPrefix(name, "batches/gen-") || b.CreateTime.After(t0) || t0.Sub(b.CreateTime) > 30*time.Minute {
 			t.Errorf("at the start %s is %s, created %v", name, b.State, b.CreateTime)
 		}
 	}
 	clk.Set(t0.Add(30 * time.Second))
 	half := e.Advance(clk.Now())
-	mid := listAll(t, c)
+	mid := genaitest.ListAll(t, c, 7)
 	nDone := 0
 	for _, b := range mid {
-		if done(b.State) {
+		if genaitest.Terminal(b.State) {
 			nDone++
 		}
 	}
@@ -137,12 +101,12 @@ func TestGeneratedBatchesFinishOverTime(t *testing.T) {
 	}
 	clk.Set(t0.Add(time.Minute))
 	e.Advance(clk.Now())
-	after := listAll(t, c)
+	after := genaitest.ListAll(t, c, 7)
 	states := map[genai.JobState]int{}
 	ctx := context.Background()
 	for name, b := range after {
 		states[b.State]++
-		if !done(b.State) || b.EndTime.Before(t0) || b.EndTime.After(t0.Add(time.Minute)) {
+		if !genaitest.Terminal(b.State) || b.EndTime.Before(t0) || b.EndTime.After(t0.Add(time.Minute)) {
 			t.Errorf("at the end %s is %s, ended %v", name, b.State, b.EndTime)
 		}
 		fb, _ := e.API().Batch(name)
@@ -335,7 +299,7 @@ func TestCreateDeliversDynamically(t *testing.T) {
 			clk := testkit.NewClock(t0)
 			rc := newReceiver(t, nil)
 			e := startEmu(t, Config{Signature: tc.mode, CreatedFinishAfter: 5 * time.Second, Manual: true, Now: clk.Now})
-			c := client(t, e)
+			c := genaitest.Client(t, e.URL(), e.APIKey())
 			ctx := context.Background()
 			job, err := c.Batches.Create(ctx, "gemini-2.5-flash", &genai.BatchJobSource{InlinedRequests: []*genai.InlinedRequest{
 				{Contents: genai.Text("Say hello."), Metadata: map[string]string{"key": "hello"}},
@@ -601,8 +565,8 @@ func TestSchedulerOnRealClock(t *testing.T) {
 	rc := newReceiver(t, nil)
 	e := startEmu(t, Config{Generate: 5, FinishWithin: 300 * time.Millisecond, DynamicURIs: []string{rc.srv.URL}})
 	waitIdle(t, e)
-	for name, b := range listAll(t, client(t, e)) {
-		if !done(b.State) {
+	for name, b := range genaitest.ListAll(t, genaitest.Client(t, e.URL(), e.APIKey()), 7) {
+		if !genaitest.Terminal(b.State) {
 			t.Errorf("%s is %s after Wait", name, b.State)
 		}
 	}

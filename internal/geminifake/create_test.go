@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"google.golang.org/genai"
+
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 )
 
 // Batches.Create through the SDK v1.77.0, inline and file sources with a
@@ -17,7 +19,7 @@ import (
 // is listed and fetched afterwards.
 func TestBatchesCreateThroughSDK(t *testing.T) {
 	s, base := start(t, Options{APIKey: whKey})
-	c := sdk(t, base, whKey)
+	c := genaitest.Client(t, base, whKey)
 	ctx := context.Background()
 	var mu sync.Mutex
 	var hooked []CreateRequest
@@ -128,7 +130,7 @@ func TestBatchesCreateRefusals(t *testing.T) {
 	}
 
 	s.InjectFault(Fault{Status: http.StatusServiceUnavailable})
-	c := sdk(t, base, whKey)
+	c := genaitest.Client(t, base, whKey)
 	_, err := c.Batches.Create(context.Background(), "gemini-2.5-flash", &genai.BatchJobSource{FileName: "files/a"}, nil)
 	var ae genai.APIError
 	if !errors.As(err, &ae) || ae.Code != http.StatusServiceUnavailable {

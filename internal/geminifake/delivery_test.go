@@ -18,6 +18,7 @@ import (
 	"google.golang.org/genai/interactions/models/operations"
 	"google.golang.org/genai/interactions/models/webhooks"
 
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -101,7 +102,7 @@ func decode(t *testing.T, body []byte) envelope {
 func TestPingDeliversSignedEvent(t *testing.T) {
 	s, base := start(t, Options{APIKey: whKey})
 	rc := newReceiver(t, nil)
-	c := sdk(t, base, whKey)
+	c := genaitest.Client(t, base, whKey)
 	w := createHook(t, c, rc.srv.URL+"/webhook", webhooks.WebhookSubscribedEventBatchSucceeded)
 	if _, err := c.Webhooks.Ping(context.Background(), operations.PingWebhookRequest{ID: *w.ID, Body: &webhooks.PingWebhookRequest{}}); err != nil {
 		t.Fatal(err)
@@ -280,7 +281,7 @@ func TestTransportErrorsExhaustAndDisable(t *testing.T) {
 	}
 	dead := "http://" + ln.Addr().String() + "/webhook"
 	ln.Close() // connection refused from now on
-	c := sdk(t, base, whKey)
+	c := genaitest.Client(t, base, whKey)
 	w := createHook(t, c, dead, webhooks.WebhookSubscribedEventBatchFailed)
 	s.Add(Batch{Name: "batches/f", State: "FAILED"})
 	waitIdle(t, ws)
@@ -421,7 +422,7 @@ func TestRotationOverlapSignsWithEither(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := newReceiver(t, nil)
-	c := sdk(t, base, whKey)
+	c := genaitest.Client(t, base, whKey)
 	ctx := context.Background()
 	w := createHook(t, c, rc.srv.URL, webhooks.WebhookSubscribedEventBatchSucceeded)
 	old := *w.NewSigningSecret

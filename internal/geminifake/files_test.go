@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/genai"
+
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 )
 
 // Generated content has exactly the size asked for, is the same for the
@@ -247,11 +249,7 @@ func TestInlinedResponsesThroughSDK(t *testing.T) {
 		t.Errorf("response: %d inlined responses: %s", n, body)
 	}
 
-	c, err := genai.NewClient(context.Background(), &genai.ClientConfig{APIKey: "k", Backend: genai.BackendGeminiAPI,
-		HTTPOptions: genai.HTTPOptions{BaseURL: s.URL()}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := genaitest.Client(t, s.URL(), "k")
 	job, err := c.Batches.Get(context.Background(), "batches/inl", nil)
 	if err != nil {
 		t.Fatal(err)

@@ -15,22 +15,11 @@ import (
 	"google.golang.org/genai/interactions/models/operations"
 	"google.golang.org/genai/interactions/models/webhooks"
 
+	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
 const whKey = "wh-test-key"
-
-// sdk returns a genai client for the fake at base with key.
-func sdk(t *testing.T, base, key string) *genai.Client {
-	t.Helper()
-	c, err := genai.NewClient(context.Background(), &genai.ClientConfig{
-		APIKey: key, Backend: genai.BackendGeminiAPI, HTTPOptions: genai.HTTPOptions{BaseURL: base},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
 
 func statusOf(t *testing.T, err error) int {
 	t.Helper()
@@ -57,7 +46,7 @@ func createHook(t *testing.T, c *genai.Client, uri string, events ...webhooks.We
 func TestWebhookServiceThroughSDK(t *testing.T) {
 	s, base := start(t, Options{APIKey: whKey})
 	ctx := context.Background()
-	c := sdk(t, base+"/", whKey)
+	c := genaitest.Client(t, base+"/", whKey)
 
 	w := createHook(t, c, "https://hooks.example.com/webhook",
 		webhooks.WebhookSubscribedEventBatchSucceeded, webhooks.WebhookSubscribedEventBatchFailed)
@@ -171,7 +160,7 @@ func TestWebhookServiceThroughSDK(t *testing.T) {
 	}
 
 	// API key checks as on the batch endpoints.
-	_, err = sdk(t, base+"/", "wrong").Webhooks.List(ctx, operations.ListWebhooksRequest{})
+	_, err = genaitest.Client(t, base+"/", "wrong").Webhooks.List(ctx, operations.ListWebhooksRequest{})
 	if code := statusOf(t, err); code != http.StatusUnauthorized {
 		t.Errorf("wrong key: %d, want 401", code)
 	}
@@ -259,7 +248,7 @@ func TestWebhookServiceRefusesBadInput(t *testing.T) {
 	}
 	// An empty list is {} (as Google APIs answer), which the SDK reads.
 	s.Webhooks().Delete(id)
-	res, err := sdk(t, base, whKey).Webhooks.List(context.Background(), operations.ListWebhooksRequest{})
+	res, err := genaitest.Client(t, base, whKey).Webhooks.List(context.Background(), operations.ListWebhooksRequest{})
 	if err != nil || len(res.WebhookListResponse.GetWebhooks()) != 0 {
 		t.Fatalf("empty list: %v %v", res, err)
 	}
