@@ -54,30 +54,12 @@ func TestCompleteSQLInAGroupCommit(t *testing.T) {
 	db := sqliteDB(t)
 	s := db.Open(t, sink.Options{}).(*sqlite.Sink)
 	db.Exec(t, sinktest.EffectsTable)
-	claim := func(key string) sink.Claim { t.Helper(); return sinktest.Claimed(t, s, key) }
 	t.Run("script fails, the group commit's other operations do not", func(t *testing.T) {
-		bad := claim("gemini:batches/bad")
-		slow := claim("gemini:batches/slow")
-		var others []sink.Claim
-		for i := range 20 {
-			others = append(others, claim(fmt.Sprintf("gemini:batches/other-%d", i)))
-		}
-		before := s.Commits()
-		// The slow script holds the writer; everything below queues up
-		// behind it and shares the next group commit.
-		slowDone := make(chan error, 1)
-		go func() { slowDone <- s.CompleteSQL(ctx, slow.Key, slow.Token, slowSQL, nil) }()
-		time.Sleep(20 * time.Millisecond)
-		var wg sync.WaitGroup
-		errs := make([]error, len(others))
-		for i, c := range others {
-			wg.Go(func() { errs[i] = s.Complete(ctx, c.Key, c.Token) })
-		}
 		// The second statement violates the CHECK (n < 2).
-		badErr := s.CompleteSQL(ctx, bad.Key, bad.Token, `INSERT INTO effects (key, token, n) VALUES (@key, @token, 1);
-			UPDATE effects SET n = n + 1 WHERE key = @key;`, sinktest.SQLParams(bad))
-		wg.Wait()
-		if err := <-slowDone; err != nil {
+		g := runInAGroupCommit(t, s, "bad", 20, `INSERT INTO effects (key, token, n) VALUES (@key, @token, 1);
+			UPDATE effects SET n = n + 1 WHERE key = @key;`)
+		bad, badErr, others, errs := g.bad, g.badErr, g.others, g.errs
+		if err := g.slowErr; err != nil {
 			t.Fatalf("slow CompleteSQL: %v", err)
 		}
 		if badErr == nil || errors.Is(badErr, sink.ErrFenced) {
@@ -99,7 +81,7 @@ func TestCompleteSQLInAGroupCommit(t *testing.T) {
 			}
 		}
 		ops := int64(len(others) + 2)
-		if got := s.Commits() - before; got >= ops {
+		if got := g.commits; got >= ops {
 			t.Fatalf("commits = %d for %d operations; want them grouped (the test proves nothing otherwise)", got, ops)
 		} else {
 			t.Logf("%d operations in %d commits", ops, got)
@@ -114,23 +96,8 @@ func TestCompleteSQLInAGroupCommit(t *testing.T) {
 	// clause) takes its group commit down with it: every operation of the
 	// group must then be told it failed, and none may claim success.
 	t.Run("script rolls back the whole transaction", func(t *testing.T) {
-		bad := claim("gemini:batches/rollback")
-		slow := claim("gemini:batches/slow2")
-		var others []sink.Claim
-		for i := range 10 {
-			others = append(others, claim(fmt.Sprintf("gemini:batches/other2-%d", i)))
-		}
-		slowDone := make(chan error, 1)
-		go func() { slowDone <- s.CompleteSQL(ctx, slow.Key, slow.Token, slowSQL, nil) }()
-		time.Sleep(20 * time.Millisecond)
-		var wg sync.WaitGroup
-		errs := make([]error, len(others))
-		for i, c := range others {
-			wg.Go(func() { errs[i] = s.Complete(ctx, c.Key, c.Token) })
-		}
-		badErr := s.CompleteSQL(ctx, bad.Key, bad.Token, `INSERT OR ROLLBACK INTO effects (key, token, n) VALUES (@key, @token, 5)`, sinktest.SQLParams(bad))
-		wg.Wait()
-		<-slowDone
+		g := runInAGroupCommit(t, s, "rollback", 10, `INSERT OR ROLLBACK INTO effects (key, token, n) VALUES (@key, @token, 5)`)
+		bad, badErr, others, errs := g.bad, g.badErr, g.others, g.errs
 		if badErr == nil {
 			t.Fatal("CompleteSQL with OR ROLLBACK violating a CHECK succeeded")
 		}
@@ -166,4 +133,42 @@ func TestCompleteSQLInAGroupCommit(t *testing.T) {
 	if st, err := s.Stats(ctx); err != nil || st.Fenced != 0 {
 		t.Fatalf("Stats.Fenced = %d, %v; want 0", st.Fenced, err)
 	}
+}
+
+// groupCommit is what runInAGroupCommit saw.
+type groupCommit struct {
+	bad     sink.Claim   // the key whose script ran
+	badErr  error        // its CompleteSQL's error
+	others  []sink.Claim // the keys completed in the same group commit
+	errs    []error      // their Complete errors
+	slowErr error        // the slow script's error
+	commits int64        // the commits all of that took
+}
+
+// runInAGroupCommit claims gemini:batches/NAME, a slow key and n others,
+// then runs script for NAME while a slow script holds the writer and the
+// others are completed: they queue up behind it and share the next group
+// commit.
+func runInAGroupCommit(t *testing.T, s *sqlite.Sink, name string, n int, script string) groupCommit {
+	t.Helper()
+	ctx := context.Background()
+	g := groupCommit{bad: sinktest.Claimed(t, s, "gemini:batches/"+name)}
+	slow := sinktest.Claimed(t, s, "gemini:batches/"+name+"-slow")
+	for i := range n {
+		g.others = append(g.others, sinktest.Claimed(t, s, fmt.Sprintf("gemini:batches/%s-other-%d", name, i)))
+	}
+	before := s.Commits()
+	slowDone := make(chan error, 1)
+	go func() { slowDone <- s.CompleteSQL(ctx, slow.Key, slow.Token, slowSQL, nil) }()
+	time.Sleep(20 * time.Millisecond)
+	var wg sync.WaitGroup
+	g.errs = make([]error, n)
+	for i, c := range g.others {
+		wg.Go(func() { g.errs[i] = s.Complete(ctx, c.Key, c.Token) })
+	}
+	g.badErr = s.CompleteSQL(ctx, g.bad.Key, g.bad.Token, script, sinktest.SQLParams(g.bad))
+	wg.Wait()
+	g.slowErr = <-slowDone
+	g.commits = s.Commits() - before
+	return g
 }
