@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -501,25 +500,10 @@ func testPassBadInput(t *testing.T, open Opener) {
 
 func testPassConcurrentAcquire(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		tokens []int64
-		errs   []error
-	)
-	for i := range 8 {
-		wg.Go(func() {
-			l, _, err := e.s.AcquirePass(e.ctx, "s", fmt.Sprintf("g%d", i), time.Minute, 0)
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				tokens = append(tokens, l.Token)
-			} else if !errors.Is(err, sink.ErrPassHeld) {
-				errs = append(errs, err)
-			}
-		})
-	}
-	wg.Wait()
+	tokens, errs := race8(sink.ErrPassHeld, func(owner string) (int64, error) {
+		l, _, err := e.s.AcquirePass(e.ctx, "s", owner, time.Minute, 0)
+		return l.Token, err
+	})
 	if len(tokens) != 1 || tokens[0] != 1 || len(errs) != 0 {
 		t.Fatalf("8 concurrent AcquirePass granted tokens %v with errors %v, want exactly token 1", tokens, errs)
 	}

@@ -750,28 +750,37 @@ func testLatency(t *testing.T, open Opener) {
 func testConcurrentClaim(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
 	e.record("k", sink.SourcePoll, "p")
+	tokens, errs := race8(sink.ErrNotClaimable, func(owner string) (int64, error) {
+		c, err := e.s.Claim(e.ctx, "k", owner, time.Minute)
+		return c.Token, err
+	})
+	if len(tokens) != 1 || len(errs) != 0 {
+		t.Fatalf("8 concurrent Claims granted tokens %v with errors %v, want exactly one token", tokens, errs)
+	}
+}
+
+// race8 runs take from 8 goroutines at once, as owners g0…g7, and returns
+// the tokens of those that won and the errors other than lost (what a
+// caller that lost the race is told).
+func race8(lost error, take func(owner string) (int64, error)) (tokens []int64, errs []error) {
 	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		tokens []int64
-		errs   []error
+		wg sync.WaitGroup
+		mu sync.Mutex
 	)
 	for i := range 8 {
 		wg.Go(func() {
-			c, err := e.s.Claim(e.ctx, "k", fmt.Sprintf("g%d", i), time.Minute)
+			token, err := take(fmt.Sprintf("g%d", i))
 			mu.Lock()
 			defer mu.Unlock()
 			if err == nil {
-				tokens = append(tokens, c.Token)
-			} else if !errors.Is(err, sink.ErrNotClaimable) {
+				tokens = append(tokens, token)
+			} else if !errors.Is(err, lost) {
 				errs = append(errs, err)
 			}
 		})
 	}
 	wg.Wait()
-	if len(tokens) != 1 || len(errs) != 0 {
-		t.Fatalf("8 concurrent Claims granted tokens %v with errors %v, want exactly one token", tokens, errs)
-	}
+	return tokens, errs
 }
 
 func testConcurrentClaimDue(t *testing.T, open Opener) {
