@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 func testEvent() Event {
@@ -113,7 +115,7 @@ func TestExecExitStatus(t *testing.T) {
 }
 
 func TestExecOutputCopiesStdoutAndStderr(t *testing.T) {
-	var out syncBuffer
+	var out testkit.Buffer
 	if err := NewExec("echo to-out; echo to-err >&2", ExecOutput(&out)).Run(context.Background(), testEvent()); err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/gemrecon/gemrecon/internal/testkit"
 )
-
-// syncBuffer is a buffer safe for concurrent writers.
-type syncBuffer = testkit.Buffer
 
 // chunkWriter writes each line in small pieces, so that without Print's
 // lock two concurrent lines would interleave.

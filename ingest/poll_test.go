@@ -61,7 +61,7 @@ type env struct {
 	poller  *poller.Poller
 	eff     *effects
 	metrics *metrics.Metrics
-	logs    *safeBuffer
+	logs    *testkit.Buffer
 	db      string // the SQLite path or the PostgreSQL URL
 	poll    *Poll
 }
@@ -90,7 +90,7 @@ func backends(t *testing.T, fn func(t *testing.T, pg bool)) {
 
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	e := &env{clock: testkit.NewClock(t0), eff: &effects{runs: map[string]int{}, fail: map[string]bool{}}, logs: &safeBuffer{}}
+	e := &env{clock: testkit.NewClock(t0), eff: &effects{runs: map[string]int{}, fail: map[string]bool{}}, logs: &testkit.Buffer{}}
 	e.api = geminifake.New(geminifake.Options{APIKey: testKey, Order: o.order, Seed: 1})
 	if _, err := e.api.Start(""); err != nil {
 		t.Fatal(err)
@@ -506,10 +506,6 @@ func TestDeliveriesCountPollSightings(t *testing.T) {
 		}
 	}
 }
-
-// safeBuffer is a buffer that the renewal goroutine may log to while the
-// test reads it.
-type safeBuffer = testkit.Buffer
 
 func metricsText(t *testing.T, m *metrics.Metrics) string {
 	t.Helper()

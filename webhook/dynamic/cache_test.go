@@ -82,7 +82,7 @@ func TestUnavailableThenRecovered(t *testing.T) {
 	clk := newClock()
 	keys, srv := served(t, fakejwks.Options{})
 	keys.SetFailure(http.StatusServiceUnavailable)
-	var logs syncBuffer
+	var logs testkit.Buffer
 	v, err := dynamic.New(dynamic.Config{JWKSURL: srv.URL, Now: clk.Now, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -214,9 +214,6 @@ func TestUnknownKidFloodIsBounded(t *testing.T) {
 		t.Errorf("1,000 unverifiable requests over 100 s made %d key set fetches, want 2 (the first, one refresh after a minute)", n)
 	}
 }
-
-// syncBuffer is a buffer safe for a logger and a test to share.
-type syncBuffer = testkit.Buffer
 
 func randomBytes(n int) []byte {
 	b := make([]byte, n)
