@@ -1,28 +1,18 @@
 package main
 
 import (
-	"context"
-	"database/sql"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
 // storeRaw writes a key straight into the SQLite file with SQL, as a
 // gemrecon from before spec §12 (or an older canon) could have stored it.
 func storeRaw(t *testing.T, db, key, state, lastError string) {
 	t.Helper()
-	conn, err := sql.Open("sqlite", "file:"+db+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ns := time.Now().UnixNano()
-	if _, err := conn.ExecContext(context.Background(), `INSERT INTO gemrecon_keys
-		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at, last_error)
-		VALUES (?1, ?2, 'poll', ',poll,', 1, ?3, ?3, ?3, ?3, ?4)`, key, state, ns, lastError); err != nil {
-		t.Fatalf("inserting %q: %v", key, err)
-	}
+	sqlitetest.StoreRaw(t, db, key, state, lastError, time.Now())
 }
 
 // TestStatusRefusesNamesThatCouldNeverBeRecorded: status of an unknown name

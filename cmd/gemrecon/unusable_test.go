@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/postgres"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -158,33 +158,8 @@ func damagedDB(t *testing.T, n int, pick string) string {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pgno, size int64
-	err = db.QueryRow(pick).Scan(&pgno)
-	if err == nil {
-		err = db.QueryRow("PRAGMA page_size").Scan(&size)
-	}
-	db.Close()
-	if err != nil {
-		t.Fatalf("%s: %v", pick, err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, size)
-	for i := range b {
-		b[i] = 0xff
-	}
-	if _, err := f.WriteAt(b, (pgno-1)*size); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	pgno, size := sqlitetest.Page(t, path, pick)
+	sqlitetest.TrashPage(t, path, pgno, size)
 	return path
 }
 

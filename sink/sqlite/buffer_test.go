@@ -3,7 +3,6 @@ package sqlite_test
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -20,15 +19,8 @@ import (
 // in-memory buffer.
 func storedSeen(t *testing.T, path, key string) int64 {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var n int64
-	if err := db.QueryRow(`SELECT seen_count FROM gemrecon_keys WHERE key = ?`, key).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	sqlitetest.QueryRow(t, sqlitetest.ReadOnly(path), `SELECT seen_count FROM gemrecon_keys WHERE key = ?`, []any{key}, &n)
 	return n
 }
 

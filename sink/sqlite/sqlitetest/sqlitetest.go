@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
@@ -86,6 +87,31 @@ func UserVersion(t testing.TB, uri string) int {
 	var v int
 	QueryRow(t, uri, "PRAGMA user_version", nil, &v)
 	return v
+}
+
+// Exec runs stmt with args on a connection of its own to the database at
+// path (waiting up to 5s for its write lock), closed before it returns. An
+// error fails the test.
+func Exec(t testing.TB, path, stmt string, args ...any) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(stmt, args...); err != nil {
+		t.Fatalf("%s: %v", stmt, err)
+	}
+}
+
+// StoreRaw writes a key straight into the database at path with SQL, first
+// and last seen at at and due then, as a gemrecon from before spec §12 (or
+// an older canon) could have stored it: no check of the key.
+func StoreRaw(t testing.TB, path, key, state, lastError string, at time.Time) {
+	t.Helper()
+	Exec(t, path, `INSERT INTO gemrecon_keys
+		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at, last_error)
+		VALUES (?1, ?2, 'poll', ',poll,', 1, ?3, ?3, ?3, ?3, ?4)`, key, state, at.UnixNano(), lastError)
 }
 
 // IntegrityCheck fails the test unless PRAGMA integrity_check, on a
