@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -119,19 +118,6 @@ func startServing(t *testing.T, cmd *exec.Cmd, url string) *safeBuffer {
 // the status and the response body.
 func postJSON(t *testing.T, url, body string, h http.Header) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range h {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	code, _, b := testkit.Call(t, http.MethodPost, url, body, h)
+	return code, string(b)
 }

@@ -3,7 +3,6 @@ package geminifake
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"reflect"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 func start(t *testing.T, opts Options, bs ...Batch) (*Server, string) {
@@ -27,23 +28,11 @@ func start(t *testing.T, opts Options, bs ...Batch) (*Server, string) {
 
 func get(t *testing.T, url string, hdr map[string]string) (int, http.Header, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := http.Header{}
 	for k, v := range hdr {
-		req.Header.Set(k, v)
+		h.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, resp.Header, body
+	return testkit.Call(t, http.MethodGet, url, "", h)
 }
 
 func jsonEqual(t *testing.T, got, want []byte) {

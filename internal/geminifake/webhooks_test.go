@@ -3,7 +3,6 @@ package geminifake
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/webhook"
+
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 const whKey = "wh-test-key"
@@ -189,19 +190,8 @@ func TestWebhookServiceThroughSDK(t *testing.T) {
 
 func rawCall(t *testing.T, method, url, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("x-goog-api-key", whKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	code, _, b := testkit.Call(t, method, url, body, http.Header{"X-Goog-Api-Key": {whKey}})
+	return code, string(b)
 }
 
 // Bad requests are answered 400 with a message, and nothing is created.

@@ -16,6 +16,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,6 +149,33 @@ func PeakRSS() int64 {
 		}
 	}
 	return -1
+}
+
+// Call sends one HTTP request with header (and, when body is not empty,
+// body as application/json) and returns the response's status, header and
+// body. A request that gets no response fails the test.
+func Call(t testing.TB, method, url, body string, header http.Header) (status int, respHeader http.Header, respBody []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, b
 }
 
 // RaceEnv returns the GORACE setting for the children of a test built with
