@@ -1,15 +1,18 @@
 // Package testkit holds the helpers that tests of several packages share: a
-// buffer a child process and a test may use at once, and the one way a test
-// binary runs itself as a child (the real gemrecon, a crashing dispatcher, a
-// second process on the same database). It is a non-test package so that
-// every package's tests can import it; nothing but tests may import it.
+// buffer a child process and a test may use at once, a manual clock, one
+// HTTP call, a process's peak RSS, and the one way a test binary runs
+// itself as a child (the real gemrecon, a crashing dispatcher, a second
+// process on the same database). It is a non-test package so that every
+// package's tests can import it; nothing but tests may import it. (What
+// tests do with a real SQLite file is sink/sqlite/sqlitetest's; with the
+// Gemini SDK, internal/genaitest's.)
 //
 // Children are started the way testscript starts the commands it registers:
 // Main makes the test binary act as a named command when its argv[0] is that
-// name, and Command starts the test binary with argv[0] set to it. No
-// environment variable decides, so a child's environment is the test's to
-// choose, and a script's `exec gemrecon` and a Go test's Command run the
-// same code.
+// name, and Command starts the test binary with argv[0] set to it (with
+// arguments; CommandJSON and WithJSON for a configuration). No environment
+// variable decides, so a child's environment is the test's to choose, and a
+// script's `exec gemrecon` and a Go test's Command run the same code.
 package testkit
 
 import (
