@@ -83,6 +83,15 @@ func Main(m testscript.TestingM, commands map[string]func() int) {
 	if name, value, ok := strings.Cut(RaceEnv(), "="); ok && os.Getenv(name) != value {
 		os.Setenv(name, value) // read by each child's race runtime, not by this process's
 	}
+	if want := os.Getenv(envCommand); want != "" {
+		// Started by Command: as no command of this binary's, the test
+		// binary would run every test in the child instead.
+		if commands[filepath.Base(os.Args[0])] == nil {
+			fmt.Fprintf(os.Stderr, "testkit: %q is no command of this test binary's TestMain\n", want)
+			os.Exit(2)
+		}
+		os.Unsetenv(envCommand) // for this child only, not for its own children
+	}
 	cmds := make(map[string]func(), len(commands))
 	for name, fn := range commands {
 		cmds[name] = func() { os.Exit(fn()) }
@@ -90,9 +99,13 @@ func Main(m testscript.TestingM, commands map[string]func() int) {
 	testscript.Main(m, cmds)
 }
 
+// envCommand names the command Command started, so that Main can refuse a
+// name it does not know. It is a check only: argv[0] decides.
+const envCommand = "GEMRECON_TESTKIT_COMMAND"
+
 // Command returns a command that runs this test binary as the named command
 // of Main, with args and the test's environment (cmd.Env is set, so that a
-// test may append to it).
+// test may append to it). A name Main was not given makes the child exit 2.
 func Command(name string, args ...string) *exec.Cmd {
 	exe, err := os.Executable()
 	if err != nil {
@@ -100,7 +113,7 @@ func Command(name string, args ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Args[0] = name // what Main dispatches on
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), envCommand+"="+name)
 	return cmd
 }
 

@@ -28,8 +28,15 @@ func TestMain(m *testing.M) {
 		}
 	}
 	testkit.Main(afterAll{m}, map[string]func() int{
-		"sqlite-race":              onPath(raceChild),
-		"sqlite-open":              onPath(openChild),
+		"sqlite-race": onPath(raceChild),
+		"sqlite-open": onPath(openChild),
+		"sqlite-open-as-nobody": onPath(func(path string) int {
+			if err := testkit.DropToNobody(); err != nil {
+				fmt.Println("error: dropping to nobody:", err)
+				return 1
+			}
+			return openChild(path)
+		}),
 		"sqlite-start":             onPath(startChild),
 		"sqlite-crash":             onPath(crashChild),
 		sqlitetest.HoldLockCommand: sqlitetest.HoldLockMain,

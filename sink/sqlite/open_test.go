@@ -10,11 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
@@ -232,7 +230,7 @@ func TestReadOnly(t *testing.T) {
 
 // A file the process may not write must be refused at Open, naming the file.
 // Root may write anything, so as root the check runs in a child process that
-// drops to the nobody user.
+// drops to the nobody user (testkit.DropToNobody).
 func TestOpenReadOnlyFile(t *testing.T) {
 	dir, err := os.MkdirTemp("", "gemrecon-ro-")
 	if err != nil {
@@ -260,12 +258,8 @@ func TestOpenReadOnlyFile(t *testing.T) {
 		}
 		msg = "error: " + err.Error()
 	} else {
-		// Copy the test binary where nobody can execute it.
-		bin := filepath.Join(dir, "sqlite.test")
-		copyFile(t, os.Args[0], bin, 0o755)
-		cmd := child(t, "open", path)
-		cmd.Path = bin // argv[0] still names the command
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testkit.Nobody, Gid: testkit.Nobody}}
+		cmd := child(t, "open-as-nobody", path)
+		cmd.Dir = dir // all DropToNobody makes searchable is dir and its parents
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("child as nobody: %v (%s)", err, out)
