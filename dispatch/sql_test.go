@@ -126,25 +126,34 @@ type sqlWorld struct {
 	app *sql.DB
 }
 
+// newSQLWorld returns an empty database of the backend (PostgreSQL: a
+// fresh schema) with the application's own connection to it, closed when
+// the test ends.
+func newSQLWorld(tb testing.TB, pg bool) *sqlWorld {
+	tb.Helper()
+	w := &sqlWorld{pg: pg, dir: tb.TempDir()}
+	var err error
+	if pg {
+		w.db = pgtest.Schema(tb)
+		w.app, err = sql.Open("pgx", w.db)
+	} else {
+		w.db = filepath.Join(w.dir, "gemrecon.db")
+		w.app, err = sql.Open("sqlite", "file:"+w.db+"?_pragma=busy_timeout(30000)&_pragma=journal_mode(wal)")
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { w.app.Close() })
+	return w
+}
+
 // forEachSQLBackend runs f on SQLite and on PostgreSQL, each with the
 // application schema created.
 func forEachSQLBackend(t *testing.T, f func(t *testing.T, w *sqlWorld)) {
 	for _, pg := range []bool{false, true} {
 		name := map[bool]string{false: "sqlite", true: "postgres"}[pg]
 		t.Run(name, func(t *testing.T) {
-			w := &sqlWorld{pg: pg, dir: t.TempDir()}
-			var err error
-			if pg {
-				w.db = pgtest.Schema(t)
-				w.app, err = sql.Open("pgx", w.db)
-			} else {
-				w.db = filepath.Join(w.dir, "gemrecon.db")
-				w.app, err = sql.Open("sqlite", "file:"+w.db+"?_pragma=busy_timeout(30000)&_pragma=journal_mode(wal)")
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { w.app.Close() })
+			w := newSQLWorld(t, pg)
 			// The sink's own tables first (a migration at open), then the
 			// application's, in the same database.
 			s := w.open(t, sink.Options{})

@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
-	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
 )
@@ -39,19 +37,7 @@ func BenchmarkSQLEffect(b *testing.B) {
 
 func benchSQLEffect(b *testing.B, pg, useSQL bool, conc int) {
 	ctx := context.Background()
-	w := &sqlWorld{pg: pg, dir: b.TempDir()}
-	var err error
-	if pg {
-		w.db = pgtest.Schema(b)
-		w.app, err = sql.Open("pgx", w.db)
-	} else {
-		w.db = filepath.Join(w.dir, "gemrecon.db")
-		w.app, err = sql.Open("sqlite", "file:"+w.db+"?_pragma=busy_timeout(30000)&_pragma=journal_mode(wal)")
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.app.Close()
+	w := newSQLWorld(b, pg)
 	s, err := dial.Open(ctx, w.db, sink.Options{BusyTimeout: 30 * time.Second})
 	if err != nil {
 		b.Fatal(err)
