@@ -19,6 +19,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -80,8 +81,9 @@ type Config struct {
 	// Effect runs once per attempt (required unless SQL is set).
 	Effect effect.Effect
 	// SQL, when set, replaces Effect: the sink runs the script and marks
-	// the key done in one transaction (--sql; see sql.go).
-	SQL *effect.SQL
+	// the key done in one transaction (the --sql effect; see sql.go). Sink
+	// must then be a sink.SQLCompleter.
+	SQL *sqlscript.Script
 	// Owner names this holder in leases (default hostname:pid:random).
 	Owner string
 	// Lease is how long a claim holds before another process may take it
@@ -172,6 +174,9 @@ type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
 	kick chan struct{}
+	// completer, when set, is the effect that completes its own claim
+	// (Config.SQL): it replaces Effect and Complete (sql.go).
+	completer claimCompleter
 
 	// brokenMu guards broken: the first effect.Broken error an attempt
 	// returned. Once set, nothing more is claimed.
@@ -194,8 +199,12 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Effect == nil && cfg.SQL == nil {
 		return nil, errors.New("dispatch: no effect")
 	}
-	if err := checkSQL(cfg); err != nil { // --sql (sql.go)
-		return nil, err
+	var completer claimCompleter
+	if cfg.SQL != nil {
+		var err error
+		if completer, err = newSQLEffect(cfg); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
 		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
@@ -252,7 +261,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1)}, nil
+	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer}, nil
 }
 
 // DefaultOwner names this process in leases: hostname:pid:random, unique
@@ -524,7 +533,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 	var renewFenced bool
 	go func() {
 		defer close(renewDone)
-		if d.cfg.SQL != nil { // --sql renews once, up front (sql.go)
+		if d.completer != nil { // it renews once, up front (sql.go)
 			return
 		}
 		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
@@ -569,8 +578,12 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 	}()
 
 	switch {
-	case d.cfg.SQL != nil && (runErr == nil || errors.Is(runErr, sink.ErrFenced)): // --sql (sql.go)
-		out = d.sqlOutcome(log, runErr, elapsed)
+	case d.completer != nil && runErr == nil: // it completed the claim itself (sql.go)
+		log.Debug("dispatch: effect done (in the transaction that marked the key done)", "duration", elapsed)
+		out = OutcomeDone
+	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
+		log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
+		out = OutcomeFenced
 	case renewFenced:
 		// The backend already counted the fenced renewal; writing the
 		// outcome would only be fenced (and counted) again.
@@ -599,8 +612,8 @@ func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error)
 			err = fmt.Errorf("effect panicked: %v", p)
 		}
 	}()
-	if d.cfg.SQL != nil { // --sql (sql.go)
-		return d.runSQL(ctx, ev)
+	if d.completer != nil { // sql.go
+		return d.completeClaim(ctx, ev)
 	}
 	return d.cfg.Effect.Run(ctx, ev)
 }
@@ -771,11 +784,11 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 		state = e.State
 	}
 	switch {
-	case errors.Is(err, sink.ErrFenced) && d.cfg.SQL != nil && d.doneWith(ctx, c):
-		// --sql: the transaction committed (the key is done with this
-		// claim's token) although CompleteSQL reported an error, as when
-		// the context ended during the commit: the outcome is the commit's.
-		log.Debug("dispatch: --sql done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+	case errors.Is(err, sink.ErrFenced) && d.completer != nil && d.doneWith(ctx, c):
+		// The effect's transaction committed (the key is done with this
+		// claim's token) although it reported an error, as when the
+		// context ended during the commit: the outcome is the commit's.
+		log.Debug("dispatch: effect done (its commit's answer was an error)", "duration", elapsed, "err", cause)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)

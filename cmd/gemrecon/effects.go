@@ -15,6 +15,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -24,7 +25,7 @@ type effectFlags struct {
 	exec          string
 	forward       string
 	sql           string      // --sql FILE
-	sqlScript     *effect.SQL // loaded by validate
+	sqlScript     *sqlscript.Script // loaded by validate
 	concurrency   int
 	lease         time.Duration
 	effectTimeout time.Duration
@@ -53,9 +54,9 @@ func (f *effectFlags) validate() error {
 		return usageError("--exec, --forward and --sql are exclusive: choose one effect")
 	}
 	if f.sql != "" { // --sql: checked at start-up (unreadable file, unknown parameter)
-		q, err := effect.LoadSQL(f.sql)
+		q, err := sqlscript.Load(f.sql)
 		if err != nil {
-			return usageError("%v", err)
+			return usageError("--sql %v", err)
 		}
 		f.sqlScript = q
 	}
