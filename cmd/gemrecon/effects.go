@@ -24,7 +24,7 @@ import (
 type effectFlags struct {
 	exec          string
 	forward       string
-	sql           string      // --sql FILE
+	sql           string            // --sql FILE
 	sqlScript     *sqlscript.Script // loaded by validate
 	concurrency   int
 	lease         time.Duration
