@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -214,14 +215,14 @@ func RecordOutcome(r sink.RecordResult) string {
 }
 
 // ObserveEffect counts one finished dispatch attempt and its duration. A
-// "fenced" result also counts in gemrecon_fenced_total.
-func (m *Metrics) ObserveEffect(result string, d time.Duration) {
+// fenced result also counts in gemrecon_fenced_total.
+func (m *Metrics) ObserveEffect(result dispatch.Outcome, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.effects.WithLabelValues(result).Inc()
-	m.effectDuration.WithLabelValues(result).Observe(d.Seconds())
-	if result == "fenced" {
+	m.effects.WithLabelValues(string(result)).Inc()
+	m.effectDuration.WithLabelValues(string(result)).Observe(d.Seconds())
+	if result == dispatch.OutcomeFenced {
 		m.fenced.Inc()
 	}
 }

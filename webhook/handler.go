@@ -23,6 +23,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
@@ -55,8 +56,7 @@ const (
 // the background workers after a new sighting; RunKeyWithin claims one key
 // and runs its effect now (Sync mode), confirming it with the API first
 // within the given wait when it must, and reports the outcome as dispatch
-// names it ("done", "retry", "dead", "fenced", "busy", "skipped",
-// "unconfirmed").
+// names it (dispatch.OutcomeDone, …).
 type Dispatcher interface {
 	Kick()
 	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
@@ -423,15 +423,15 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 			writeError(w, http.StatusServiceUnavailable, "dispatch failed, retry later: "+err.Error())
 			return
 		}
-		switch string(out) {
-		case "done":
+		switch out {
+		case dispatch.OutcomeDone:
 			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
 			return
-		case "retry", "dead":
+		case dispatch.OutcomeRetry, dispatch.OutcomeDead:
 			writeJSON(w, http.StatusInternalServerError, map[string]string{
 				"key": key, "status": string(out), "error": "the effect failed (" + string(out) + ")"})
 			return
-		case "unconfirmed":
+		case dispatch.OutcomeUnconfirmed:
 			// The API did not confirm the batch within --sync-wait (not
 			// finished, or no answer): the key goes on as in inbox mode.
 			h.cfg.Dispatcher.Kick()
