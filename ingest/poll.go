@@ -61,10 +61,18 @@ func ValidateFullScanEvery(lookback, every time.Duration) error {
 	return nil
 }
 
+// PollSink is what a poll pass needs of the sink: Record, the pass records
+// and pass lease of spec §5.5, and NoteLookback (the purge guard's record).
+type PollSink interface {
+	Recorder
+	sink.Passes
+	NoteLookback(ctx context.Context, lookback time.Duration) error
+}
+
 // PollConfig configures a Poll.
 type PollConfig struct {
 	// Sink records the sightings and the scope's pass records (required).
-	Sink sink.Sink
+	Sink PollSink
 	// Poller lists the API (required).
 	Poller *poller.Poller
 	// Dispatcher runs every due key after the listing (required).

@@ -62,10 +62,20 @@ type Dispatcher interface {
 	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
 }
 
+// Sink is what the receiver needs of the sink: Record (through the ingest
+// path), Get (a --sync request looks at the key's row), Ping (/readyz) and
+// Stats (a Metrics made for it on Sink).
+type Sink interface {
+	ingest.Recorder
+	metrics.StatsReader
+	Get(ctx context.Context, key string) (sink.Entry, error)
+	Ping(ctx context.Context) error
+}
+
 // Config configures NewHandler.
 type Config struct {
 	// Sink records sightings (required).
-	Sink sink.Sink
+	Sink Sink
 	// Secrets are whsec_ secrets; a request passes if any verifies it.
 	Secrets []string
 	// Dynamic, when set, verifies the signatures of the Gemini API's
