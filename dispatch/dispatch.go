@@ -74,7 +74,8 @@ type Observer interface {
 	EffectFinished(key string, outcome Outcome, d time.Duration)
 }
 
-// Config configures a Dispatcher. Zero fields take the defaults.
+// Config configures a Dispatcher. Zero fields take the defaults
+// (DefaultConfig) in New; Validate checks the settings.
 type Config struct {
 	// Sink holds the keys (required).
 	Sink sink.Sink
@@ -191,13 +192,36 @@ type Dispatcher struct {
 	outcomeMu sync.RWMutex
 }
 
-// New checks cfg, fills its defaults and returns a Dispatcher.
+// New fills cfg's zero fields with their defaults, checks it (Validate, and
+// that Sink is given and runs SQL when SQL is set) and returns a
+// Dispatcher. A negative field is an error (a negative Grace: none).
 func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("dispatch: no sink")
 	}
-	if cfg.Effect == nil && cfg.SQL == nil {
-		return nil, errors.New("dispatch: no effect")
+	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
+		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
+	}
+	if cfg.ConfirmTimeout < 0 || cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
+		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
+	}
+	def := DefaultConfig()
+	for _, f := range []struct{ v, d *time.Duration }{
+		{&cfg.Lease, &def.Lease}, {&cfg.EffectTimeout, &def.EffectTimeout}, {&cfg.Grace, &def.Grace},
+		{&cfg.Interval, &def.Interval}, {&cfg.ConfirmTimeout, &def.ConfirmTimeout},
+		{&cfg.DownloadTimeout, &def.DownloadTimeout}, {&cfg.RecheckBase, &def.RecheckBase},
+		{&cfg.RecheckMax, &def.RecheckMax},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = def.Concurrency
+	}
+	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	var completer claimCompleter
 	if cfg.SQL != nil {
@@ -205,27 +229,6 @@ func New(cfg Config) (*Dispatcher, error) {
 		if completer, err = newSQLEffect(cfg); err != nil {
 			return nil, err
 		}
-	}
-	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
-		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
-	}
-	if cfg.Lease == 0 {
-		cfg.Lease = DefaultLease
-	}
-	if cfg.EffectTimeout == 0 {
-		cfg.EffectTimeout = DefaultEffectTimeout
-	}
-	if cfg.EffectTimeout >= cfg.Lease {
-		return nil, fmt.Errorf("dispatch: effect timeout %v must be shorter than the lease %v: an effect that outlives its lease can be taken over and run twice", cfg.EffectTimeout, cfg.Lease)
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
-	}
-	if cfg.Grace == 0 {
-		cfg.Grace = DefaultGrace
-	}
-	if cfg.Interval == 0 {
-		cfg.Interval = DefaultInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -239,25 +242,6 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
 	}
-	if (cfg.Confirm || cfg.Results != nil) && cfg.API == nil {
-		return nil, errors.New("dispatch: confirmation and results need the API (a poller with credentials)")
-	}
-	if cfg.ConfirmTimeout < 0 || cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
-		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
-	}
-	if cfg.ConfirmTimeout == 0 {
-		cfg.ConfirmTimeout = DefaultConfirmTimeout
-	}
-	if cfg.DownloadTimeout == 0 {
-		cfg.DownloadTimeout = DefaultDownloadTimeout
-	}
-	if cfg.RecheckBase == 0 {
-		cfg.RecheckBase = DefaultRecheckBase
-	}
-	if cfg.RecheckMax == 0 {
-		cfg.RecheckMax = DefaultRecheckMax
-	}
-	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}

@@ -43,11 +43,8 @@ type sqlEffect struct {
 }
 
 // newSQLEffect checks that cfg's sink can run a script in its own
-// transaction.
+// transaction (that Effect is not set too is Validate's).
 func newSQLEffect(cfg Config) (claimCompleter, error) {
-	if cfg.Effect != nil {
-		return nil, errors.New("dispatch: an effect and an SQL script are exclusive: give one")
-	}
 	sc, ok := cfg.Sink.(sink.SQLCompleter)
 	if !ok {
 		return nil, fmt.Errorf("dispatch: an SQL script needs a sink that runs SQL in its own transaction (sink.SQLCompleter); %T does not", cfg.Sink)

@@ -25,6 +25,7 @@ import (
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
@@ -135,13 +136,6 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Path == "" {
 		cfg.Path = DefaultPath
 	}
-	if cfg.Path[0] != '/' {
-		return nil, fmt.Errorf("webhook: path %q must start with /", cfg.Path)
-	}
-	switch cfg.Path {
-	case "/healthz", "/readyz", "/metrics":
-		return nil, fmt.Errorf("webhook: path %q is taken by a built-in endpoint", cfg.Path)
-	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
@@ -150,6 +144,9 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.Sync && cfg.Dispatcher == nil {
 		return nil, errors.New("webhook: sync mode needs a dispatcher")
@@ -170,13 +167,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if h.ingest, err = ingest.NewWebhooks(ic); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	switch {
-	case cfg.InsecureNoVerify && cfg.Dynamic != nil:
-		return nil, errors.New("webhook: --insecure-no-verify accepts every request unverified, so dynamic verification would prove nothing: use one or the other")
-	case cfg.InsecureNoVerify:
-	case len(cfg.Secrets) == 0 && cfg.Dynamic == nil:
-		return nil, fmt.Errorf("webhook: no verifier configured: set %s or a secret file, or --dynamic, or pass --insecure-no-verify to accept unsigned requests", SecretEnv)
-	default:
+	if !cfg.InsecureNoVerify {
 		if len(cfg.Secrets) > 0 {
 			v, err := NewVerifier(cfg.Secrets, cfg.Now)
 			if err != nil {
@@ -187,6 +178,43 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		h.dynamic = cfg.Dynamic
 	}
 	return h, nil
+}
+
+// DefaultConfig returns a Config with every setting at its default; the
+// caller adds the Sink, the verifiers and what it changes, then checks it
+// with Validate.
+func DefaultConfig() Config {
+	return Config{Path: DefaultPath, MaxBody: DefaultMaxBody, SyncWait: DefaultSyncWait, RetryAfter: DefaultRetryAfter}
+}
+
+// ErrNoVerifier is wrapped by Validate's error for a Config that verifies
+// nothing and does not say it accepts unsigned requests.
+var ErrNoVerifier = errors.New("no webhook verifier")
+
+// Validate checks the settings as they will run (NewHandler fills zero
+// fields with their defaults first), naming the field at fault (a
+// field.Error): the path, the limits, and the verifier rules of spec §6 —
+// at least one verifier (Secrets, Dynamic) unless InsecureNoVerify, and
+// not Dynamic with InsecureNoVerify (a dynamic signature would prove
+// nothing when unsigned requests pass too). It does not look at Sink and
+// Dispatcher, so a command can check its flags before it opens anything.
+func (c Config) Validate() error {
+	const p = "webhook: "
+	switch {
+	case c.Path == "" || c.Path[0] != '/':
+		return field.Errorf(p, "{Path} %q must start with /", c.Path)
+	case c.Path == "/healthz" || c.Path == "/readyz" || c.Path == "/metrics":
+		return field.Errorf(p, "{Path} %q is taken by a built-in endpoint", c.Path)
+	case c.MaxBody <= 0:
+		return field.Errorf(p, "{MaxBody} must be positive")
+	case c.SyncWait < 0:
+		return field.Errorf(p, "{SyncWait} must not be negative")
+	case c.InsecureNoVerify && c.Dynamic != nil:
+		return field.Errorf(p, "{InsecureNoVerify} accepts every request unverified, so {dynamic verification|Dynamic} would prove nothing: use one or the other")
+	case !c.InsecureNoVerify && len(c.Secrets) == 0 && c.Dynamic == nil:
+		return field.Errorf(p, "%w: set %s or {a secret file|Secrets} (whsec_…) for static webhooks, and/or {dynamic verification|Dynamic} for per-job ones, or pass {InsecureNoVerify} to accept unsigned requests", ErrNoVerifier, SecretEnv)
+	}
+	return nil
 }
 
 // response is a 2xx body: {"key","status"} for a recorded or non-terminal

@@ -15,8 +15,9 @@ import (
 )
 
 // Error is a configuration error about one or more fields. Its message is
-// written with each field as {Field} (the Go field name); Error renders
-// those as words, Render as whatever the caller names them.
+// written with each field as {Field} (the Go field name) or {words|Field}
+// (the library's own words for it); Error renders those as words (Words of
+// the name when none are given), Render as whatever the caller names them.
 type Error struct {
 	prefix string // "dispatch: ", in Error only
 	format string
@@ -24,24 +25,27 @@ type Error struct {
 }
 
 // Errorf returns an *Error. In format, {Name} stands for the config field
-// Name (a Go identifier: {EffectTimeout}); the rest is as for fmt.Errorf,
-// %w included.
+// Name (a Go identifier: {EffectTimeout}) and {the lease|Lease} for the field
+// Lease, spelt "the lease" by Error; the rest is as for fmt.Errorf, %w
+// included.
 func Errorf(prefix, format string, args ...any) *Error {
 	return &Error{prefix: prefix, format: format, args: args}
 }
 
 // Error renders the fields as lower-case words ({EffectTimeout}: "effect
 // timeout"), after the package prefix.
-func (e *Error) Error() string { return e.prefix + e.Render(Words) }
+func (e *Error) Error() string {
+	return e.prefix + e.Render(func(string) string { return "" })
+}
 
 // Render renders the message with each field named by name, without the
 // package prefix. A name that returns "" leaves the field in words.
 func (e *Error) Render(name func(field string) string) string {
-	return fmt.Sprintf(e.expand(func(f string) string {
+	return fmt.Sprintf(e.expand(func(words, f string) string {
 		if n := name(f); n != "" {
 			return n
 		}
-		return Words(f)
+		return words
 	}), e.args...)
 }
 
@@ -59,13 +63,14 @@ func (e *Error) Unwrap() []error {
 // Fields lists the fields the message names, in order.
 func (e *Error) Fields() []string {
 	var fs []string
-	e.expand(func(f string) string { fs = append(fs, f); return "" })
+	e.expand(func(_, f string) string { fs = append(fs, f); return "" })
 	return fs
 }
 
-// expand replaces every {Field} of the format with name(Field), escaping
-// what it inserts for fmt.
-func (e *Error) expand(name func(string) string) string {
+// expand replaces every {Field} or {words|Field} of the format with
+// name(words, Field) (words: Words(Field) when not given), escaping what it
+// inserts for fmt.
+func (e *Error) expand(name func(words, field string) string) string {
 	var b strings.Builder
 	s := strings.ReplaceAll(e.format, "%w", "%v")
 	for {
@@ -80,7 +85,12 @@ func (e *Error) expand(name func(string) string) string {
 			return b.String()
 		}
 		b.WriteString(s[:i])
-		b.WriteString(strings.ReplaceAll(name(s[i+1:i+1+j]), "%", "%%"))
+		ph := s[i+1 : i+1+j]
+		words, f, ok := strings.Cut(ph, "|")
+		if !ok {
+			f, words = ph, Words(ph)
+		}
+		b.WriteString(strings.ReplaceAll(name(words, f), "%", "%%"))
 		s = s[i+2+j:]
 	}
 }

@@ -10,13 +10,13 @@ import (
 )
 
 func TestError(t *testing.T) {
-	err := field.Errorf("dispatch: ", "{EffectTimeout} %v must be shorter than {Lease} %v (100%% sure)", "10s", "5s")
-	if got, want := err.Error(), "dispatch: effect timeout 10s must be shorter than lease 5s (100% sure)"; got != want {
+	err := field.Errorf("dispatch: ", "{EffectTimeout} %v must be shorter than {the lease|Lease} %v (100%% sure)", "10s", "5s")
+	if got, want := err.Error(), "dispatch: effect timeout 10s must be shorter than the lease 5s (100% sure)"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
 	flags := map[string]string{"EffectTimeout": "--effect-timeout"}
 	got := err.Render(func(f string) string { return flags[f] })
-	if want := "--effect-timeout 10s must be shorter than lease 5s (100% sure)"; got != want {
+	if want := "--effect-timeout 10s must be shorter than the lease 5s (100% sure)"; got != want {
 		t.Errorf("Render = %q, want %q", got, want)
 	}
 	if got, want := err.Fields(), []string{"EffectTimeout", "Lease"}; !slices.Equal(got, want) {
