@@ -293,6 +293,10 @@ func (d *Dispatcher) brokenErr() error {
 // Owner returns the owner name this Dispatcher claims with.
 func (d *Dispatcher) Owner() string { return d.cfg.Owner }
 
+// Grace returns how long running effects may still finish once Run's
+// context is done (0: none).
+func (d *Dispatcher) Grace() time.Duration { return max(d.cfg.Grace, 0) }
+
 // Kick asks Run to drain now. It never blocks.
 func (d *Dispatcher) Kick() {
 	select {

@@ -169,6 +169,19 @@ func EnvAPIKey() string {
 // ErrNoAPIKey: a Gemini API poller with no API key.
 var ErrNoAPIKey = errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key")
 
+// CheckCredentials says what c lacks to reach the API: ErrNoAPIKey for the
+// Gemini API without a key, a field.Error for Vertex AI without a project
+// and a location; nil when HasCredentials.
+func (c Config) CheckCredentials() error {
+	switch {
+	case c.HasCredentials():
+		return nil
+	case c.Backend == BackendVertex:
+		return field.Errorf("poller: ", "{Backend} vertex needs {Project} and {Location} (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
+	}
+	return ErrNoAPIKey
+}
+
 // HasCredentials reports whether c names API credentials: an API key for
 // the Gemini API; a project and a location for Vertex AI (whose Application
 // Default Credentials the SDK looks up).

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -94,12 +95,14 @@ batchPredictionJobs/x, operations/x) it may have meant.`,
 	return cmd
 }
 
+// purgeOptions are purge's flags.
+type purgeOptions struct {
+	req        sink.PurgeRequest
+	resultsDir string
+}
+
 func (a *app) purgeCommand() *cobra.Command {
-	var (
-		olderThan  time.Duration
-		force      bool
-		resultsDir string
-	)
+	var o purgeOptions
 	cmd := &cobra.Command{
 		Use:   "purge --older-than D",
 		Short: "Delete done rows older than D",
@@ -112,75 +115,78 @@ the results files of the purged keys (DIR/<id>.jsonl) are deleted too.`,
   gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches
   gemrecon purge --older-than 720h --results-dir /var/lib/gemrecon/results`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if olderThan <= 0 {
-				return usageError("--older-than is required and must be positive (e.g. 720h)")
-			}
-			var dir *results.Dir
-			if resultsDir != "" {
-				var err error
-				if dir, err = results.Open(resultsDir); err != nil {
-					return withCode(exitUsage, err)
-				}
-			}
-			s, err := a.openSink(cmd.Context(), sink.Options{})
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if !force {
-				lb, forever, ok, err := s.MaxLookback(cmd.Context())
-				if err != nil {
-					return err
-				}
-				switch {
-				case ok && forever:
-					return usageError("refusing to purge: a poll in this database used --lookback 0 (every page, forever), so any purged key could be re-seen and run again; pass --force if you are sure")
-				case ok && olderThan < lb:
-					return usageError("refusing to purge: --older-than %v is shorter than the longest poll --lookback %v recorded here; a purged key re-seen by the poller would run again (use --older-than ≥ %v, or --force)", olderThan, lb, lb)
-				}
-			}
-			if dir == nil {
-				n, err := s.Purge(cmd.Context(), time.Now().Add(-olderThan))
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, olderThan)
-				return nil
-			}
-			keys, err := s.PurgeKeys(cmd.Context(), time.Now().Add(-olderThan))
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", len(keys), olderThan)
-			// After the rows: a purge that failed deletes no file. A crash
-			// in between leaves files no key names (harmless).
-			removed, failed := 0, 0
-			for _, k := range keys {
-				id, ok := strings.CutPrefix(canon.Name(k), "batches/")
-				if !ok {
-					continue // only Gemini API batches have results files
-				}
-				gone, err := dir.Remove(id)
-				switch {
-				case err != nil:
-					failed++
-					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
-				case gone:
-					removed++
-				}
-			}
-			fmt.Fprintf(a.stdout, "removed %d results file(s) from %s\n", removed, dir.Path())
-			if failed > 0 {
-				return withCode(exitFatal, fmt.Errorf("%d results file(s) could not be removed", failed))
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runPurge(cmd.Context(), &o) },
 	}
-	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
-	cmd.Flags().BoolVar(&force, "force", false, "purge even when a poll's lookback could re-see the keys")
-	cmd.Flags().StringVar(&resultsDir, "results-dir", "", "also delete the purged keys' results files from this directory (the --results-dir of poll, serve, drain)")
+	cmd.Flags().DurationVar(&o.req.OlderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
+	cmd.Flags().BoolVar(&o.req.Force, "force", false, "purge even when a poll's lookback could re-see the keys")
+	cmd.Flags().StringVar(&o.resultsDir, "results-dir", "", "also delete the purged keys' results files from this directory (the --results-dir of poll, serve, drain)")
 	return cmd
+}
+
+// runPurge is purge: the lookback guard (sink.PurgeRequest.Check), the rows,
+// then their results files.
+func (a *app) runPurge(ctx context.Context, o *purgeOptions) error {
+	if err := usage(o.req.Validate()); err != nil {
+		return err
+	}
+	var dir *results.Dir
+	if o.resultsDir != "" {
+		var err error
+		if dir, err = results.Open(o.resultsDir); err != nil {
+			return withCode(exitUsage, err)
+		}
+	}
+	s, err := a.openSink(ctx, sink.Options{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := o.req.Check(ctx, s); errors.Is(err, sink.ErrPurgeRefused) {
+		return usage(err)
+	} else if err != nil {
+		return err
+	}
+	before := time.Now().Add(-o.req.OlderThan)
+	if dir == nil {
+		n, err := s.Purge(ctx, before)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, o.req.OlderThan)
+		return nil
+	}
+	keys, err := s.PurgeKeys(ctx, before)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", len(keys), o.req.OlderThan)
+	return a.removeResults(dir, keys)
+}
+
+// removeResults deletes the purged keys' results files. It runs after the
+// rows: a purge that failed deletes no file. A crash in between leaves
+// files no key names (harmless).
+func (a *app) removeResults(dir *results.Dir, keys []string) error {
+	removed, failed := 0, 0
+	for _, k := range keys {
+		id, ok := strings.CutPrefix(canon.Name(k), "batches/")
+		if !ok {
+			continue // only Gemini API batches have results files
+		}
+		gone, err := dir.Remove(id)
+		switch {
+		case err != nil:
+			failed++
+			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+		case gone:
+			removed++
+		}
+	}
+	fmt.Fprintf(a.stdout, "removed %d results file(s) from %s\n", removed, dir.Path())
+	if failed > 0 {
+		return withCode(exitFatal, fmt.Errorf("%d results file(s) could not be removed", failed))
+	}
+	return nil
 }
 
 func (a *app) versionCommand() *cobra.Command {
