@@ -79,12 +79,28 @@ func entryJSON(e sink.Entry, withDocs bool) statusJSON {
 	return j
 }
 
+// statusOptions are the flags of status.
+type statusOptions struct {
+	asJSON bool
+}
+
 func (a *app) statusCommand() *cobra.Command {
-	var asJSON bool
+	var o statusOptions
 	cmd := &cobra.Command{
 		Use:   "status KEY-OR-NAME",
 		Short: "Show what happened to one completion, and why",
-		Long: `Show one completion: its canonical key, state, attempts, fencing token, first
+		Long:  statusLong,
+		Example: `  gemrecon status batches/abc123
+  gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
+  gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), &o, args[0]) },
+	}
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (stable field names, see README)")
+	return cmd
+}
+
+const statusLong = `Show one completion: its canonical key, state, attempts, fencing token, first
 and last sighting with their sources, lease, next attempt, done time, last
 error and payload conflicts. The argument may be a key (gemini:batches/x) or
 any operation name canon understands (batches/x, a full resource path or URL).
@@ -99,63 +115,57 @@ escaped (the text is then Go-quoted); --json escapes as JSON does.
 Exit status: 0 done, 3 unknown key (the canonical key is still printed),
 4 pending or claimed, 5 dead, 1 when the database cannot be read, 2 when the
 argument is no operation name or one that could never be recorded (spec §12:
-invalid UTF-8, a control character, over 512 bytes, a collection word).`,
-		Example: `  gemrecon status batches/abc123
-  gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
-  gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
-		Args: exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			keys, err := keysFor(args[0])
-			if err != nil {
-				return err
-			}
-			key := keys[0]
-			s, err := a.openReadOnly(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			var e sink.Entry
-			for _, k := range keys {
-				if e, err = s.Get(cmd.Context(), k); !errors.Is(err, sink.ErrNotFound) {
-					break
-				}
-			}
-			if errors.Is(err, sink.ErrNotFound) {
-				if cerr := canon.CheckKey(key); cerr != nil {
-					// Not "unknown": no sighting of it could ever be recorded.
-					return usageError("%v; no such key is recorded, and none could be", cerr)
-				}
-				if asJSON {
-					writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
-				} else {
-					fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
-				}
-				if hint := meantKeys(cmd.Context(), s, key); hint != "" {
-					fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
-				}
-				return withCode(exitUnknownKey, nil)
-			}
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				writeJSON(a.stdout, entryJSON(e, true))
-			} else {
-				printStatus(a.stdout, e)
-			}
-			switch e.State {
-			case sink.StateDone:
-				return nil
-			case sink.StateDead:
-				return withCode(exitDead, nil)
-			default:
-				return withCode(exitNotDone, nil)
-			}
-		},
+invalid UTF-8, a control character, over 512 bytes, a collection word).`
+
+// runStatus does the work of status.
+func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error {
+	keys, err := keysFor(arg)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (stable field names, see README)")
-	return cmd
+	key := keys[0]
+	s, err := a.openReadOnly(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var e sink.Entry
+	for _, k := range keys {
+		if e, err = s.Get(ctx, k); !errors.Is(err, sink.ErrNotFound) {
+			break
+		}
+	}
+	if errors.Is(err, sink.ErrNotFound) {
+		if cerr := canon.CheckKey(key); cerr != nil {
+			// Not "unknown": no sighting of it could ever be recorded.
+			return usageError("%v; no such key is recorded, and none could be", cerr)
+		}
+		if o.asJSON {
+			writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
+		} else {
+			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
+		}
+		if hint := meantKeys(ctx, s, key); hint != "" {
+			fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
+		}
+		return withCode(exitUnknownKey, nil)
+	}
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		writeJSON(a.stdout, entryJSON(e, true))
+	} else {
+		printStatus(a.stdout, e)
+	}
+	switch e.State {
+	case sink.StateDone:
+		return nil
+	case sink.StateDead:
+		return withCode(exitDead, nil)
+	default:
+		return withCode(exitNotDone, nil)
+	}
 }
 
 // keysFor returns the keys a typed name may be stored under, first the

@@ -15,84 +15,103 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
+// retryOptions are the flags of retry.
+type retryOptions struct {
+	allDead bool
+}
+
 func (a *app) retryCommand() *cobra.Command {
-	var allDead bool
+	var o retryOptions
 	cmd := &cobra.Command{
 		Use:   "retry KEY-OR-NAME... | --all-dead",
 		Short: "Send dead completions back to pending, due now",
-		Long: `Move dead keys back to pending, due now, so that the next poll, drain or
+		Long:  retryLong,
+		Example: `  gemrecon retry batches/abc123
+  gemrecon retry --all-dead && gemrecon drain --exec ./publish.sh`,
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runRetry(cmd.Context(), &o, args) },
+	}
+	cmd.Flags().BoolVar(&o.allDead, "all-dead", false, "retry every dead key")
+	return cmd
+}
+
+const retryLong = `Move dead keys back to pending, due now, so that the next poll, drain or
 serve worker runs their effect again. Their history (attempts, last error) is
 kept. Keys that are not dead are left alone and reported; for an unknown
 bare id (x) the report names the recorded batches/x (or
-batchPredictionJobs/x, operations/x) it may have meant.`,
-		Example: `  gemrecon retry batches/abc123
-  gemrecon retry --all-dead && gemrecon drain --exec ./publish.sh`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if allDead == (len(args) > 0) {
-				return usageError("give one or more keys, or --all-dead (not both)")
-			}
-			keys := make([]string, 0, len(args))
-			exact := map[string]string{} // canonical key → the key exactly as typed (spec §12)
-			for _, arg := range args {
-				ks, err := keysFor(arg)
-				if err != nil {
-					return err
-				}
-				keys = append(keys, ks[0])
-				if len(ks) > 1 {
-					exact[ks[0]] = ks[1]
-				}
-			}
-			s, err := a.openSink(cmd.Context(), sink.Options{})
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if allDead {
-				dead, err := s.List(cmd.Context(), sink.ListOptions{State: sink.StateDead})
-				if err != nil {
-					return err
-				}
-				for _, e := range dead {
-					keys = append(keys, e.Key)
-				}
-			}
-			var failed int
-			for _, k := range keys {
-				err := s.Retry(cmd.Context(), k)
-				if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
-					if err = s.Retry(cmd.Context(), as); !errors.Is(err, sink.ErrNotFound) {
-						k = as
-					}
-				}
-				if errors.Is(err, sink.ErrNotFound) {
-					if cerr := canon.CheckKey(k); cerr != nil {
-						err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
-					} else if hint := meantKeys(cmd.Context(), s, k); hint != "" {
-						err = fmt.Errorf("%w; %s", err, hint)
-					}
-				}
-				switch {
-				case err == nil:
-					fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
-				case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
-					failed++
-					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
-				default:
-					return err
-				}
-			}
-			if allDead {
-				fmt.Fprintf(a.stdout, "%d dead key(s) sent back to pending\n", len(keys))
-			}
-			if failed > 0 {
-				return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
-			}
-			return nil
-		},
+batchPredictionJobs/x, operations/x) it may have meant.`
+
+// retryKeys are the canonical keys of the arguments, and for those typed as
+// a key whose canonical form differs, the key exactly as typed (spec §12).
+func retryKeys(args []string) (keys []string, exact map[string]string, err error) {
+	keys, exact = make([]string, 0, len(args)), map[string]string{}
+	for _, arg := range args {
+		ks, err := keysFor(arg)
+		if err != nil {
+			return nil, nil, err
+		}
+		keys = append(keys, ks[0])
+		if len(ks) > 1 {
+			exact[ks[0]] = ks[1]
+		}
 	}
-	cmd.Flags().BoolVar(&allDead, "all-dead", false, "retry every dead key")
-	return cmd
+	return keys, exact, nil
+}
+
+// runRetry does the work of retry.
+func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) error {
+	if o.allDead == (len(args) > 0) {
+		return usageError("give one or more keys, or --all-dead (not both)")
+	}
+	keys, exact, err := retryKeys(args)
+	if err != nil {
+		return err
+	}
+	s, err := a.openSink(ctx, sink.Options{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if o.allDead {
+		dead, err := s.List(ctx, sink.ListOptions{State: sink.StateDead})
+		if err != nil {
+			return err
+		}
+		for _, e := range dead {
+			keys = append(keys, e.Key)
+		}
+	}
+	var failed int
+	for _, k := range keys {
+		err := s.Retry(ctx, k)
+		if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
+			if err = s.Retry(ctx, as); !errors.Is(err, sink.ErrNotFound) {
+				k = as
+			}
+		}
+		if errors.Is(err, sink.ErrNotFound) {
+			if cerr := canon.CheckKey(k); cerr != nil {
+				err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
+			} else if hint := meantKeys(ctx, s, k); hint != "" {
+				err = fmt.Errorf("%w; %s", err, hint)
+			}
+		}
+		switch {
+		case err == nil:
+			fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
+		case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
+			failed++
+			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+		default:
+			return err
+		}
+	}
+	if o.allDead {
+		fmt.Fprintf(a.stdout, "%d dead key(s) sent back to pending\n", len(keys))
+	}
+	if failed > 0 {
+		return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
+	}
+	return nil
 }
 
 // purgeOptions are purge's flags.
