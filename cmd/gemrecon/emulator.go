@@ -63,35 +63,11 @@ func (a *app) emulatorCommand() *cobra.Command {
 // config checks the flags (exit 2 for a wrong one) and builds the
 // emulator's Config.
 func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
-	for _, p := range []struct {
-		name string
-		v    float64
-	}{{"drop", f.drop}, {"duplicate", f.duplicate}, {"fail-rate", f.failRate}, {"dynamic-share", f.dynamicShare}} {
-		if !(p.v >= 0 && p.v <= 1) {
-			return emulator.Config{}, usageError("--%s %v: want a probability from 0 to 1", p.name, p.v)
-		}
-	}
 	if f.dynamicShare == 0 && len(f.dynamicURIs) > 0 {
 		return emulator.Config{}, usageError("--dynamic-share 0 gives --dynamic-webhook to no batch: leave --dynamic-webhook out instead")
 	}
-	if f.batches < 0 {
-		return emulator.Config{}, usageError("--batches %d: must not be negative", f.batches)
-	}
 	if f.listen == "" {
 		return emulator.Config{}, usageError("--listen is empty: give host:port, e.g. %s", emulator.DefaultListen)
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"finish-within", f.finishWithin}, {"created-finish-after", f.createdAfter}} {
-		if err := durationFlagCheck(d.name, d.v); err != nil {
-			return emulator.Config{}, err
-		}
-	}
-	switch mode := emulator.SignatureMode(f.signature); mode {
-	case emulator.SignV1a, emulator.SignJWT, emulator.SignBoth:
-	default:
-		return emulator.Config{}, usageError("--dynamic-signature %q: want v1a, jwt or both", f.signature)
 	}
 	if f.apiKey == "" && apiKeyGiven {
 		return emulator.Config{}, usageError("--api-key is empty: leave it out to have one generated")
@@ -111,7 +87,16 @@ func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
 		}
 		cfg.Batches = bs
 	}
-	return cfg, nil
+	return cfg, usage(cfg.Validate(), emulatorFlagNames())
+}
+
+// emulatorFlagNames names the flags of emulator.Config's fields.
+func emulatorFlagNames() map[string]string {
+	return map[string]string{
+		"Drop": "--drop", "Duplicate": "--duplicate", "FailRate": "--fail-rate", "DynamicShare": "--dynamic-share",
+		"Generate": "--batches", "FinishWithin": "--finish-within", "CreatedFinishAfter": "--created-finish-after",
+		"Signature": "--dynamic-signature", "DynamicURIs": "--dynamic-webhook",
+	}
 }
 
 // runEmulator is `gemrecon emulator`: start, print the exports, log every
