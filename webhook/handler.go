@@ -44,13 +44,13 @@ const (
 	KeysRetryAfter = dynamic.RefetchInterval
 )
 
-// Statuses in a 2xx response body {"key","status"}.
+// Statuses in a 2xx response body {"key","status"}: what ingest answered
+// (metrics.OutcomeAccepted, OutcomeDuplicate, OutcomeDone, OutcomeIgnored,
+// OutcomeInvalid), or, with Sync, StatusDone once the effect ran.
 const (
-	StatusAccepted  = "accepted"  // a new key, durably pending
-	StatusDuplicate = "duplicate" // a known key that is not done yet
-	StatusDone      = "done"      // the key is done
-	StatusIgnored   = "ignored"   // not a batch event, or not a completion: nothing recorded
-	StatusInvalid   = "invalid"   // a verified body that cannot be used: nothing recorded
+	StatusDone    = metrics.OutcomeDone    // the key is done
+	StatusIgnored = metrics.OutcomeIgnored // not a batch event, or not a completion: nothing recorded
+	StatusInvalid = metrics.OutcomeInvalid // a verified body that cannot be used: nothing recorded
 )
 
 // Dispatcher is what the receiver needs of dispatch.Dispatcher: Kick wakes
