@@ -111,12 +111,9 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := durationFlagCheck("poll-every", o.pollEvery); err != nil {
-		return err
-	}
 	var pcfg ingest.PollConfig
 	var plcfg poller.Config
-	if o.pollEvery > 0 {
+	if o.pollEvery != 0 { // a negative --poll-every is ingest's error
 		if plcfg, err = a.listingPoller(&o.pf); err != nil {
 			return err
 		}
