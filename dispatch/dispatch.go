@@ -1,6 +1,9 @@
 // Package dispatch turns due keys into effect runs: claim → run the effect
 // while renewing the lease → complete or fail with the claim's fencing token
-// (spec §3, §4). poll, serve and drain all go through it.
+// (spec §3, §4). poll, serve and drain all go through it. The rules on a
+// dispatcher's settings (one effect, the effect timeout shorter than the
+// lease, confirmation and results only with the API) are
+// Config.Validate's (config.go), and the --confirm modes are ConfirmMode's.
 package dispatch
 
 import (

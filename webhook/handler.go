@@ -7,7 +7,9 @@
 // how it was verified, and turns ingest's answer into a status code —
 // durable before any 2xx. With Sync it runs the effect inside the request.
 // It also serves /healthz, /readyz and /metrics, and runs an http.Server
-// with timeouts and a graceful drain.
+// with timeouts and a graceful drain. The receiver's configuration rules —
+// a verifier is required (ErrNoVerifier), dynamic verification does not go
+// with InsecureNoVerify, the path and limits — are Config.Validate's.
 package webhook
 
 import (
