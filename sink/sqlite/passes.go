@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -19,20 +17,10 @@ import (
 
 var _ sink.Passes = (*Sink)(nil)
 
-// maxPassName bounds a scope or owner (both are short: a backend, a base URL
-// and a hash prefix; a host name and a process id).
-const maxPassName = 1024
-
-// checkPassName refuses what a pass record cannot hold the same way on every
-// backend: empty, longer than maxPassName bytes, invalid UTF-8 or NUL.
+// checkPassName is sink.CheckPassName, naming the operation.
 func checkPassName(what, kind, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("sqlite sink: %s: empty %s", what, kind)
-	case len(v) > maxPassName:
-		return fmt.Errorf("sqlite sink: %s: %s of %d bytes, longer than %d", what, kind, len(v), maxPassName)
-	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("sqlite sink: %s: %s %q is not valid UTF-8 text without NUL", what, kind, v)
+	if err := sink.CheckPassName(kind, v); err != nil {
+		return fmt.Errorf("sqlite sink: %s: %w", what, err)
 	}
 	return nil
 }
