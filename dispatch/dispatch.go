@@ -519,39 +519,15 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	// Renew the lease while the effect runs. A fenced renewal means someone
 	// took the key over: stop the effect; its outcome will be discarded.
-	renewDone := make(chan struct{})
 	stopRenew := make(chan struct{})
 	var renewFenced bool
-	go func() {
-		defer close(renewDone)
-		if d.completer != nil { // it renews once, up front (sql.go)
-			return
-		}
-		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-stopRenew:
-				return
-			case <-t.C:
-			}
-			asked := d.cfg.Now()
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
-			rerr := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
-			cancel()
-			if rerr == nil {
-				lm.set(asked)
-			}
-			if errors.Is(rerr, sink.ErrFenced) {
-				renewFenced = true
-				cancelEffect(sink.ErrFenced)
-				return
-			}
-			if rerr != nil {
-				log.Warn("dispatch: lease renewal failed; will try again", "err", rerr)
-			}
-		}
-	}()
+	renewDone := closedChan()
+	if d.completer == nil { // it renews once, up front (sql.go)
+		renewDone = d.renewLease(runCtx, log, c, lm, stopRenew, func() {
+			renewFenced = true
+			cancelEffect(sink.ErrFenced)
+		})
+	}
 
 	start := d.cfg.Now()
 	runErr := d.runEffect(effCtx, ev)
@@ -594,6 +570,46 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 		mark(out)
 	}
 	return out, err
+}
+
+// renewLease renews c's lease every Lease/3 (each renewal bounded by
+// Lease/3) until stop is closed, noting each success in lm. A fenced
+// renewal means someone took the key over: it calls fenced and ends. The
+// channel it returns is closed once it has ended.
+func (d *Dispatcher) renewLease(runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, stop <-chan struct{}, fenced func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			asked := d.cfg.Now()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
+			err := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
+			cancel()
+			switch {
+			case err == nil:
+				lm.set(asked)
+			case errors.Is(err, sink.ErrFenced):
+				fenced()
+				return
+			default:
+				log.Warn("dispatch: lease renewal failed; will try again", "err", err)
+			}
+		}
+	}()
+	return done
+}
+
+func closedChan() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
 
 // runEffect runs the effect, turning a panic into a retryable error.
