@@ -296,63 +296,69 @@ func writeJSON(w io.Writer, v any) {
 	_ = enc.Encode(v)
 }
 
+// listOptions are the flags of list.
+type listOptions struct {
+	state  string
+	limit  int
+	asJSON bool
+}
+
 func (a *app) listCommand() *cobra.Command {
-	var (
-		state  string
-		limit  int
-		asJSON bool
-	)
+	var o listOptions
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List recorded completions, oldest first",
 		Example: `  gemrecon list --state dead
   gemrecon list --limit 20 --json | jq -r '.[].key'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			st := sink.State(state)
-			if state != "" && !st.Valid() {
-				return usageError("--state %q: want pending, claimed, done or dead", state)
-			}
-			if limit < 0 {
-				return usageError("--limit %d: must not be negative", limit)
-			}
-			s, err := a.openReadOnly(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			entries, err := s.List(cmd.Context(), sink.ListOptions{State: st, Limit: limit})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				out := make([]statusJSON, 0, len(entries))
-				for _, e := range entries {
-					out = append(out, entryJSON(e, false))
-				}
-				writeJSON(a.stdout, out)
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
-			for _, e := range entries {
-				batch := e.BatchState
-				if batch == "" {
-					batch = "unknown"
-				}
-				if !e.Confirmed {
-					batch += "?" // as the webhook says: not confirmed by the API
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, printable(batch), e.Attempts, e.SeenCount,
-					printable(e.FirstSource), fmtTime(e.LastSeenAt), printable(truncate(oneLine(e.LastError), 60)))
-			}
-			return tw.Flush()
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runList(cmd.Context(), &o) },
 	}
-	cmd.Flags().StringVar(&state, "state", "", "only keys in this state: pending, claimed, done, dead")
-	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows (0 = all)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of entries")
+	cmd.Flags().StringVar(&o.state, "state", "", "only keys in this state: pending, claimed, done, dead")
+	cmd.Flags().IntVar(&o.limit, "limit", 100, "at most this many rows (0 = all)")
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print a JSON array of entries")
 	return cmd
+}
+
+// runList does the work of list.
+func (a *app) runList(ctx context.Context, o *listOptions) error {
+	st := sink.State(o.state)
+	if o.state != "" && !st.Valid() {
+		return usageError("--state %q: want pending, claimed, done or dead", o.state)
+	}
+	if o.limit < 0 {
+		return usageError("--limit %d: must not be negative", o.limit)
+	}
+	s, err := a.openReadOnly(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	entries, err := s.List(ctx, sink.ListOptions{State: st, Limit: o.limit})
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		out := make([]statusJSON, 0, len(entries))
+		for _, e := range entries {
+			out = append(out, entryJSON(e, false))
+		}
+		writeJSON(a.stdout, out)
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
+	for _, e := range entries {
+		batch := e.BatchState
+		if batch == "" {
+			batch = "unknown"
+		}
+		if !e.Confirmed {
+			batch += "?" // as the webhook says: not confirmed by the API
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, printable(batch), e.Attempts, e.SeenCount,
+			printable(e.FirstSource), fmtTime(e.LastSeenAt), printable(truncate(oneLine(e.LastError), 60)))
+	}
+	return tw.Flush()
 }
 
 func truncate(s string, n int) string {
@@ -363,12 +369,28 @@ func truncate(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
+// statsOptions are the flags of stats.
+type statsOptions struct {
+	asJSON bool
+}
+
 func (a *app) statsCommand() *cobra.Command {
-	var asJSON bool
+	var o statsOptions
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency, poll passes",
-		Long: `Summarise the sink. "first source" splits keys by the path that saw them
+		Long:  statsLong,
+		Example: `  gemrecon stats
+  gemrecon stats --json | jq .by_state
+  gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStats(cmd.Context(), &o) },
+	}
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	return cmd
+}
+
+const statsLong = `Summarise the sink. "first source" splits keys by the path that saw them
 first: keys first seen by poll are completions whose webhook was missed (or
 is not configured). "fenced" counts outcomes discarded because a newer claim
 had taken the key over.
@@ -377,31 +399,25 @@ For each poll scope (backend, base URL and API key or Vertex project), the
 pass records shared by every process on the database: the last pass that
 listed (start, end, and the process that ran it), the end of the last
 successful pass, the start of the last full scan, and who holds the pass
-lease. A cron job that keeps failing shows as an old "last success".`,
-		Example: `  gemrecon stats
-  gemrecon stats --json | jq .by_state
-  gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
-		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := a.openReadOnly(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			st, err := s.Stats(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				writeJSON(a.stdout, st)
-				return nil
-			}
-			printStats(a.stdout, st, time.Now())
-			return nil
-		},
+lease. A cron job that keeps failing shows as an old "last success".`
+
+// runStats does the work of stats.
+func (a *app) runStats(ctx context.Context, o *statsOptions) error {
+	s, err := a.openReadOnly(ctx)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
-	return cmd
+	defer s.Close()
+	st, err := s.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		writeJSON(a.stdout, st)
+		return nil
+	}
+	printStats(a.stdout, st, time.Now())
+	return nil
 }
 
 // printStats writes st as aligned text; now only says whether a pass lease
