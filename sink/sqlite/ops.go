@@ -324,6 +324,13 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	sha := hashPayload(sg.Payload)
 	var done *doneInfo
 	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+		if !found {
+			rc, inserted, err := s.insertClaimedTx(tx, sg, sha, owner, lease)
+			if err != nil || inserted {
+				return rc, err
+			}
+			// Another writer recorded it meanwhile: the ordinary path.
+		}
 		rr, r, err := s.recordTx(tx, sg, sha)
 		if err != nil {
 			return nil, err
@@ -343,6 +350,34 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	})
 	rc, _ := v.(recordClaim)
 	return rc.rr, rc.c, err
+}
+
+// insertClaimedTx inserts a new key already claimed by owner: token 1,
+// attempt 1 (what recordTx then claimTx would write, in one row write).
+// inserted is false when the key exists (nothing written).
+func (s *Sink) insertClaimedTx(tx *sql.Tx, sg sink.Sighting, sha []byte, owner string, lease time.Duration) (recordClaim, bool, error) {
+	now := s.nowNS()
+	until := now + int64(lease)
+	needs := sg.Dynamic && !sg.FromAPI
+	res, err := s.txExec(tx, qInsertClaimed, sg.Key, sg.Source, now, sg.FromAPI, sg.State, needs, until, owner)
+	if err != nil {
+		return recordClaim{}, false, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return recordClaim{}, false, nil
+	}
+	c := sink.Claim{Key: sg.Key, Token: 1, Attempt: 1, Owner: owner, LeaseUntil: fromNS(until),
+		FirstSource: sg.Source, FirstSeenAt: fromNS(now), Confirmed: sg.FromAPI, BatchState: sg.State, NeedsConfirm: needs}
+	if len(sg.Payload) > 0 {
+		if _, err := s.txExec(tx, qInsertPayload, sg.Key, sg.Payload, sha); err != nil {
+			return recordClaim{}, false, err
+		}
+		c.Payload = sg.Payload
+		if sg.Source == sink.SourceWebhook && !sg.FromAPI {
+			c.Webhook = sg.Payload // webhookExpr: an unconfirmed webhook-first key's body
+		}
+	}
+	return recordClaim{rr: sink.RecordResult{New: true, State: sink.StateClaimed}, c: c}, true, nil
 }
 
 // Claim takes the key for one attempt.

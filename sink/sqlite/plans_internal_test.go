@@ -39,8 +39,10 @@ func TestQueryPlans(t *testing.T) {
 		{"renew", qRenew, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"stats", qStatsSeen, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"get", qGet, []string{"SEARCH k USING PRIMARY KEY (key=?)"}},
-		{"due keys", qDueKeys, []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)"}},
-		{"due keys, confirmable", qDueConfirmable, []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)"}},
+		{"due keys", qDueKeys, []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)",
+			"USING COVERING INDEX gemrecon_keys_leases (state=? AND due_at<?)"}},
+		{"due keys, confirmable", qDueConfirmable, []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)",
+			"USING INDEX gemrecon_keys_leases (state=? AND due_at<?)"}},
 	}
 	for _, tt := range tests {
 		rows, err := s.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+tt.query, 1, 2, 3, 4, 5, 6, 7)

@@ -77,13 +77,19 @@ type Sink struct {
 	rprep prepared // readerQueries on rdb
 	wprep prepared // writerQueries on wdb; nil when read-only
 	// batchTx is the writer's current transaction and batchStmts its
-	// statements bound to it; only the writer goroutine touches them.
+	// statements bound to it; only the holder of wmu touches them.
 	batchTx    *sql.Tx
 	batchStmts map[string]*sql.Stmt
 	unprepared atomic.Int64 // queries run without a prepared statement
 
 	done  *doneCache
 	stats *statBuffer
+
+	// wmu is held by whoever runs a write transaction: the writer
+	// goroutine, or a caller running its own (see submit). lastBatch is
+	// the size of the writer goroutine's last batch.
+	wmu       sync.Mutex
+	lastBatch atomic.Int64
 
 	mu      sync.RWMutex // guards closed against submissions
 	closed  bool
@@ -424,12 +430,23 @@ func openImmutable(path string) (*sql.DB, error) {
 	return sql.Open("sqlite", u.String())
 }
 
+// PageSize is the page size of a database this sink creates. Each page a
+// commit changes is written whole to the WAL, and a completion's two commits
+// change about six pages: at 1 KiB instead of SQLite's default 4 KiB a
+// commit appends about a third of the bytes (BENCHMARKS.md, issue 17). A
+// database keeps the page size it was created with; README.md says how to
+// rebuild one with this size.
+const PageSize = 1024
+
 // openDB opens a pool on path. The busy timeout comes first so that the
-// pragmas after it already wait for other processes.
+// pragmas after it already wait for other processes. The driver runs the
+// _pragma list sorted by name and _journal_mode after it: page_size comes
+// before the switch to WAL, which creates the file's first page (the page
+// size of an existing database does not change).
 func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 	pragmas := []string{fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds())}
 	if !readOnly {
-		pragmas = append(pragmas, "journal_mode(WAL)", "synchronous(FULL)")
+		pragmas = append(pragmas, fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
 	}
 	pragmas = append(pragmas, "foreign_keys(1)")
 	var b bytes.Buffer
@@ -442,7 +459,7 @@ func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 	if readOnly {
 		b.WriteString("&mode=ro")
 	} else {
-		b.WriteString("&_txlock=immediate")
+		b.WriteString("&_txlock=immediate&_journal_mode=WAL")
 	}
 	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: b.String()}
 	db, err := sql.Open("sqlite", u.String())

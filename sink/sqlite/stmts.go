@@ -30,6 +30,14 @@ const (
 		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3, ?4, ?5, ?6)
 		ON CONFLICT (key) DO NOTHING`
 	qInsertPayload = `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`
+	// qInsertClaimed inserts a new key already claimed (RecordAndClaim):
+	// one row and one index entry written once, instead of an insert as
+	// pending and an update that moves it to claimed.
+	qInsertClaimed = `INSERT INTO gemrecon_keys
+		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at,
+		 confirmed, batch_state, needs_confirm, token, attempts, lease_owner, lease_until)
+		VALUES (?1, 'claimed', ?2, ',' || ?2 || ',', 1, ?3, ?3, 0, ?7, ?4, ?5, ?6, 1, 1, ?8, ?7)
+		ON CONFLICT (key) DO NOTHING`
 
 	// webhookExpr is the first webhook body: kept apart once the payload
 	// is the API's operation, and the payload itself while a webhook-first
@@ -131,7 +139,7 @@ func writerQueries() []string {
 	return []string{
 		qSavepoint, qRollbackTo, qRelease,
 		qSavepointStats, qRollbackToStats, qReleaseStats,
-		qKeyRow, qInsertKey, qInsertPayload,
+		qKeyRow, qInsertKey, qInsertPayload, qInsertClaimed,
 		qClaimRow, qDeadExpired, qClaim, qDueKeys, qDueConfirmable,
 		qFencedRow, qFencedInc, qRenew, qComplete,
 		qFailRow, qFailDead, qFailPending, qFailUncounted,

@@ -44,6 +44,22 @@ func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onC
 		s.mu.RUnlock()
 		return nil, fmt.Errorf("sqlite sink %s: %w", s.path, errClosed)
 	}
+	// A caller alone (the writer idle, nothing queued, and the last batch
+	// had no company either) runs its own transaction here: handing it to
+	// the writer goroutine and back costs two goroutine switches per
+	// commit, which a sequential caller pays in full. Callers that come
+	// together still meet in the writer's batches: while one runs alone,
+	// the others queue, and the writer gathers them into one commit.
+	if s.lastBatch.Load() <= 1 && len(s.ops) == 0 && s.wmu.TryLock() {
+		if len(s.ops) == 0 {
+			s.runBatch([]*op{o})
+			s.wmu.Unlock()
+			s.mu.RUnlock()
+			r := <-o.res
+			return r.v, r.err
+		}
+		s.wmu.Unlock()
+	}
 	select {
 	case s.ops <- o:
 	case <-ctx.Done():
@@ -86,13 +102,18 @@ func (s *Sink) writeLoop() {
 				}
 				break
 			}
+			s.wmu.Lock()
 			if len(batch) > 0 || s.stats.len() > 0 {
 				s.finalErr = s.runBatch(batch)
 			}
+			s.wmu.Unlock()
 			return
 		}
+		s.wmu.Lock()
 		batch = s.gather(batch)
+		s.lastBatch.Store(int64(len(batch)))
 		s.runBatch(batch)
+		s.wmu.Unlock()
 	}
 }
 
@@ -129,7 +150,7 @@ func domainError(err error) bool {
 }
 
 // runBatch runs batch in one BEGIN IMMEDIATE transaction, each op inside its
-// own savepoint, adds the buffered sighting statistics, commits once and
+// own savepoint (none when it is alone), adds the buffered sighting statistics, commits once and
 // answers every op.
 func (s *Sink) runBatch(batch []*op) error {
 	ctx := context.Background()
@@ -164,6 +185,17 @@ func (s *Sink) runBatch(batch []*op) error {
 		}
 		if err := o.ctx.Err(); err != nil {
 			results[i].err = err // the caller left before its turn: do nothing
+			continue
+		}
+		if len(batch) == 1 {
+			// Alone in the transaction: no savepoint; an error undoes the
+			// whole transaction (buffered statistics stay buffered).
+			v, err := o.fn(tx)
+			if err != nil && !domainError(err) {
+				tx.Rollback()
+				return answerAll(s.fail(err))
+			}
+			results[i] = opResult{v: v, err: err}
 			continue
 		}
 		if _, err := s.txExec(tx, qSavepoint); err != nil {
