@@ -76,10 +76,10 @@ type Sink struct {
 
 	rprep prepared // readerQueries on rdb
 	wprep prepared // writerQueries on wdb; nil when read-only
-	// batchTx is the writer's current transaction and batchStmts its
-	// statements bound to it; only the holder of wmu touches them.
-	batchTx    *sql.Tx
-	batchStmts map[string]*sql.Stmt
+	// wconn is wdb's one connection, held from Open to Close: every write
+	// transaction runs on it (BEGIN IMMEDIATE … COMMIT), with wprep
+	// prepared on it; only the holder of wmu uses it.
+	wconn      *sql.Conn
 	unprepared atomic.Int64 // queries run without a prepared statement
 
 	done  *doneCache
@@ -209,6 +209,9 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		if s.wprep != nil {
 			s.wprep.close()
 		}
+		if s.wconn != nil {
+			s.wconn.Close()
+		}
 		if s.rprep != nil {
 			s.rprep.close()
 		}
@@ -246,7 +249,11 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	// Every reader connection stays open, with its prepared statements.
 	s.rdb.SetMaxOpenConns(4)
 	s.rdb.SetMaxIdleConns(4)
-	if s.wprep, err = prepare(ctx, s.wdb, writerQueries()); err != nil {
+	if s.wconn, err = s.wdb.Conn(ctx); err != nil {
+		closeAll()
+		return nil, s.fail(err)
+	}
+	if s.wprep, err = prepare(ctx, s.wconn, writerQueries()); err != nil {
 		closeAll()
 		return nil, s.fail(err)
 	}
@@ -258,7 +265,6 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		closeAll()
 		return nil, err
 	}
-	s.batchStmts = make(map[string]*sql.Stmt)
 	s.ops = make(chan *op, maxBatch)
 	s.quit = make(chan struct{})
 	s.exited = make(chan struct{})
@@ -530,7 +536,7 @@ func (s *Sink) Close() error {
 		if err := s.flushErr(); err != nil {
 			errs = append(errs, err)
 		}
-		errs = append(errs, s.wprep.close(), s.wdb.Close())
+		errs = append(errs, s.wprep.close(), s.wconn.Close(), s.wdb.Close())
 	}
 	errs = append(errs, s.rprep.close(), s.rdb.Close())
 	s.ident.close() // after the connections: see identity.close

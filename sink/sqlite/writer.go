@@ -21,8 +21,8 @@ var errClosed = errors.New("sink is closed")
 // op is one write waiting for the writer goroutine.
 type op struct {
 	ctx      context.Context
-	fn       func(tx *sql.Tx) (any, error) // nil: only commit (Flush, Ping)
-	onCommit func(v any)                   // after a successful commit, when fn returned no error
+	fn       func(tx *sql.Conn) (any, error) // nil: only commit (Flush, Ping)
+	onCommit func(v any)                     // after a successful commit, when fn returned no error
 	res      chan opResult
 }
 
@@ -34,7 +34,7 @@ type opResult struct {
 // submit queues fn for the writer and waits for its commit. The caller's ctx
 // bounds the wait, not the transaction: a write the caller stopped waiting for
 // may still commit (treat its outcome as unknown).
-func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onCommit func(v any)) (any, error) {
+func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Conn) (any, error), onCommit func(v any)) (any, error) {
 	if err := s.writable(); err != nil {
 		return nil, err
 	}
@@ -150,8 +150,8 @@ func domainError(err error) bool {
 }
 
 // runBatch runs batch in one BEGIN IMMEDIATE transaction, each op inside its
-// own savepoint (none when it is alone), adds the buffered sighting statistics, commits once and
-// answers every op.
+// own savepoint (none when it is alone), adds the buffered sighting
+// statistics, commits once and answers every op.
 func (s *Sink) runBatch(batch []*op) error {
 	ctx := context.Background()
 	answerAll := func(err error) error {
@@ -164,20 +164,17 @@ func (s *Sink) runBatch(batch []*op) error {
 		return answerAll(err)
 	}
 	// BEGIN IMMEDIATE waits in SQLite's busy handler; a conflict SQLite
-	// answers at once is tried again, within the same busy timeout.
-	var tx *sql.Tx
+	// answers at once is tried again, within the same busy timeout. The
+	// transaction is the connection's own (BEGIN … COMMIT on the one
+	// writer connection): database/sql's Tx would start a goroutine per
+	// transaction to watch a context the batch does not have.
+	tx := s.wconn
 	if err := retryBusy(ctx, s.opt.BusyTimeout, func() error {
-		var err error
-		tx, err = s.wdb.BeginTx(ctx, nil)
+		_, err := s.txExec(tx, qBegin)
 		return s.fail(err)
 	}); err != nil {
 		return answerAll(err)
 	}
-	s.batchTx = tx
-	defer func() {
-		s.batchTx = nil
-		clear(s.batchStmts)
-	}()
 	results := make([]opResult, len(batch))
 	for i, o := range batch {
 		if o.fn == nil {
@@ -192,26 +189,26 @@ func (s *Sink) runBatch(batch []*op) error {
 			// whole transaction (buffered statistics stay buffered).
 			v, err := o.fn(tx)
 			if err != nil && !domainError(err) {
-				tx.Rollback()
+				s.rollback()
 				return answerAll(s.fail(err))
 			}
 			results[i] = opResult{v: v, err: err}
 			continue
 		}
 		if _, err := s.txExec(tx, qSavepoint); err != nil {
-			tx.Rollback()
+			s.rollback()
 			return answerAll(s.fail(err))
 		}
 		v, err := o.fn(tx)
 		if err != nil && !domainError(err) {
 			if _, rerr := s.txExec(tx, qRollbackTo); rerr != nil {
-				tx.Rollback()
+				s.rollback()
 				return answerAll(s.fail(rerr))
 			}
 			err = s.fail(err)
 		}
 		if _, err := s.txExec(tx, qRelease); err != nil {
-			tx.Rollback()
+			s.rollback()
 			return answerAll(s.fail(err))
 		}
 		results[i] = opResult{v: v, err: err}
@@ -224,7 +221,8 @@ func (s *Sink) runBatch(batch []*op) error {
 			deltas = nil
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := s.txExec(tx, qCommit); err != nil {
+		s.rollback() // a failed COMMIT may leave the transaction open
 		if deltas != nil {
 			s.stats.putBack(deltas)
 		}
@@ -247,8 +245,15 @@ func (s *Sink) runBatch(batch []*op) error {
 	return nil
 }
 
+// rollback ends the writer's open transaction, if any, undoing it. Its
+// error is not the caller's: the caller reports what made it roll back
+// (and "no transaction is active" after SQLite rolled back by itself).
+func (s *Sink) rollback() {
+	s.txExec(s.wconn, qRollback)
+}
+
 // applyDeltas writes buffered sighting statistics inside tx, all or nothing.
-func (s *Sink) applyDeltas(tx *sql.Tx, deltas map[string]*delta) error {
+func (s *Sink) applyDeltas(tx *sql.Conn, deltas map[string]*delta) error {
 	if _, err := s.txExec(tx, qSavepointStats); err != nil {
 		return err
 	}
