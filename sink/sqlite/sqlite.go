@@ -2,10 +2,11 @@
 // local file in WAL mode with synchronous=FULL, every write in a BEGIN
 // IMMEDIATE transaction on one writer connection, reads on a separate pool.
 //
-// All writes of one process go through a single writer goroutine that
-// batches whatever operations are queued into one transaction and one commit
-// (group commit), each in its own SAVEPOINT so that one operation's error
-// does not undo the others. Duplicate sightings never wait for the disk:
+// Writes of one process are serialised on the one writer connection. A
+// writer goroutine batches whatever operations are queued into one
+// transaction and one commit (group commit), each in its own SAVEPOINT so
+// that one operation's error does not undo the others; a caller alone (the
+// writer idle, nothing queued) runs its own transaction instead. Duplicate sightings never wait for the disk:
 // their statistics are buffered in memory and written with the next commit,
 // by a periodic flush, by Flush or by Close.
 package sqlite
