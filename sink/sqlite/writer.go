@@ -50,7 +50,10 @@ func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Conn) (any, error), o
 	// commit, which a sequential caller pays in full. Callers that come
 	// together still meet in the writer's batches: while one runs alone,
 	// the others queue, and the writer gathers them into one commit.
-	if s.lastBatch.Load() <= 1 && len(s.ops) == 0 && s.wmu.TryLock() {
+	// Running it here, the caller cannot stop waiting before its turn
+	// ends: only a caller whose deadline lies beyond the longest wait for
+	// another process's lock (see inlineOK) does so.
+	if s.lastBatch.Load() <= 1 && len(s.ops) == 0 && s.inlineOK(ctx) && s.wmu.TryLock() {
 		if len(s.ops) == 0 {
 			s.runBatch([]*op{o})
 			s.wmu.Unlock()
@@ -75,7 +78,19 @@ func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Conn) (any, error), o
 	}
 }
 
-// writeLoop is the only writer of this process: it takes every queued
+// inlineOK reports whether a caller with ctx may run its own transaction:
+// when ctx has no deadline, or one farther away than twice the busy timeout
+// (the longest BEGIN IMMEDIATE waits for another process's lock, retries
+// included), so that waiting in its own transaction cannot make it miss the
+// deadline. A caller cancelled meanwhile waits for that turn to end (nothing
+// is written once its context is done). Others hand their operation to the
+// writer goroutine and stop waiting when ctx ends, as before.
+func (s *Sink) inlineOK(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return !ok || time.Until(d) > 2*s.opt.BusyTimeout
+}
+
+// writeLoop is the writer goroutine of this process: it takes every queued
 // operation, runs them in one transaction, commits once and answers each.
 func (s *Sink) writeLoop() {
 	defer close(s.exited)
