@@ -66,3 +66,42 @@ func TestDeadlineWhileLocked(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestReadKeyRow: the key readers answer a key lookup as the reader pool
+// does, found or not, and Close closes every one of them.
+func TestReadKeyRow(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "keys.db"), sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg := sink.Sighting{Key: "gemini:batches/k", Source: sink.SourceWebhook, State: "SUCCEEDED", Dynamic: true}
+	if _, err := s.Record(ctx, sg); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.keyReaders); n != keyReaders {
+		t.Fatalf("%d free key readers, want %d", n, keyReaders)
+	}
+	for _, key := range []string{sg.Key, "gemini:batches/none"} {
+		got, gotFound, err := s.readKeyRow(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, wantFound, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want || gotFound != wantFound {
+			t.Errorf("readKeyRow(%s) = %+v, %v; the reader pool says %+v, %v", key, got, gotFound, want, wantFound)
+		}
+		if key == sg.Key && (!gotFound || got.state != sink.StatePending || got.batchState != "SUCCEEDED" || !got.needsConfirm || got.firstSource != sink.SourceWebhook) {
+			t.Errorf("readKeyRow(%s) = %+v, %v", key, got, gotFound)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.nKeyReaders != 0 || s.kdb != nil {
+		t.Errorf("after Close: %d key readers open, pool %v", s.nKeyReaders, s.kdb)
+	}
+}

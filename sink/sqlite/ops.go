@@ -119,7 +119,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 		c := s.noteDuplicate(sg, doneRow(info))
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, nil
 	}
-	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
+	r, found, err := s.readKeyRow(ctx, sg.Key)
 	if err != nil {
 		return sink.RecordResult{}, s.fail(err)
 	}
@@ -312,7 +312,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
 	}
-	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
+	r, found, err := s.readKeyRow(ctx, sg.Key)
 	if err != nil {
 		return sink.RecordResult{}, sink.Claim{}, s.fail(err)
 	}

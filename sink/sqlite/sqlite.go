@@ -76,7 +76,11 @@ type Sink struct {
 	wdb *sql.DB // one writer connection; nil when read-only
 
 	rprep prepared // readerQueries on rdb
-	wprep prepared // writerQueries on wdb; nil when read-only
+
+	kdb         *sql.DB         // the key readers' pool; nil when read-only
+	keyReaders  chan *keyReader // free key readers (see readKeyRow)
+	nKeyReaders int             // key readers opened
+	wprep       prepared        // writerQueries on wdb; nil when read-only
 	// wconn is wdb's one connection, held from Open to Close: every write
 	// transaction runs on it (BEGIN IMMEDIATE … COMMIT), with wprep
 	// prepared on it; only the holder of wmu uses it.
@@ -207,6 +211,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		return nil, err
 	}
 	closeAll := func() {
+		s.closeKeyReaders()
 		if s.wprep != nil {
 			s.wprep.close()
 		}
@@ -259,6 +264,10 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		return nil, s.fail(err)
 	}
 	if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
+		closeAll()
+		return nil, s.fail(err)
+	}
+	if err := s.openKeyReaders(ctx); err != nil {
 		closeAll()
 		return nil, s.fail(err)
 	}
@@ -539,7 +548,7 @@ func (s *Sink) Close() error {
 		}
 		errs = append(errs, s.wprep.close(), s.wconn.Close(), s.wdb.Close())
 	}
-	errs = append(errs, s.rprep.close(), s.rdb.Close())
+	errs = append(errs, s.closeKeyReaders(), s.rprep.close(), s.rdb.Close())
 	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)
 }
