@@ -66,10 +66,10 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 			return nil, err
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("complete %s: --sql script not started: %w", key, err)
+			return nil, fmt.Errorf("complete %s: sql script not started: %w", key, err)
 		}
 		if _, err := tx.ExecContext(bg, script, args...); err != nil {
-			return nil, fmt.Errorf("complete %s: --sql script: %w", key, err)
+			return nil, fmt.Errorf("complete %s: sql script: %w", key, err)
 		}
 		return info, nil
 	}, func(v any) { s.done.add(key, v.(doneInfo)) })
