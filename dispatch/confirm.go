@@ -300,32 +300,7 @@ func (d *Dispatcher) prepareUnderLease(ctx, runCtx context.Context, log *slog.Lo
 	pctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
 	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			asked := d.cfg.Now()
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
-			err := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
-			rcancel()
-			switch {
-			case err == nil:
-				lm.set(asked)
-			case errors.Is(err, sink.ErrFenced):
-				cancel(sink.ErrFenced)
-				return
-			default:
-				log.Warn("dispatch: lease renewal failed; will try again", "err", err)
-			}
-		}
-	}()
+	done := d.renewLease(runCtx, log, c, lm, stop, func() { cancel(sink.ErrFenced) })
 	ev, v := d.prepare(pctx, log, c, ev, confirmWait)
 	close(stop)
 	<-done

@@ -1,6 +1,9 @@
 // Package dispatch turns due keys into effect runs: claim → run the effect
 // while renewing the lease → complete or fail with the claim's fencing token
-// (spec §3, §4). poll, serve and drain all go through it.
+// (spec §3, §4). poll, serve and drain all go through it. The rules on a
+// dispatcher's settings (one effect, the effect timeout shorter than the
+// lease, confirmation and results only with the API) are
+// Config.Validate's (config.go), and the --confirm modes are ConfirmMode's.
 package dispatch
 
 import (
@@ -19,6 +22,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -73,15 +77,17 @@ type Observer interface {
 	EffectFinished(key string, outcome Outcome, d time.Duration)
 }
 
-// Config configures a Dispatcher. Zero fields take the defaults.
+// Config configures a Dispatcher. Zero fields take the defaults
+// (DefaultConfig) in New; Validate checks the settings.
 type Config struct {
 	// Sink holds the keys (required).
 	Sink sink.Sink
 	// Effect runs once per attempt (required unless SQL is set).
 	Effect effect.Effect
 	// SQL, when set, replaces Effect: the sink runs the script and marks
-	// the key done in one transaction (--sql; see sql.go).
-	SQL *effect.SQL
+	// the key done in one transaction (the --sql effect; see sql.go). Sink
+	// must then be a sink.SQLCompleter.
+	SQL *sqlscript.Script
 	// Owner names this holder in leases (default hostname:pid:random).
 	Owner string
 	// Lease is how long a claim holds before another process may take it
@@ -172,6 +178,9 @@ type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
 	kick chan struct{}
+	// completer, when set, is the effect that completes its own claim
+	// (Config.SQL): it replaces Effect and Complete (sql.go).
+	completer claimCompleter
 
 	// brokenMu guards broken: the first effect.Broken error an attempt
 	// returned. Once set, nothing more is claimed.
@@ -186,37 +195,43 @@ type Dispatcher struct {
 	outcomeMu sync.RWMutex
 }
 
-// New checks cfg, fills its defaults and returns a Dispatcher.
+// New fills cfg's zero fields with their defaults, checks it (Validate, and
+// that Sink is given and runs SQL when SQL is set) and returns a
+// Dispatcher. A negative field is an error (a negative Grace: none).
 func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("dispatch: no sink")
 	}
-	if cfg.Effect == nil && cfg.SQL == nil {
-		return nil, errors.New("dispatch: no effect")
-	}
-	if err := checkSQL(cfg); err != nil { // --sql (sql.go)
-		return nil, err
-	}
 	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
 		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
 	}
-	if cfg.Lease == 0 {
-		cfg.Lease = DefaultLease
+	if cfg.ConfirmTimeout < 0 || cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
+		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
 	}
-	if cfg.EffectTimeout == 0 {
-		cfg.EffectTimeout = DefaultEffectTimeout
-	}
-	if cfg.EffectTimeout >= cfg.Lease {
-		return nil, fmt.Errorf("dispatch: effect timeout %v must be shorter than the lease %v: an effect that outlives its lease can be taken over and run twice", cfg.EffectTimeout, cfg.Lease)
+	def := DefaultConfig()
+	for _, f := range []struct{ v, d *time.Duration }{
+		{&cfg.Lease, &def.Lease}, {&cfg.EffectTimeout, &def.EffectTimeout}, {&cfg.Grace, &def.Grace},
+		{&cfg.Interval, &def.Interval}, {&cfg.ConfirmTimeout, &def.ConfirmTimeout},
+		{&cfg.DownloadTimeout, &def.DownloadTimeout}, {&cfg.RecheckBase, &def.RecheckBase},
+		{&cfg.RecheckMax, &def.RecheckMax},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
 	}
 	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
+		cfg.Concurrency = def.Concurrency
 	}
-	if cfg.Grace == 0 {
-		cfg.Grace = DefaultGrace
+	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Interval == 0 {
-		cfg.Interval = DefaultInterval
+	var completer claimCompleter
+	if cfg.SQL != nil {
+		var err error
+		if completer, err = newSQLEffect(cfg); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -230,29 +245,10 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
 	}
-	if (cfg.Confirm || cfg.Results != nil) && cfg.API == nil {
-		return nil, errors.New("dispatch: confirmation and results need the API (a poller with credentials)")
-	}
-	if cfg.ConfirmTimeout < 0 || cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
-		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
-	}
-	if cfg.ConfirmTimeout == 0 {
-		cfg.ConfirmTimeout = DefaultConfirmTimeout
-	}
-	if cfg.DownloadTimeout == 0 {
-		cfg.DownloadTimeout = DefaultDownloadTimeout
-	}
-	if cfg.RecheckBase == 0 {
-		cfg.RecheckBase = DefaultRecheckBase
-	}
-	if cfg.RecheckMax == 0 {
-		cfg.RecheckMax = DefaultRecheckMax
-	}
-	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1)}, nil
+	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer}, nil
 }
 
 // DefaultOwner names this process in leases: hostname:pid:random, unique
@@ -299,6 +295,10 @@ func (d *Dispatcher) brokenErr() error {
 
 // Owner returns the owner name this Dispatcher claims with.
 func (d *Dispatcher) Owner() string { return d.cfg.Owner }
+
+// Grace returns how long running effects may still finish once Run's
+// context is done (0: none).
+func (d *Dispatcher) Grace() time.Duration { return max(d.cfg.Grace, 0) }
 
 // Kick asks Run to drain now. It never blocks.
 func (d *Dispatcher) Kick() {
@@ -519,39 +519,15 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	// Renew the lease while the effect runs. A fenced renewal means someone
 	// took the key over: stop the effect; its outcome will be discarded.
-	renewDone := make(chan struct{})
 	stopRenew := make(chan struct{})
 	var renewFenced bool
-	go func() {
-		defer close(renewDone)
-		if d.cfg.SQL != nil { // --sql renews once, up front (sql.go)
-			return
-		}
-		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-stopRenew:
-				return
-			case <-t.C:
-			}
-			asked := d.cfg.Now()
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
-			rerr := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
-			cancel()
-			if rerr == nil {
-				lm.set(asked)
-			}
-			if errors.Is(rerr, sink.ErrFenced) {
-				renewFenced = true
-				cancelEffect(sink.ErrFenced)
-				return
-			}
-			if rerr != nil {
-				log.Warn("dispatch: lease renewal failed; will try again", "err", rerr)
-			}
-		}
-	}()
+	renewDone := closedChan()
+	if d.completer == nil { // it renews once, up front (sql.go)
+		renewDone = d.renewLease(runCtx, log, c, lm, stopRenew, func() {
+			renewFenced = true
+			cancelEffect(sink.ErrFenced)
+		})
+	}
 
 	start := d.cfg.Now()
 	runErr := d.runEffect(effCtx, ev)
@@ -569,8 +545,12 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 	}()
 
 	switch {
-	case d.cfg.SQL != nil && (runErr == nil || errors.Is(runErr, sink.ErrFenced)): // --sql (sql.go)
-		out = d.sqlOutcome(log, runErr, elapsed)
+	case d.completer != nil && runErr == nil: // it completed the claim itself (sql.go)
+		log.Debug("dispatch: effect done (in the transaction that marked the key done)", "duration", elapsed)
+		out = OutcomeDone
+	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
+		log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
+		out = OutcomeFenced
 	case renewFenced:
 		// The backend already counted the fenced renewal; writing the
 		// outcome would only be fenced (and counted) again.
@@ -592,6 +572,46 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 	return out, err
 }
 
+// renewLease renews c's lease every Lease/3 (each renewal bounded by
+// Lease/3) until stop is closed, noting each success in lm. A fenced
+// renewal means someone took the key over: it calls fenced and ends. The
+// channel it returns is closed once it has ended.
+func (d *Dispatcher) renewLease(runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, stop <-chan struct{}, fenced func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			asked := d.cfg.Now()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
+			err := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
+			cancel()
+			switch {
+			case err == nil:
+				lm.set(asked)
+			case errors.Is(err, sink.ErrFenced):
+				fenced()
+				return
+			default:
+				log.Warn("dispatch: lease renewal failed; will try again", "err", err)
+			}
+		}
+	}()
+	return done
+}
+
+func closedChan() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
 // runEffect runs the effect, turning a panic into a retryable error.
 func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error) {
 	defer func() {
@@ -599,8 +619,8 @@ func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error)
 			err = fmt.Errorf("effect panicked: %v", p)
 		}
 	}()
-	if d.cfg.SQL != nil { // --sql (sql.go)
-		return d.runSQL(ctx, ev)
+	if d.completer != nil { // sql.go
+		return d.completeClaim(ctx, ev)
 	}
 	return d.cfg.Effect.Run(ctx, ev)
 }
@@ -771,11 +791,11 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 		state = e.State
 	}
 	switch {
-	case errors.Is(err, sink.ErrFenced) && d.cfg.SQL != nil && d.doneWith(ctx, c):
-		// --sql: the transaction committed (the key is done with this
-		// claim's token) although CompleteSQL reported an error, as when
-		// the context ended during the commit: the outcome is the commit's.
-		log.Debug("dispatch: --sql done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+	case errors.Is(err, sink.ErrFenced) && d.completer != nil && d.doneWith(ctx, c):
+		// The effect's transaction committed (the key is done with this
+		// claim's token) although it reported an error, as when the
+		// context ended during the commit: the outcome is the commit's.
+		log.Debug("dispatch: effect done (its commit's answer was an error)", "duration", elapsed, "err", cause)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
@@ -341,7 +342,7 @@ func TestSQLCommitThatReportedAnErrorIsDone(t *testing.T) {
 	s := sqlitetest.OpenTemp(t, sink.Options{})
 	key := "gemini:batches/committed"
 	record(t, s, key)
-	q, err := effect.ParseSQL(`SELECT @key`)
+	q, err := sqlscript.Parse(`SELECT @key`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/poller"
@@ -78,7 +78,7 @@ func TestReadmeSQLExampleWorks(t *testing.T) {
 	if err := os.WriteFile(script, []byte(readmeSQL(t)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	q, err := effect.LoadSQL(script)
+	q, err := sqlscript.Load(script)
 	if err != nil {
 		t.Fatalf("the README's script: %v", err)
 	}

@@ -23,6 +23,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" for the application tables
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
@@ -202,13 +203,13 @@ func (w *sqlWorld) count(t testing.TB, q string) int64 {
 }
 
 // script writes a --sql file and loads it as the CLI does.
-func (w *sqlWorld) script(t testing.TB, sqlite, postgres string) *effect.SQL {
+func (w *sqlWorld) script(t testing.TB, sqlite, postgres string) *sqlscript.Script {
 	t.Helper()
 	path := filepath.Join(w.dir, "effect.sql")
 	if err := os.WriteFile(path, []byte(w.pick(sqlite, postgres)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	q, err := effect.LoadSQL(path)
+	q, err := sqlscript.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +243,7 @@ func (o *outcomeCount) get(out Outcome) int {
 }
 
 func TestSQLNeedsCompleter(t *testing.T) {
-	q, err := effect.ParseSQL(`SELECT @key`)
+	q, err := sqlscript.Parse(`SELECT @key`)
 	if err != nil {
 		t.Fatal(err)
 	}

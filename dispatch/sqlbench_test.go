@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
 )
@@ -79,7 +80,7 @@ func benchSQLEffect(b *testing.B, pg, useSQL bool, conc int) {
 		if err := os.WriteFile(path, []byte(w.pick(sqliteLedgerScript, postgresLedgerScript)), 0o600); err != nil {
 			b.Fatal(err)
 		}
-		if cfg.SQL, err = effect.LoadSQL(path); err != nil {
+		if cfg.SQL, err = sqlscript.Load(path); err != nil {
 			b.Fatal(err)
 		}
 	} else {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
@@ -37,7 +37,7 @@ type sqlChildEnv struct {
 func sqlChildMain(e sqlChildEnv) int {
 	say := func(format string, args ...any) { fmt.Printf("SQLCHILD "+format+"\n", args...) }
 	ctx := context.Background()
-	q, err := effect.LoadSQL(e.File)
+	q, err := sqlscript.Load(e.File)
 	if err != nil {
 		say("ERROR %v", err)
 		return 1

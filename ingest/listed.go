@@ -17,7 +17,7 @@ import (
 // deliveries metric. Poll passes use it, and so does anything else that
 // lists (demo).
 type Listed struct {
-	Sink    sink.Sink
+	Sink    Recorder
 	Metrics *metrics.Metrics // nil counts nothing
 	Logger  *slog.Logger     // nil: discard
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/sink"
@@ -42,29 +43,69 @@ const OutcomeInvalid = metrics.OutcomeInvalid
 // short by SIGTERM is still a pass that happened).
 const recordTimeout = 10 * time.Second
 
-// ValidateFullScanEvery checks --full-scan-every against --lookback (spec
-// §5.2): a completion must still be inside the window when the next full
-// scan comes, so every must be shorter than lookback − BatchExpiry. Lookback
-// 0 reads every page on every pass, so any every is fine. every 0 makes
-// every pass a full scan.
+// ValidateFullScanEvery checks PollConfig.FullScanEvery against the
+// poller's Lookback (spec §5.2): a completion must still be inside the
+// window when the next full scan comes, so every must be shorter than
+// lookback − BatchExpiry. Lookback 0 reads every page on every pass, so any
+// every is fine. every 0 makes every pass a full scan. Errors are
+// field.Errors naming FullScanEvery and Lookback.
 func ValidateFullScanEvery(lookback, every time.Duration) error {
+	const p = "ingest: "
 	switch {
 	case every < 0:
-		return fmt.Errorf("--full-scan-every %v is negative (0 makes every pass a full scan)", every)
+		return field.Errorf(p, "{FullScanEvery} %v is negative (0 makes every pass a full scan)", every)
 	case lookback == 0:
 		return nil
 	case lookback <= BatchExpiry:
-		return fmt.Errorf("--lookback %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, BatchExpiry, BatchExpiry)
+		return field.Errorf(p, "{Lookback} %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, BatchExpiry, BatchExpiry)
 	case every >= lookback-BatchExpiry:
-		return fmt.Errorf("--full-scan-every %v must be shorter than --lookback − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower --full-scan-every or raise --lookback", every, lookback-BatchExpiry)
+		return field.Errorf(p, "{FullScanEvery} %v must be shorter than {the lookback|Lookback} − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower {FullScanEvery} or raise {the lookback|Lookback}", every, lookback-BatchExpiry)
 	}
 	return nil
+}
+
+// MinPassLease is the shortest pass lease: it is renewed every third of
+// it, each renewal a database write.
+const MinPassLease = time.Second
+
+// Validate checks the settings (spec §5.5) as they will run: a PassLease of
+// at least MinPassLease, MinInterval only for a single pass (Interval 0:
+// Watch's passes keep the fleet's interval already), Force only for a
+// single pass without MinInterval. It does not look at Sink, Poller and
+// Dispatcher, so that a command can check its flags before it opens
+// anything; FullScanEvery against the poller's lookback is
+// ValidateFullScanEvery's. NewPoll fills defaults and checks only what it
+// cannot run with (tests use pass leases shorter than MinPassLease).
+// Errors are field.Errors.
+func (c PollConfig) Validate() error {
+	const p = "ingest: "
+	switch {
+	case c.Interval < 0:
+		return field.Errorf(p, "{Interval} must not be negative")
+	case c.PassLease < MinPassLease:
+		return field.Errorf(p, "{PassLease} %v: want at least %v (it is renewed every third of it)", c.PassLease, MinPassLease)
+	case c.Interval > 0 && c.MinInterval > 0:
+		return field.Errorf(p, "{MinInterval} is for single passes: a pass every {Interval} already skips its listing when one of the scope started less than 0.9 × that ago")
+	case c.Force && c.Interval > 0:
+		return field.Errorf(p, "{Force} is for one pass: with an {Interval} every pass would ignore the other processes' pass lease")
+	case c.Force && c.MinInterval > 0:
+		return field.Errorf(p, "{Force} lists regardless of {MinInterval}: give one or the other")
+	}
+	return nil
+}
+
+// PollSink is what a poll pass needs of the sink: Record, the pass records
+// and pass lease of spec §5.5, and NoteLookback (the purge guard's record).
+type PollSink interface {
+	Recorder
+	sink.Passes
+	NoteLookback(ctx context.Context, lookback time.Duration) error
 }
 
 // PollConfig configures a Poll.
 type PollConfig struct {
 	// Sink records the sightings and the scope's pass records (required).
-	Sink sink.Sink
+	Sink PollSink
 	// Poller lists the API (required).
 	Poller *poller.Poller
 	// Dispatcher runs every due key after the listing (required).
@@ -123,9 +164,6 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	if cfg.FullScanEvery < 0 || cfg.Interval < 0 || cfg.PassLease < 0 || cfg.RenewEvery < 0 {
 		return nil, errors.New("ingest: negative full-scan interval, pass interval, pass lease or renewal period")
 	}
-	if cfg.MinInterval == 0 {
-		cfg.MinInterval = cfg.Interval
-	}
 	if cfg.PassLease == 0 {
 		cfg.PassLease = DefaultPassLease
 	}
@@ -134,6 +172,9 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	}
 	if cfg.RenewEvery <= 0 || cfg.RenewEvery >= cfg.PassLease {
 		return nil, fmt.Errorf("ingest: the pass lease %v must be renewed more often than it lasts (every %v)", cfg.PassLease, cfg.RenewEvery)
+	}
+	if cfg.MinInterval == 0 {
+		cfg.MinInterval = cfg.Interval
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = cfg.Dispatcher.Owner()

@@ -556,7 +556,7 @@ func TestValidateFullScanEvery(t *testing.T) {
 		{72 * time.Hour, 12 * time.Hour, ""},
 		{72 * time.Hour, 0, ""},
 		{72 * time.Hour, 24*time.Hour - 1, ""},
-		{72 * time.Hour, 24 * time.Hour, "shorter than --lookback − 48h (24h0m0s)"},
+		{72 * time.Hour, 24 * time.Hour, "shorter than the lookback − 48h (24h0m0s)"},
 		{0, 1000 * time.Hour, ""},
 		{48 * time.Hour, 0, "not longer than the 48h0m0s"},
 		{24 * time.Hour, time.Hour, "not longer than the 48h0m0s"},

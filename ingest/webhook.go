@@ -30,13 +30,18 @@ const (
 	VerifiedDynamic
 )
 
+// Recorder is what the ingest paths need of the sink: Record.
+type Recorder interface {
+	Record(ctx context.Context, s sink.Sighting) (sink.RecordResult, error)
+}
+
 // Kicker wakes the dispatcher after a sighting of a key that is not done.
 type Kicker interface{ Kick() }
 
 // WebhookConfig configures Webhooks.
 type WebhookConfig struct {
 	// Sink records the sightings (required).
-	Sink sink.Sink
+	Sink Recorder
 	// Metrics counts deliveries, ignored and invalid events; nil counts
 	// nothing.
 	Metrics *metrics.Metrics

@@ -11,6 +11,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -85,14 +87,20 @@ var (
 	requestBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 )
 
+// StatsReader is what Metrics needs of the sink: its Stats, read on
+// scrape.
+type StatsReader interface {
+	Stats(ctx context.Context) (sink.Stats, error)
+}
+
 // New returns Metrics with a collector that reads s's Stats on scrape (none
 // when s is nil), plus Go runtime and process metrics.
-func New(s sink.Sink) *Metrics {
+func New(s StatsReader) *Metrics {
 	return NewWithOptions(s, Options{})
 }
 
 // NewWithOptions is New with tuning.
-func NewWithOptions(s sink.Sink, opt Options) *Metrics {
+func NewWithOptions(s StatsReader, opt Options) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -214,14 +222,14 @@ func RecordOutcome(r sink.RecordResult) string {
 }
 
 // ObserveEffect counts one finished dispatch attempt and its duration. A
-// "fenced" result also counts in gemrecon_fenced_total.
-func (m *Metrics) ObserveEffect(result string, d time.Duration) {
+// fenced result also counts in gemrecon_fenced_total.
+func (m *Metrics) ObserveEffect(result dispatch.Outcome, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.effects.WithLabelValues(result).Inc()
-	m.effectDuration.WithLabelValues(result).Observe(d.Seconds())
-	if result == "fenced" {
+	m.effects.WithLabelValues(string(result)).Inc()
+	m.effectDuration.WithLabelValues(string(result)).Observe(d.Seconds())
+	if result == dispatch.OutcomeFenced {
 		m.fenced.Inc()
 	}
 }

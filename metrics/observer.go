@@ -15,5 +15,5 @@ type observer struct{ m *Metrics }
 
 // EffectFinished implements dispatch.Observer.
 func (o observer) EffectFinished(_ string, outcome dispatch.Outcome, d time.Duration) {
-	o.m.ObserveEffect(string(outcome), d)
+	o.m.ObserveEffect(outcome, d)
 }

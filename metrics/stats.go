@@ -14,7 +14,7 @@ import (
 // gauges and counters at scrape time, reusing one result for ttl so that
 // frequent scrapes cost at most one query per ttl.
 type statsCollector struct {
-	s       sink.Sink
+	s       StatsReader
 	ttl     time.Duration
 	timeout time.Duration
 	now     func() time.Time
@@ -31,7 +31,7 @@ type statsCollector struct {
 	lastSuccess, lastPassEnd, lastFullScan *prometheus.Desc
 }
 
-func newStatsCollector(s sink.Sink, opt Options) *statsCollector {
+func newStatsCollector(s StatsReader, opt Options) *statsCollector {
 	if opt.StatsTTL <= 0 {
 		opt.StatsTTL = DefaultStatsTTL
 	}

@@ -26,6 +26,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -33,6 +34,7 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/internal/field"
 )
 
 // Backends.
@@ -45,6 +47,7 @@ const (
 // has no meaning of its own).
 const (
 	DefaultPageSize       = 100
+	MaxPageSize           = 1000           // the largest page size a list request may ask for
 	DefaultLookback       = 72 * time.Hour // 48 h batch expiry + margin
 	DefaultMaxRetries     = 5
 	DefaultBackoffMin     = time.Second
@@ -85,10 +88,11 @@ type Config struct {
 	// per attempt.
 	HTTPClient *http.Client
 	// QPS and Burst configure the one limiter every HTTP request waits on,
-	// retries included. QPS <= 0 means unlimited; Burst < 1 means 1.
+	// retries included. QPS 0 means unlimited; Burst 0 means 1.
 	QPS   float64
 	Burst int
-	// PageSize is sent with every list request (0 means DefaultPageSize).
+	// PageSize is sent with every list request, 1..MaxPageSize (0 means
+	// DefaultPageSize).
 	PageSize int
 	// Lookback is the window of spec §5.2: terminal operations created
 	// before now − Lookback are not handed to the callback (they are counted
@@ -116,6 +120,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Backend:        BackendGemini,
+		Burst:          1,
 		PageSize:       DefaultPageSize,
 		Lookback:       DefaultLookback,
 		MaxRetries:     DefaultMaxRetries,
@@ -125,30 +130,66 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first invalid field by name.
+// Validate reports the first invalid field by name (a field.Error), for a
+// Config as it will run (New fills an empty Backend, a zero PageSize and
+// Burst with their defaults first).
 func (c Config) Validate() error {
+	const p = "poller: "
 	switch c.Backend {
-	case "", BackendGemini:
+	case BackendGemini:
 		if c.Project != "" || c.Location != "" {
-			return errors.New("poller: project and location apply to the vertex backend only")
+			return field.Errorf(p, "{Project} and {Location} apply to the vertex backend only")
 		}
 	case BackendVertex:
 	default:
-		return fmt.Errorf("poller: backend %q: want %q or %q", c.Backend, BackendGemini, BackendVertex)
+		return field.Errorf(p, "{Backend} %q: want %s or %s", c.Backend, BackendGemini, BackendVertex)
 	}
 	switch {
-	case c.PageSize < 0 || c.PageSize > math.MaxInt32:
-		return fmt.Errorf("poller: page size %d out of range", c.PageSize)
+	case c.PageSize < 1 || c.PageSize > MaxPageSize:
+		return field.Errorf(p, "{PageSize} %d: want 1..%d", c.PageSize, MaxPageSize)
 	case c.Lookback < 0:
-		return fmt.Errorf("poller: lookback %v is negative (0 reads every page)", c.Lookback)
+		return field.Errorf(p, "{Lookback} %v is negative (0 reads every page)", c.Lookback)
 	case c.MaxRetries < 0:
-		return fmt.Errorf("poller: max retries %d is negative", c.MaxRetries)
-	case c.QPS < 0 || math.IsNaN(c.QPS):
-		return fmt.Errorf("poller: qps %v is negative", c.QPS)
-	case c.Burst < 0:
-		return fmt.Errorf("poller: burst %d is negative", c.Burst)
+		return field.Errorf(p, "{max retries|MaxRetries} %d is negative", c.MaxRetries)
+	case c.QPS < 0 || math.IsNaN(c.QPS) || c.Burst < 1:
+		return field.Errorf(p, "{QPS} must not be negative and {Burst} must be at least 1")
 	}
 	return nil
+}
+
+// EnvAPIKey returns the Gemini API key of the environment: GOOGLE_API_KEY,
+// else GEMINI_API_KEY (the SDK's order).
+func EnvAPIKey() string {
+	if k := os.Getenv("GOOGLE_API_KEY"); k != "" {
+		return k
+	}
+	return os.Getenv("GEMINI_API_KEY")
+}
+
+// ErrNoAPIKey: a Gemini API poller with no API key.
+var ErrNoAPIKey = errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key")
+
+// CheckCredentials says what c lacks to reach the API: ErrNoAPIKey for the
+// Gemini API without a key, a field.Error for Vertex AI without a project
+// and a location; nil when HasCredentials.
+func (c Config) CheckCredentials() error {
+	switch {
+	case c.HasCredentials():
+		return nil
+	case c.Backend == BackendVertex:
+		return field.Errorf("poller: ", "{Backend} vertex needs {Project} and {Location} (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
+	}
+	return ErrNoAPIKey
+}
+
+// HasCredentials reports whether c names API credentials: an API key for
+// the Gemini API; a project and a location for Vertex AI (whose Application
+// Default Credentials the SDK looks up).
+func (c Config) HasCredentials() bool {
+	if c.Backend == BackendVertex {
+		return c.Project != "" && c.Location != ""
+	}
+	return c.APIKey != ""
 }
 
 // Operation is one listed batch operation in a terminal state.
@@ -206,14 +247,17 @@ type Poller struct {
 
 // New builds a Poller and its genai client. It sends no request.
 func New(ctx context.Context, cfg Config) (*Poller, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if cfg.Backend == "" {
 		cfg.Backend = BackendGemini
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.Burst == 0 {
+		cfg.Burst = 1
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.BackoffMin <= 0 {
 		cfg.BackoffMin = DefaultBackoffMin

@@ -378,7 +378,7 @@ type Sink interface {
 	// Stats summarises the sink.
 	Stats(ctx context.Context) (Stats, error)
 	// Purge deletes done rows whose done time is before the given time and
-	// returns how many. The lookback guard is the caller's (spec §7).
+	// returns how many. The lookback guard is PurgeRequest.Check (spec §7).
 	Purge(ctx context.Context, doneBefore time.Time) (int64, error)
 	// PurgeKeys is Purge returning the keys it deleted (purge --results-dir
 	// removes their results files).

@@ -20,7 +20,7 @@ import "context"
 //   - on success the script's writes and the done mark commit together.
 //
 // The script must not control the transaction itself (BEGIN, COMMIT,
-// ROLLBACK, SAVEPOINT): effect.LoadSQL rejects those.
+// ROLLBACK, SAVEPOINT): sqlscript.Load rejects those.
 type SQLCompleter interface {
 	CompleteSQL(ctx context.Context, key string, token int64, script string, params map[string]any) error
 }

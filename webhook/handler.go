@@ -7,7 +7,9 @@
 // how it was verified, and turns ingest's answer into a status code —
 // durable before any 2xx. With Sync it runs the effect inside the request.
 // It also serves /healthz, /readyz and /metrics, and runs an http.Server
-// with timeouts and a graceful drain.
+// with timeouts and a graceful drain. The receiver's configuration rules —
+// a verifier is required (ErrNoVerifier), dynamic verification does not go
+// with InsecureNoVerify, the path and limits — are Config.Validate's.
 package webhook
 
 import (
@@ -23,7 +25,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
@@ -42,30 +46,39 @@ const (
 	KeysRetryAfter = dynamic.RefetchInterval
 )
 
-// Statuses in a 2xx response body {"key","status"}.
+// Statuses in a 2xx response body {"key","status"}: what ingest answered
+// (metrics.OutcomeAccepted, OutcomeDuplicate, OutcomeDone, OutcomeIgnored,
+// OutcomeInvalid), or, with Sync, StatusDone once the effect ran.
 const (
-	StatusAccepted  = "accepted"  // a new key, durably pending
-	StatusDuplicate = "duplicate" // a known key that is not done yet
-	StatusDone      = "done"      // the key is done
-	StatusIgnored   = "ignored"   // not a batch event, or not a completion: nothing recorded
-	StatusInvalid   = "invalid"   // a verified body that cannot be used: nothing recorded
+	StatusDone    = metrics.OutcomeDone    // the key is done
+	StatusIgnored = metrics.OutcomeIgnored // not a batch event, or not a completion: nothing recorded
+	StatusInvalid = metrics.OutcomeInvalid // a verified body that cannot be used: nothing recorded
 )
 
 // Dispatcher is what the receiver needs of dispatch.Dispatcher: Kick wakes
 // the background workers after a new sighting; RunKeyWithin claims one key
 // and runs its effect now (Sync mode), confirming it with the API first
 // within the given wait when it must, and reports the outcome as dispatch
-// names it ("done", "retry", "dead", "fenced", "busy", "skipped",
-// "unconfirmed").
+// names it (dispatch.OutcomeDone, …).
 type Dispatcher interface {
 	Kick()
 	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
 }
 
+// Sink is what the receiver needs of the sink: Record (through the ingest
+// path), Get (a --sync request looks at the key's row), Ping (/readyz) and
+// Stats (a Metrics made for it on Sink).
+type Sink interface {
+	ingest.Recorder
+	metrics.StatsReader
+	Get(ctx context.Context, key string) (sink.Entry, error)
+	Ping(ctx context.Context) error
+}
+
 // Config configures NewHandler.
 type Config struct {
 	// Sink records sightings (required).
-	Sink sink.Sink
+	Sink Sink
 	// Secrets are whsec_ secrets; a request passes if any verifies it.
 	Secrets []string
 	// Dynamic, when set, verifies the signatures of the Gemini API's
@@ -125,13 +138,6 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Path == "" {
 		cfg.Path = DefaultPath
 	}
-	if cfg.Path[0] != '/' {
-		return nil, fmt.Errorf("webhook: path %q must start with /", cfg.Path)
-	}
-	switch cfg.Path {
-	case "/healthz", "/readyz", "/metrics":
-		return nil, fmt.Errorf("webhook: path %q is taken by a built-in endpoint", cfg.Path)
-	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
@@ -140,6 +146,9 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.Sync && cfg.Dispatcher == nil {
 		return nil, errors.New("webhook: sync mode needs a dispatcher")
@@ -160,13 +169,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if h.ingest, err = ingest.NewWebhooks(ic); err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
-	switch {
-	case cfg.InsecureNoVerify && cfg.Dynamic != nil:
-		return nil, errors.New("webhook: --insecure-no-verify accepts every request unverified, so dynamic verification would prove nothing: use one or the other")
-	case cfg.InsecureNoVerify:
-	case len(cfg.Secrets) == 0 && cfg.Dynamic == nil:
-		return nil, fmt.Errorf("webhook: no verifier configured: set %s or a secret file, or --dynamic, or pass --insecure-no-verify to accept unsigned requests", SecretEnv)
-	default:
+	if !cfg.InsecureNoVerify {
 		if len(cfg.Secrets) > 0 {
 			v, err := NewVerifier(cfg.Secrets, cfg.Now)
 			if err != nil {
@@ -177,6 +180,43 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		h.dynamic = cfg.Dynamic
 	}
 	return h, nil
+}
+
+// DefaultConfig returns a Config with every setting at its default; the
+// caller adds the Sink, the verifiers and what it changes, then checks it
+// with Validate.
+func DefaultConfig() Config {
+	return Config{Path: DefaultPath, MaxBody: DefaultMaxBody, SyncWait: DefaultSyncWait, RetryAfter: DefaultRetryAfter}
+}
+
+// ErrNoVerifier is wrapped by Validate's error for a Config that verifies
+// nothing and does not say it accepts unsigned requests.
+var ErrNoVerifier = errors.New("no webhook verifier")
+
+// Validate checks the settings as they will run (NewHandler fills zero
+// fields with their defaults first), naming the field at fault (a
+// field.Error): the path, the limits, and the verifier rules of spec §6 —
+// at least one verifier (Secrets, Dynamic) unless InsecureNoVerify, and
+// not Dynamic with InsecureNoVerify (a dynamic signature would prove
+// nothing when unsigned requests pass too). It does not look at Sink and
+// Dispatcher, so a command can check its flags before it opens anything.
+func (c Config) Validate() error {
+	const p = "webhook: "
+	switch {
+	case c.Path == "" || c.Path[0] != '/':
+		return field.Errorf(p, "{Path} %q must start with /", c.Path)
+	case c.Path == "/healthz" || c.Path == "/readyz" || c.Path == "/metrics":
+		return field.Errorf(p, "{Path} %q is taken by a built-in endpoint", c.Path)
+	case c.MaxBody <= 0:
+		return field.Errorf(p, "{MaxBody} must be positive")
+	case c.SyncWait < 0:
+		return field.Errorf(p, "{SyncWait} must not be negative")
+	case c.InsecureNoVerify && c.Dynamic != nil:
+		return field.Errorf(p, "{InsecureNoVerify} accepts every request unverified, so {dynamic verification|Dynamic} would prove nothing: use one or the other")
+	case !c.InsecureNoVerify && len(c.Secrets) == 0 && c.Dynamic == nil:
+		return field.Errorf(p, "%w: set %s or {a secret file|Secrets} (whsec_…) for static webhooks, and/or {dynamic verification|Dynamic} for per-job ones, or pass {InsecureNoVerify} to accept unsigned requests", ErrNoVerifier, SecretEnv)
+	}
+	return nil
 }
 
 // response is a 2xx body: {"key","status"} for a recorded or non-terminal
@@ -423,15 +463,15 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 			writeError(w, http.StatusServiceUnavailable, "dispatch failed, retry later: "+err.Error())
 			return
 		}
-		switch string(out) {
-		case "done":
+		switch out {
+		case dispatch.OutcomeDone:
 			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
 			return
-		case "retry", "dead":
+		case dispatch.OutcomeRetry, dispatch.OutcomeDead:
 			writeJSON(w, http.StatusInternalServerError, map[string]string{
 				"key": key, "status": string(out), "error": "the effect failed (" + string(out) + ")"})
 			return
-		case "unconfirmed":
+		case dispatch.OutcomeUnconfirmed:
 			// The API did not confirm the batch within --sync-wait (not
 			// finished, or no answer): the key goes on as in inbox mode.
 			h.cfg.Dispatcher.Kick()

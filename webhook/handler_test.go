@@ -294,7 +294,7 @@ func TestNewHandlerConfig(t *testing.T) {
 		cfg     webhook.Config
 		wantErr string
 	}{
-		{"no verifier", webhook.Config{Sink: s}, "no verifier configured"},
+		{"no verifier", webhook.Config{Sink: s}, "no webhook verifier"},
 		{"insecure without secret", webhook.Config{Sink: s, InsecureNoVerify: true}, ""},
 		{"bad secret", webhook.Config{Sink: s, Secrets: []string{"whsec_AAAAsecretAAAA"}}, "secret #1"},
 		{"no sink", webhook.Config{InsecureNoVerify: true}, "no sink"},

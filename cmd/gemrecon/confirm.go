@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -13,36 +12,24 @@ import (
 )
 
 // confirmFlags are the flags of spec §9.2 and §9.5, shared by poll, serve
-// and drain: --confirm, --results-dir, --download-timeout.
+// and drain: --confirm, --results-dir, --download-timeout. Their rules are
+// dispatch's (ParseConfirmMode, ConfirmMode.Confirms, Config.Validate).
 type confirmFlags struct {
 	mode            string
 	resultsDir      string
 	downloadTimeout time.Duration
 }
 
-// The --confirm modes.
-const (
-	confirmAuto   = "auto"
-	confirmAlways = "always"
-	confirmNever  = "never"
-)
-
 func (f *confirmFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.mode, "confirm", confirmAuto, "confirm keys first seen by webhook with the API (Batches.Get) before their effect runs: auto (when API credentials are set), always (exit 2 without them), never")
+	fs.StringVar(&f.mode, "confirm", string(dispatch.ConfirmAuto), "confirm keys first seen by webhook with the API (Batches.Get) before their effect runs: auto (when API credentials are set), always (exit 2 without them), never")
 	fs.StringVar(&f.resultsDir, "results-dir", "", "write a succeeded Gemini API batch's results to DIR/<id>.jsonl before its effect runs (needs API credentials); the path is results_file in the event document and GEMRECON_RESULTS_FILE")
 	fs.DurationVar(&f.downloadTimeout, "download-timeout", dispatch.DefaultDownloadTimeout, "bound one results download; it runs under the key's claim, whose lease is renewed meanwhile, so it may exceed --lease")
 }
 
-func (f *confirmFlags) validate() error {
-	switch f.mode {
-	case confirmAuto, confirmAlways, confirmNever:
-	default:
-		return usageError("--confirm %q: want auto, always or never", f.mode)
-	}
-	if f.downloadTimeout <= 0 {
-		return usageError("--download-timeout must be positive")
-	}
-	return nil
+// parse reads --confirm (exit 2 when it is no mode).
+func (f *confirmFlags) parse() (dispatch.ConfirmMode, error) {
+	m, err := dispatch.ParseConfirmMode(f.mode)
+	return m, usage(err)
 }
 
 // registerAPI registers the API flags of pollFlags alone (backend, base URL,
@@ -56,31 +43,6 @@ func (f *pollFlags) registerAPI(fs *pflag.FlagSet) {
 	}
 }
 
-// validateAPI checks the API flags alone (a command that does not list
-// leaves the listing's flags alone: serve without --poll-every, drain).
-func (f *pollFlags) validateAPI() error {
-	if f.backend != "gemini" && f.backend != "vertex" {
-		return usageError("--backend %q: want gemini or vertex", f.backend)
-	}
-	if f.qps < 0 || f.burst < 1 {
-		return usageError("--qps must not be negative and --burst must be at least 1")
-	}
-	if f.backend == "vertex" && (f.project == "" || f.location == "") {
-		return usageError("--backend vertex needs --project and --location (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
-	}
-	return nil
-}
-
-// hasCredentials reports whether the environment and flags name API
-// credentials: an API key for the Gemini API; a project and a location for
-// Vertex AI (whose Application Default Credentials are looked up by the SDK).
-func hasCredentials(pf *pollFlags) bool {
-	if pf.backend == "vertex" {
-		return pf.project != "" && pf.location != ""
-	}
-	return os.Getenv("GOOGLE_API_KEY") != "" || os.Getenv("GEMINI_API_KEY") != ""
-}
-
 // apiSetup is what a command's dispatcher gets of the API: the process's one
 // poller (nil when it has none) and whether it confirms.
 type apiSetup struct {
@@ -90,6 +52,16 @@ type apiSetup struct {
 	// unconfirmed: --confirm auto without credentials (warn, once the
 	// command is under way).
 	unconfirmed bool
+}
+
+// apply puts what the process has of the API into a dispatcher's
+// configuration.
+func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
+	cfg.Confirm, cfg.Results = api.confirm, api.results
+	if api.poller != nil { // a nil *Poller must not become a non-nil API
+		cfg.API = api.poller
+	}
+	return cfg
 }
 
 // warn says once, at start, that webhook-first keys run unconfirmed. It
@@ -102,43 +74,38 @@ func (a *app) warn(api apiSetup) {
 }
 
 // setupAPI decides, for --confirm and --results-dir, whether this process
-// confirms and writes results, and builds its one poller when it needs one
-// (p, when the command already has a poller for listing: one rate limiter
-// per process for list, get and downloads). Without credentials --confirm
-// auto warns once and runs webhook-first keys unconfirmed; --confirm always
-// and --results-dir are exit 2.
-func (a *app) setupAPI(ctx context.Context, pf *pollFlags, cf *confirmFlags, p *poller.Poller) (apiSetup, error) {
-	creds := p != nil || hasCredentials(pf)
+// confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
+// Config.Validate, checked against dcfg), and builds its one poller when it
+// needs one (p, when the command already has a poller for listing: one
+// rate limiter per process for list, get and downloads).
+func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, cf *confirmFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
+	pcfg := a.pollerConfig(pf, poller.EnvAPIKey())
+	creds := p != nil || pcfg.HasCredentials()
 	var out apiSetup
-	switch {
-	case cf.mode == confirmAlways && !creds:
-		return out, usageError("--confirm always needs API credentials: set GEMINI_API_KEY (or GOOGLE_API_KEY), or --backend vertex with --project and --location")
-	case cf.resultsDir != "" && !creds:
-		return out, usageError("--results-dir needs API credentials to download results: set GEMINI_API_KEY (or GOOGLE_API_KEY), or --backend vertex with --project and --location")
-	case cf.mode == confirmAuto && !creds:
-		out.unconfirmed = true
+	var err error
+	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
+		return out, usage(err)
 	}
-	out.confirm = creds && cf.mode != confirmNever
+	if creds && (out.confirm || cf.resultsDir != "") && p == nil {
+		if err := usage(pcfg.Validate()); err != nil {
+			return out, err
+		}
+		if p, err = poller.New(ctx, pcfg); err != nil {
+			return out, err
+		}
+	}
+	out.poller = p // the listing poller, the one just built, or nil
 	if cf.resultsDir != "" {
-		d, err := results.Open(cf.resultsDir)
-		if err != nil {
+		// Checked before the directory is made: a refused command
+		// leaves nothing behind.
+		check := out
+		check.results = new(results.Dir)
+		if err := usage(check.apply(dcfg).Validate()); err != nil {
+			return out, err
+		}
+		if out.results, err = results.Open(cf.resultsDir); err != nil {
 			return out, withCode(exitUsage, err)
 		}
-		out.results = d
 	}
-	if !out.confirm && out.results == nil {
-		out.poller = p
-		return out, nil
-	}
-	if p == nil {
-		if err := pf.validateAPI(); err != nil {
-			return out, err
-		}
-		var err error
-		if p, err = a.newPoller(ctx, pf); err != nil {
-			return out, err
-		}
-	}
-	out.poller = p
-	return out, nil
+	return out, usage(out.apply(dcfg).Validate())
 }

@@ -1,30 +1,30 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
 // effectFlags are the effect and retry flags of spec §4, shared by poll,
-// serve and drain.
+// serve and drain. Their rules are dispatch.Config.Validate's and
+// sink.Options.Validate's.
 type effectFlags struct {
 	exec          string
 	forward       string
-	sql           string      // --sql FILE
-	sqlScript     *effect.SQL // loaded by validate
+	sql           string // --sql FILE
 	concurrency   int
 	lease         time.Duration
 	effectTimeout time.Duration
@@ -34,58 +34,65 @@ type effectFlags struct {
 	retryMax      time.Duration
 }
 
-func (f *effectFlags) register(fs *pflag.FlagSet) {
+func (f *effectFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	def := dispatch.DefaultConfig()
 	fs.StringVar(&f.exec, "exec", "", "effect: run this /bin/sh -c command per completion (event document on stdin, GEMRECON_* env)")
 	fs.StringVar(&f.forward, "forward", "", "effect: POST the event document to this URL (signed when GEMRECON_FORWARD_SECRET is set)")
 	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @key @name @state @source @token @attempt @operation)")
-	fs.IntVar(&f.concurrency, "concurrency", 4, "effects run at once")
-	fs.DurationVar(&f.lease, "lease", 10*time.Minute, "claim lease; renewed every third of it while the effect runs")
-	fs.DurationVar(&f.effectTimeout, "effect-timeout", 5*time.Minute, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
-	fs.DurationVar(&f.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed")
+	// One effect per process (dispatch.Config.Validate: Effect or SQL);
+	// which flag names it is the command line's business.
+	cmd.MarkFlagsMutuallyExclusive("exec", "forward", "sql")
+	fs.IntVar(&f.concurrency, "concurrency", def.Concurrency, "effects run at once")
+	fs.DurationVar(&f.lease, "lease", def.Lease, "claim lease; renewed every third of it while the effect runs")
+	fs.DurationVar(&f.effectTimeout, "effect-timeout", def.EffectTimeout, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
+	fs.DurationVar(&f.grace, "grace", def.Grace, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed")
 	fs.IntVar(&f.maxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
 	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
 	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
 }
 
-// validate checks the flags before anything is opened (exit 2 on error).
-func (f *effectFlags) validate() error {
-	if n := btoi(f.exec != "") + btoi(f.forward != "") + btoi(f.sql != ""); n > 1 {
-		return usageError("--exec, --forward and --sql are exclusive: choose one effect")
-	}
-	if f.sql != "" { // --sql: checked at start-up (unreadable file, unknown parameter)
-		q, err := effect.LoadSQL(f.sql)
-		if err != nil {
-			return usageError("%v", err)
-		}
-		f.sqlScript = q
-	}
-	if f.concurrency < 1 {
-		return usageError("--concurrency %d: must be at least 1", f.concurrency)
-	}
-	if f.lease <= 0 || f.effectTimeout <= 0 {
-		return usageError("--lease and --effect-timeout must be positive")
-	}
-	if f.effectTimeout >= f.lease {
-		return usageError("--effect-timeout %v must be shorter than --lease %v: an effect outliving its lease could run twice", f.effectTimeout, f.lease)
-	}
-	if f.maxAttempts < 1 {
-		return usageError("--max-attempts %d: must be at least 1", f.maxAttempts)
-	}
-	if f.retryBase <= 0 || f.retryMax < f.retryBase {
-		return usageError("--retry-base must be positive and not above --retry-max")
-	}
-	if f.grace < 0 {
-		return usageError("--grace must not be negative")
-	}
-	if f.forward != "" && !strings.HasPrefix(f.forward, "http://") && !strings.HasPrefix(f.forward, "https://") {
-		return usageError("--forward %q: want an http:// or https:// URL", f.forward)
-	}
-	return nil
-}
-
 // sinkOptions carries the retry policy into the sink, which computes backoff.
 func (f *effectFlags) sinkOptions() sink.Options {
 	return sink.Options{RetryBase: f.retryBase, RetryMax: f.retryMax, MaxAttempts: f.maxAttempts}
+}
+
+// dispatchConfig builds the dispatcher's configuration from the flags, its
+// effect included, and checks it with the sink's retry policy (exit 2),
+// before anything is opened. The caller adds the Sink and the API
+// (withAPI).
+func (a *app) dispatchConfig(f *effectFlags, cf *confirmFlags) (dispatch.Config, error) {
+	cfg := dispatch.DefaultConfig()
+	if err := usage(f.sinkOptions().Validate()); err != nil {
+		return cfg, err
+	}
+	if err := durationFlagCheck("grace", f.grace); err != nil {
+		return cfg, err
+	}
+	if f.sql != "" { // checked at start-up (unreadable file, unknown parameter)
+		q, err := sqlscript.Load(f.sql)
+		if err != nil {
+			return cfg, usageError("--sql %v", err)
+		}
+		cfg.SQL = q
+	} else {
+		eff, err := a.effect(f)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Effect = eff
+	}
+	cfg.Lease, cfg.EffectTimeout, cfg.Concurrency = f.lease, f.effectTimeout, f.concurrency
+	cfg.Grace = f.grace
+	if cfg.Grace == 0 {
+		cfg.Grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
+	}
+	cfg.Logger = a.logger
+	// Rechecks of keys the API has not confirmed back off like retries
+	// (but use no attempt).
+	cfg.RecheckBase, cfg.RecheckMax = f.retryBase, f.retryMax
+	cfg.DownloadTimeout = cf.downloadTimeout
+	return cfg, usage(cfg.Validate())
 }
 
 // effect builds the configured effect; the default prints NDJSON on stdout.
@@ -122,50 +129,14 @@ func handleSIGPIPE() {
 	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 }
 
-// dispatcher wires a sink, the configured effect and what the process has
-// of the API (confirmation, results: setupAPI).
-func (a *app) dispatcher(s sink.Sink, f *effectFlags, obs dispatch.Observer, api apiSetup, cf *confirmFlags) (*dispatch.Dispatcher, error) {
-	eff, err := a.effect(f)
-	if err != nil {
-		return nil, err
-	}
-	return a.dispatcherFor(s, eff, f, obs, api, cf)
-}
-
-// dispatcherFor is dispatcher with the effect given (demo wraps the
-// configured one to tell its story).
-func (a *app) dispatcherFor(s sink.Sink, eff effect.Effect, f *effectFlags, obs dispatch.Observer, api apiSetup, cf *confirmFlags) (*dispatch.Dispatcher, error) {
-	grace := f.grace
-	if grace == 0 {
-		grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
-	}
-	if f.sqlScript != nil { // --sql replaces the effect
-		eff = nil
-	}
-	cfg := dispatch.Config{
-		Sink:          s,
-		Effect:        eff,
-		SQL:           f.sqlScript,
-		Lease:         f.lease,
-		EffectTimeout: f.effectTimeout,
-		Concurrency:   f.concurrency,
-		Grace:         grace,
-		Logger:        a.logger,
-		Observer:      obs,
-		Confirm:       api.confirm,
-		Results:       api.results,
-		// Rechecks of keys the API has not confirmed back off like
-		// retries (but use no attempt).
-		RecheckBase:     f.retryBase,
-		RecheckMax:      f.retryMax,
-		DownloadTimeout: cf.downloadTimeout,
-	}
-	if api.poller != nil {
-		cfg.API = api.poller
-	}
+// dispatcher wires the sink and the API into cfg (dispatchConfig) and
+// starts the dispatcher.
+func dispatcher(cfg dispatch.Config, s sink.Sink, obs dispatch.Observer, api apiSetup) (*dispatch.Dispatcher, error) {
+	cfg.Sink, cfg.Observer = s, obs
+	cfg = api.apply(cfg)
 	d, err := dispatch.New(cfg)
 	if err != nil {
-		return nil, withCode(exitUsage, err)
+		return nil, usage(err)
 	}
 	return d, nil
 }
@@ -181,16 +152,14 @@ func summaryExit(sum dispatch.Summary) error {
 	return nil
 }
 
-func (a *app) drainCommand() *cobra.Command {
-	var (
-		ef effectFlags
-		pf pollFlags
-		cf confirmFlags
-	)
-	cmd := &cobra.Command{
-		Use:   "drain [effect flags]",
-		Short: "Run the effect for every key that is due now (retries, takeovers), without listing",
-		Long: `Claim and run every key that is due now — new keys, retries whose backoff has
+// drainOptions are drain's flags.
+type drainOptions struct {
+	ef effectFlags
+	pf pollFlags
+	cf confirmFlags
+}
+
+const drainLong = `Claim and run every key that is due now — new keys, retries whose backoff has
 passed, claims whose lease expired — with the configured effect, then exit.
 poll does the same after its listing. drain needs no API credentials: with
 them (GEMINI_API_KEY, or --backend vertex with --project and --location) it
@@ -201,44 +170,56 @@ dynamic signature for a process that can confirm them.
 
 Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
 scheduled or the key went dead) or some outcome was fenced (another attempt
-took the key over: the effect may have run twice), 1 a fatal error.`,
+took the key over: the effect may have run twice), 1 a fatal error.`
+
+func (a *app) drainCommand() *cobra.Command {
+	var o drainOptions
+	cmd := &cobra.Command{
+		Use:   "drain [effect flags]",
+		Short: "Run the effect for every key that is due now (retries, takeovers), without listing",
+		Long:  drainLong,
 		Example: `  gemrecon drain --exec ./publish.sh
   gemrecon drain --forward https://billing.internal/hooks/gemini --concurrency 8`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := ef.validate(); err != nil {
-				return err
-			}
-			if err := cf.validate(); err != nil {
-				return err
-			}
-			api, err := a.setupAPI(cmd.Context(), &pf, &cf, nil)
-			if err != nil {
-				return err
-			}
-			s, err := a.openSink(cmd.Context(), ef.sinkOptions())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			a.warn(api)
-			d, err := a.dispatcher(s, &ef, nil, api, &cf)
-			if err != nil {
-				return err
-			}
-			start := time.Now()
-			sum, err := d.Drain(cmd.Context())
-			a.printDrainSummary(sum, time.Since(start))
-			if err != nil {
-				return err
-			}
-			return summaryExit(sum)
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runDrain(cmd.Context(), &o) },
 	}
-	ef.register(cmd.Flags())
-	pf.registerAPI(cmd.Flags())
-	cf.register(cmd.Flags())
+	o.ef.register(cmd)
+	o.pf.registerAPI(cmd.Flags())
+	o.cf.register(cmd.Flags())
 	return cmd
+}
+
+// runDrain is drain: one Dispatcher.Drain and its summary line.
+func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
+	mode, err := o.cf.parse()
+	if err != nil {
+		return err
+	}
+	dcfg, err := a.dispatchConfig(&o.ef, &o.cf)
+	if err != nil {
+		return err
+	}
+	api, err := a.setupAPI(ctx, &o.pf, mode, &o.cf, nil, dcfg)
+	if err != nil {
+		return err
+	}
+	s, err := a.openSink(ctx, o.ef.sinkOptions())
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	a.warn(api)
+	d, err := dispatcher(dcfg, s, nil, api)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	sum, err := d.Drain(ctx)
+	a.printDrainSummary(sum, time.Since(start))
+	if err != nil {
+		return err
+	}
+	return summaryExit(sum)
 }
 
 // printDrainSummary writes drain's summary line on stderr, as one JSON
@@ -259,11 +240,4 @@ func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {
 		return
 	}
 	fmt.Fprintf(a.stderr, "drain: %d outcome(s) fenced: %s\n", sum.Fenced, why)
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

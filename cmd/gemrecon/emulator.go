@@ -29,38 +29,7 @@ func (a *app) emulatorCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "emulator",
 		Short: "Run a local Gemini API stand-in to point poll, serve and webhooks at (no credentials)",
-		Long: `Serve a local stand-in for the Gemini batch API on --listen until SIGINT or
-SIGTERM, and print what to export in another shell (GEMINI_API_KEY,
-GOOGLE_GEMINI_BASE_URL, GEMRECON_JWKS_URL). It needs no credentials and
-reaches no network.
-
-Batches: from a JSON file (--batches-file, a list of batches as in
-testdata/gemini/; those in a terminal state are listed PENDING and reach
-that state within --finish-within, the others never change), generated
-(--batches N, finishing within --finish-within: SUCCEEDED with a responses
-file, FAILED with a reason, EXPIRED, CANCELLED), or created with the genai
-SDK's Batches.Create (inline or file source; it succeeds after
---created-finish-after, with inlined responses or a responses file).
-
-Webhooks: the WebhookService (gemrecon webhooks create/list/ping/rotate/
-delete work against it) sends each completion to the registered webhooks,
-signed with their HMAC secrets. A batch with a webhookConfig (from
-Batches.Create, the file, or --dynamic-webhook for generated batches) sends
-its completion to those URIs instead, signed with the keys it publishes at
-/.well-known/jwks.json: a v1a (Ed25519) entry, an RS256 JWT, or both
-(--dynamic-signature; the Gemini API's documents disagree on which).
-Deliveries are at least once: a non-2xx answer is redelivered with backoff;
---drop loses and --duplicate repeats a share of them.
-
-Faults: --fail-rate answers a share of API requests with 429 (with
-google.rpc.RetryInfo) or a 5xx. Every random choice follows --seed (a
-random one by default, logged at start).
-
-Data goes to stdout (the exports); one log line per event (batch created or
-finished, each delivery attempt and its answer, each injected fault) to
-stderr, in --log-format. GET /emulator/status answers with the counts and
-whether every scheduled batch and delivery has ended ("idle"), for scripts
-that wait for it.`,
+		Long:  emulatorLong,
 		Example: `  gemrecon emulator --batches 6                # then, in another shell, paste the exports
   gemrecon emulator --batches-file testdata/gemini/batches-mixed.json --finish-within 30s
   gemrecon emulator --batches 20 --dynamic-webhook http://127.0.0.1:8080/webhook --drop 0.2 --duplicate 0.2
@@ -94,35 +63,11 @@ that wait for it.`,
 // config checks the flags (exit 2 for a wrong one) and builds the
 // emulator's Config.
 func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
-	for _, p := range []struct {
-		name string
-		v    float64
-	}{{"drop", f.drop}, {"duplicate", f.duplicate}, {"fail-rate", f.failRate}, {"dynamic-share", f.dynamicShare}} {
-		if !(p.v >= 0 && p.v <= 1) {
-			return emulator.Config{}, usageError("--%s %v: want a probability from 0 to 1", p.name, p.v)
-		}
-	}
 	if f.dynamicShare == 0 && len(f.dynamicURIs) > 0 {
 		return emulator.Config{}, usageError("--dynamic-share 0 gives --dynamic-webhook to no batch: leave --dynamic-webhook out instead")
 	}
-	if f.batches < 0 {
-		return emulator.Config{}, usageError("--batches %d: must not be negative", f.batches)
-	}
 	if f.listen == "" {
 		return emulator.Config{}, usageError("--listen is empty: give host:port, e.g. %s", emulator.DefaultListen)
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"finish-within", f.finishWithin}, {"created-finish-after", f.createdAfter}} {
-		if err := durationFlagCheck(d.name, d.v); err != nil {
-			return emulator.Config{}, err
-		}
-	}
-	switch mode := emulator.SignatureMode(f.signature); mode {
-	case emulator.SignV1a, emulator.SignJWT, emulator.SignBoth:
-	default:
-		return emulator.Config{}, usageError("--dynamic-signature %q: want v1a, jwt or both", f.signature)
 	}
 	if f.apiKey == "" && apiKeyGiven {
 		return emulator.Config{}, usageError("--api-key is empty: leave it out to have one generated")
@@ -142,7 +87,16 @@ func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
 		}
 		cfg.Batches = bs
 	}
-	return cfg, nil
+	return cfg, usage(cfg.Validate(), emulatorFlagNames())
+}
+
+// emulatorFlagNames names the flags of emulator.Config's fields.
+func emulatorFlagNames() map[string]string {
+	return map[string]string{
+		"Drop": "--drop", "Duplicate": "--duplicate", "FailRate": "--fail-rate", "DynamicShare": "--dynamic-share",
+		"Generate": "--batches", "FinishWithin": "--finish-within", "CreatedFinishAfter": "--created-finish-after",
+		"Signature": "--dynamic-signature", "DynamicURIs": "--dynamic-webhook",
+	}
 }
 
 // runEmulator is `gemrecon emulator`: start, print the exports, log every
@@ -181,3 +135,36 @@ func (a *app) runEmulator(ctx context.Context, cfg emulator.Config) error {
 		slog.Int("abandoned", d.Abandoned))
 	return nil
 }
+
+const emulatorLong = `Serve a local stand-in for the Gemini batch API on --listen until SIGINT or
+SIGTERM, and print what to export in another shell (GEMINI_API_KEY,
+GOOGLE_GEMINI_BASE_URL, GEMRECON_JWKS_URL). It needs no credentials and
+reaches no network.
+
+Batches: from a JSON file (--batches-file, a list of batches as in
+testdata/gemini/; those in a terminal state are listed PENDING and reach
+that state within --finish-within, the others never change), generated
+(--batches N, finishing within --finish-within: SUCCEEDED with a responses
+file, FAILED with a reason, EXPIRED, CANCELLED), or created with the genai
+SDK's Batches.Create (inline or file source; it succeeds after
+--created-finish-after, with inlined responses or a responses file).
+
+Webhooks: the WebhookService (gemrecon webhooks create/list/ping/rotate/
+delete work against it) sends each completion to the registered webhooks,
+signed with their HMAC secrets. A batch with a webhookConfig (from
+Batches.Create, the file, or --dynamic-webhook for generated batches) sends
+its completion to those URIs instead, signed with the keys it publishes at
+/.well-known/jwks.json: a v1a (Ed25519) entry, an RS256 JWT, or both
+(--dynamic-signature; the Gemini API's documents disagree on which).
+Deliveries are at least once: a non-2xx answer is redelivered with backoff;
+--drop loses and --duplicate repeats a share of them.
+
+Faults: --fail-rate answers a share of API requests with 429 (with
+google.rpc.RetryInfo) or a 5xx. Every random choice follows --seed (a
+random one by default, logged at start).
+
+Data goes to stdout (the exports); one log line per event (batch created or
+finished, each delivery attempt and its answer, each injected fault) to
+stderr, in --log-format. GET /emulator/status answers with the counts and
+whether every scheduled batch and delivery has ended ("idle"), for scripts
+that wait for it.`

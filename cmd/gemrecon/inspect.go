@@ -79,12 +79,28 @@ func entryJSON(e sink.Entry, withDocs bool) statusJSON {
 	return j
 }
 
+// statusOptions are the flags of status.
+type statusOptions struct {
+	asJSON bool
+}
+
 func (a *app) statusCommand() *cobra.Command {
-	var asJSON bool
+	var o statusOptions
 	cmd := &cobra.Command{
 		Use:   "status KEY-OR-NAME",
 		Short: "Show what happened to one completion, and why",
-		Long: `Show one completion: its canonical key, state, attempts, fencing token, first
+		Long:  statusLong,
+		Example: `  gemrecon status batches/abc123
+  gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
+  gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), &o, args[0]) },
+	}
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (stable field names, see README)")
+	return cmd
+}
+
+const statusLong = `Show one completion: its canonical key, state, attempts, fencing token, first
 and last sighting with their sources, lease, next attempt, done time, last
 error and payload conflicts. The argument may be a key (gemini:batches/x) or
 any operation name canon understands (batches/x, a full resource path or URL).
@@ -99,63 +115,57 @@ escaped (the text is then Go-quoted); --json escapes as JSON does.
 Exit status: 0 done, 3 unknown key (the canonical key is still printed),
 4 pending or claimed, 5 dead, 1 when the database cannot be read, 2 when the
 argument is no operation name or one that could never be recorded (spec §12:
-invalid UTF-8, a control character, over 512 bytes, a collection word).`,
-		Example: `  gemrecon status batches/abc123
-  gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
-  gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
-		Args: exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			keys, err := keysFor(args[0])
-			if err != nil {
-				return err
-			}
-			key := keys[0]
-			s, err := a.openReadOnly(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			var e sink.Entry
-			for _, k := range keys {
-				if e, err = s.Get(cmd.Context(), k); !errors.Is(err, sink.ErrNotFound) {
-					break
-				}
-			}
-			if errors.Is(err, sink.ErrNotFound) {
-				if cerr := canon.CheckKey(key); cerr != nil {
-					// Not "unknown": no sighting of it could ever be recorded.
-					return usageError("%v; no such key is recorded, and none could be", cerr)
-				}
-				if asJSON {
-					writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
-				} else {
-					fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
-				}
-				if hint := meantKeys(cmd.Context(), s, key); hint != "" {
-					fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
-				}
-				return withCode(exitUnknownKey, nil)
-			}
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				writeJSON(a.stdout, entryJSON(e, true))
-			} else {
-				printStatus(a.stdout, e)
-			}
-			switch e.State {
-			case sink.StateDone:
-				return nil
-			case sink.StateDead:
-				return withCode(exitDead, nil)
-			default:
-				return withCode(exitNotDone, nil)
-			}
-		},
+invalid UTF-8, a control character, over 512 bytes, a collection word).`
+
+// runStatus does the work of status.
+func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error {
+	keys, err := keysFor(arg)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (stable field names, see README)")
-	return cmd
+	key := keys[0]
+	s, err := a.openReadOnly(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var e sink.Entry
+	for _, k := range keys {
+		if e, err = s.Get(ctx, k); !errors.Is(err, sink.ErrNotFound) {
+			break
+		}
+	}
+	if errors.Is(err, sink.ErrNotFound) {
+		if cerr := canon.CheckKey(key); cerr != nil {
+			// Not "unknown": no sighting of it could ever be recorded.
+			return usageError("%v; no such key is recorded, and none could be", cerr)
+		}
+		if o.asJSON {
+			writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
+		} else {
+			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
+		}
+		if hint := meantKeys(ctx, s, key); hint != "" {
+			fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
+		}
+		return withCode(exitUnknownKey, nil)
+	}
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		writeJSON(a.stdout, entryJSON(e, true))
+	} else {
+		printStatus(a.stdout, e)
+	}
+	switch e.State {
+	case sink.StateDone:
+		return nil
+	case sink.StateDead:
+		return withCode(exitDead, nil)
+	default:
+		return withCode(exitNotDone, nil)
+	}
 }
 
 // keysFor returns the keys a typed name may be stored under, first the
@@ -286,63 +296,69 @@ func writeJSON(w io.Writer, v any) {
 	_ = enc.Encode(v)
 }
 
+// listOptions are the flags of list.
+type listOptions struct {
+	state  string
+	limit  int
+	asJSON bool
+}
+
 func (a *app) listCommand() *cobra.Command {
-	var (
-		state  string
-		limit  int
-		asJSON bool
-	)
+	var o listOptions
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List recorded completions, oldest first",
 		Example: `  gemrecon list --state dead
   gemrecon list --limit 20 --json | jq -r '.[].key'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			st := sink.State(state)
-			if state != "" && !st.Valid() {
-				return usageError("--state %q: want pending, claimed, done or dead", state)
-			}
-			if limit < 0 {
-				return usageError("--limit %d: must not be negative", limit)
-			}
-			s, err := a.openReadOnly(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			entries, err := s.List(cmd.Context(), sink.ListOptions{State: st, Limit: limit})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				out := make([]statusJSON, 0, len(entries))
-				for _, e := range entries {
-					out = append(out, entryJSON(e, false))
-				}
-				writeJSON(a.stdout, out)
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
-			for _, e := range entries {
-				batch := e.BatchState
-				if batch == "" {
-					batch = "unknown"
-				}
-				if !e.Confirmed {
-					batch += "?" // as the webhook says: not confirmed by the API
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, printable(batch), e.Attempts, e.SeenCount,
-					printable(e.FirstSource), fmtTime(e.LastSeenAt), printable(truncate(oneLine(e.LastError), 60)))
-			}
-			return tw.Flush()
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runList(cmd.Context(), &o) },
 	}
-	cmd.Flags().StringVar(&state, "state", "", "only keys in this state: pending, claimed, done, dead")
-	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows (0 = all)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of entries")
+	cmd.Flags().StringVar(&o.state, "state", "", "only keys in this state: pending, claimed, done, dead")
+	cmd.Flags().IntVar(&o.limit, "limit", 100, "at most this many rows (0 = all)")
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print a JSON array of entries")
 	return cmd
+}
+
+// runList does the work of list.
+func (a *app) runList(ctx context.Context, o *listOptions) error {
+	st := sink.State(o.state)
+	if o.state != "" && !st.Valid() {
+		return usageError("--state %q: want pending, claimed, done or dead", o.state)
+	}
+	if o.limit < 0 {
+		return usageError("--limit %d: must not be negative", o.limit)
+	}
+	s, err := a.openReadOnly(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	entries, err := s.List(ctx, sink.ListOptions{State: st, Limit: o.limit})
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		out := make([]statusJSON, 0, len(entries))
+		for _, e := range entries {
+			out = append(out, entryJSON(e, false))
+		}
+		writeJSON(a.stdout, out)
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
+	for _, e := range entries {
+		batch := e.BatchState
+		if batch == "" {
+			batch = "unknown"
+		}
+		if !e.Confirmed {
+			batch += "?" // as the webhook says: not confirmed by the API
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printable(e.Key), e.State, printable(batch), e.Attempts, e.SeenCount,
+			printable(e.FirstSource), fmtTime(e.LastSeenAt), printable(truncate(oneLine(e.LastError), 60)))
+	}
+	return tw.Flush()
 }
 
 func truncate(s string, n int) string {
@@ -353,12 +369,28 @@ func truncate(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
+// statsOptions are the flags of stats.
+type statsOptions struct {
+	asJSON bool
+}
+
 func (a *app) statsCommand() *cobra.Command {
-	var asJSON bool
+	var o statsOptions
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency, poll passes",
-		Long: `Summarise the sink. "first source" splits keys by the path that saw them
+		Long:  statsLong,
+		Example: `  gemrecon stats
+  gemrecon stats --json | jq .by_state
+  gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStats(cmd.Context(), &o) },
+	}
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	return cmd
+}
+
+const statsLong = `Summarise the sink. "first source" splits keys by the path that saw them
 first: keys first seen by poll are completions whose webhook was missed (or
 is not configured). "fenced" counts outcomes discarded because a newer claim
 had taken the key over.
@@ -367,31 +399,25 @@ For each poll scope (backend, base URL and API key or Vertex project), the
 pass records shared by every process on the database: the last pass that
 listed (start, end, and the process that ran it), the end of the last
 successful pass, the start of the last full scan, and who holds the pass
-lease. A cron job that keeps failing shows as an old "last success".`,
-		Example: `  gemrecon stats
-  gemrecon stats --json | jq .by_state
-  gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
-		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := a.openReadOnly(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			st, err := s.Stats(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				writeJSON(a.stdout, st)
-				return nil
-			}
-			printStats(a.stdout, st, time.Now())
-			return nil
-		},
+lease. A cron job that keeps failing shows as an old "last success".`
+
+// runStats does the work of stats.
+func (a *app) runStats(ctx context.Context, o *statsOptions) error {
+	s, err := a.openReadOnly(ctx)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
-	return cmd
+	defer s.Close()
+	st, err := s.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		writeJSON(a.stdout, st)
+		return nil
+	}
+	printStats(a.stdout, st, time.Now())
+	return nil
 }
 
 // printStats writes st as aligned text; now only says whether a pass lease

@@ -3,8 +3,12 @@
 // idempotency key in a durable claim/lease sink and runs the user's effect.
 //
 // This package only parses flags, wires the packages together and maps errors
-// to exit codes (spec §8); the work lives in canon, sink, poller, webhook,
-// dispatch and effect.
+// to exit codes (spec §8). Each command is an options struct that cobra
+// fills and a run method; the rules on the settings are the libraries'
+// Validate methods (dispatch, webhook, poller, ingest, sink, emulator), whose
+// field-named errors the command shows with its flag names (flags.go). The
+// work lives in canon, sink, poller, webhook, dispatch, effect, ingest, serve
+// (serve's lifecycle) and internal/demo (the demo).
 package main
 
 import (

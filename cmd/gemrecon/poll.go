@@ -16,7 +16,8 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// pollFlags configure the listing side of a poll pass (spec §5).
+// pollFlags configure the listing side of a poll pass (spec §5). Their
+// rules are poller.Config.Validate's and ingest's.
 type pollFlags struct {
 	backend  string
 	baseURL  string
@@ -33,57 +34,21 @@ type pollFlags struct {
 }
 
 func (f *pollFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.backend, "backend", "gemini", "API backend: gemini (API key from GOOGLE_API_KEY or GEMINI_API_KEY) or vertex (Application Default Credentials)")
+	def := poller.DefaultConfig()
+	fs.StringVar(&f.backend, "backend", def.Backend, "API backend: gemini (API key from GOOGLE_API_KEY or GEMINI_API_KEY) or vertex (Application Default Credentials)")
 	fs.StringVar(&f.baseURL, "base-url", "", "API base URL, to point at an emulator or proxy (default: the SDK's)")
 	fs.StringVar(&f.project, "project", os.Getenv("GOOGLE_CLOUD_PROJECT"), "Vertex project (env GOOGLE_CLOUD_PROJECT)")
 	fs.StringVar(&f.location, "location", os.Getenv("GOOGLE_CLOUD_LOCATION"), "Vertex location (env GOOGLE_CLOUD_LOCATION)")
 	fs.Float64Var(&f.qps, "qps", 5, "API requests per second, all requests included (0 = unlimited)")
-	fs.IntVar(&f.burst, "burst", 1, "API request burst")
-	fs.IntVar(&f.pageSize, "page-size", 100, "operations per list request")
-	fs.DurationVar(&f.lookback, "lookback", 72*time.Hour, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
+	fs.IntVar(&f.burst, "burst", def.Burst, "API request burst")
+	fs.IntVar(&f.pageSize, "page-size", def.PageSize, "operations per list request")
+	fs.DurationVar(&f.lookback, "lookback", def.Lookback, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
 	fs.DurationVar(&f.fullScanEvery, "full-scan-every", ingest.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
 	fs.DurationVar(&f.passLease, "pass-lease", ingest.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
 }
 
-func (f *pollFlags) validate() error {
-	if f.backend != "gemini" && f.backend != "vertex" {
-		return usageError("--backend %q: want gemini or vertex", f.backend)
-	}
-	if f.qps < 0 || f.burst < 1 {
-		return usageError("--qps must not be negative and --burst must be at least 1")
-	}
-	if f.pageSize < 1 || f.pageSize > 1000 {
-		return usageError("--page-size %d: want 1..1000", f.pageSize)
-	}
-	if f.lookback < 0 {
-		return usageError("--lookback must not be negative (0 = every page)")
-	}
-	if f.passLease < time.Second {
-		return usageError("--pass-lease %v: want at least 1s (it is renewed every third of it)", f.passLease)
-	}
-	if err := ingest.ValidateFullScanEvery(f.lookback, f.fullScanEvery); err != nil {
-		return withCode(exitUsage, err)
-	}
-	if f.backend == "vertex" && (f.project == "" || f.location == "") {
-		return usageError("--backend vertex needs --project and --location (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
-	}
-	return nil
-}
-
-// newPoller builds the poller from flags and the environment.
-func (a *app) newPoller(ctx context.Context, f *pollFlags) (*poller.Poller, error) {
-	key := os.Getenv("GOOGLE_API_KEY")
-	if key == "" {
-		key = os.Getenv("GEMINI_API_KEY")
-	}
-	if f.backend == "gemini" && key == "" {
-		return nil, withCode(exitFatal, errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key"))
-	}
-	return a.pollerWithKey(ctx, f, key)
-}
-
-// pollerWithKey is newPoller with the API key given (demo: the emulator's).
-func (a *app) pollerWithKey(ctx context.Context, f *pollFlags, key string) (*poller.Poller, error) {
+// pollerConfig is the poller's configuration from the flags and the API key.
+func (a *app) pollerConfig(f *pollFlags, key string) poller.Config {
 	cfg := poller.DefaultConfig()
 	cfg.Backend = f.backend
 	cfg.APIKey = key
@@ -93,35 +58,60 @@ func (a *app) pollerWithKey(ctx context.Context, f *pollFlags, key string) (*pol
 	cfg.PageSize = f.pageSize
 	cfg.Lookback = f.lookback
 	cfg.Logger = a.logger
-	p, err := poller.New(ctx, cfg)
-	if err != nil {
-		return nil, err
+	return cfg
+}
+
+// listingPoller is the listing poller's configuration from the flags and
+// the environment, checked (exit 2).
+func (a *app) listingPoller(f *pollFlags) (poller.Config, error) {
+	cfg := a.pollerConfig(f, poller.EnvAPIKey())
+	return cfg, usage(cfg.Validate())
+}
+
+// newPoller builds the listing poller: missing credentials are exit 1 (a
+// Gemini API key) or 2 (Vertex without a project and a location).
+func (a *app) newPoller(ctx context.Context, cfg poller.Config) (*poller.Poller, error) {
+	if err := cfg.CheckCredentials(); errors.Is(err, poller.ErrNoAPIKey) {
+		return nil, withCode(exitFatal, err)
+	} else if err != nil {
+		return nil, usage(err)
 	}
-	return p, nil
+	return poller.New(ctx, cfg)
 }
 
 // loopOptions are how a command runs its passes: interval between the
 // starts of passes (0: one pass), the fleet's minimum interval of a single
-// pass (poll --min-interval; 0: Interval), and poll --force.
+// pass (poll --min-interval; 0: Interval), and poll --force; intervalFlag
+// names the flag of interval in messages.
 type loopOptions struct {
 	interval, minInterval time.Duration
 	force                 bool
+	intervalFlag          string
 }
 
-// pollLoop wires the ingest package's pass loop to this process's flags.
-func (a *app) pollLoop(s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics, f *pollFlags, o loopOptions) (*ingest.Poll, error) {
-	return ingest.NewPoll(ingest.PollConfig{
-		Sink:          s,
-		Poller:        p,
-		Dispatcher:    d,
-		Metrics:       m,
+// pollConfig is the pass loop's configuration from the flags, checked
+// (ingest's rules: exit 2) before anything is opened; the caller adds the
+// sink, the poller and the dispatcher.
+func (a *app) pollConfig(f *pollFlags, o loopOptions) (ingest.PollConfig, error) {
+	cfg := ingest.PollConfig{
 		FullScanEvery: f.fullScanEvery,
 		Interval:      o.interval,
 		MinInterval:   o.minInterval,
 		PassLease:     f.passLease,
 		Force:         o.force,
 		Logger:        a.logger,
-	})
+	}
+	names := map[string]string{"Interval": o.intervalFlag}
+	if err := usage(ingest.ValidateFullScanEvery(f.lookback, f.fullScanEvery), names); err != nil {
+		return cfg, err
+	}
+	return cfg, usage(cfg.Validate(), names)
+}
+
+// pollLoop wires the sink, the poller, the dispatcher and metrics into cfg.
+func pollLoop(cfg ingest.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*ingest.Poll, error) {
+	cfg.Sink, cfg.Poller, cfg.Dispatcher, cfg.Metrics = s, p, d, m
+	return ingest.NewPoll(cfg)
 }
 
 // printSummary writes a pass's summary line (spec §5.4) on stderr, as JSON
@@ -144,21 +134,143 @@ func passExit(r ingest.Result) error {
 	return nil
 }
 
+// pollOptions are poll's flags.
+type pollOptions struct {
+	pf          pollFlags
+	ef          effectFlags
+	cf          confirmFlags
+	watch       bool
+	interval    time.Duration
+	minInterval time.Duration
+	force       bool
+	metricsFile string
+}
+
 func (a *app) pollCommand() *cobra.Command {
-	var (
-		pf          pollFlags
-		ef          effectFlags
-		cf          confirmFlags
-		watch       bool
-		interval    time.Duration
-		minInterval time.Duration
-		force       bool
-		metricsFile string
-	)
+	var o pollOptions
 	cmd := &cobra.Command{
-		Use:   "poll [flags]",
-		Short: "One reconciliation pass over the batch list (for cron), or --watch to repeat",
-		Long: `List batch operations through the official genai SDK, record every terminal one
+		Use:     "poll [flags]",
+		Short:   "One reconciliation pass over the batch list (for cron), or --watch to repeat",
+		Long:    pollLong,
+		Example: pollExample,
+		Args:    exactArgs(0),
+		RunE:    func(cmd *cobra.Command, args []string) error { return a.runPoll(cmd.Context(), &o) },
+	}
+	o.pf.register(cmd.Flags())
+	o.ef.register(cmd)
+	o.cf.register(cmd.Flags())
+	f := cmd.Flags()
+	f.BoolVar(&o.watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
+	f.DurationVar(&o.interval, "interval", 5*time.Minute, "time between the starts of passes with --watch; a pass also skips its listing when a pass of the scope, by any process, started less than 0.9 × this ago")
+	f.DurationVar(&o.minInterval, "min-interval", 0, "without --watch: skip the listing when a pass of the scope, by any process, started less than 0.9 × this ago (for cron on several hosts: give the cron period; 0 = skip only while another process holds the pass lease)")
+	f.BoolVar(&o.force, "force", false, "list even when another process holds the scope's pass lease or listed recently (without --watch)")
+	f.StringVar(&o.metricsFile, "metrics-textfile", "", "write each pass's gauges here in Prometheus text format, with the scope's last success and last full scan from the database (atomically; for node_exporter's textfile collector)")
+	return cmd
+}
+
+// loop is how poll's flags run passes: one, or --watch's every --interval.
+func (o *pollOptions) loop() (loopOptions, error) {
+	if o.watch && o.interval <= 0 {
+		return loopOptions{}, usageError("--watch needs a positive --interval")
+	}
+	if err := durationFlagCheck("min-interval", o.minInterval); err != nil {
+		return loopOptions{}, err
+	}
+	lo := loopOptions{minInterval: o.minInterval, force: o.force, intervalFlag: "--interval"}
+	if o.watch {
+		lo.interval = o.interval
+	}
+	return lo, nil
+}
+
+// runPoll is poll: one pass, or --watch's passes until ctx is done.
+func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
+	plcfg, err := a.listingPoller(&o.pf)
+	if err != nil {
+		return err
+	}
+	mode, err := o.cf.parse()
+	if err != nil {
+		return err
+	}
+	lo, err := o.loop()
+	if err != nil {
+		return err
+	}
+	pcfg, err := a.pollConfig(&o.pf, lo)
+	if err != nil {
+		return err
+	}
+	dcfg, err := a.dispatchConfig(&o.ef, &o.cf)
+	if err != nil {
+		return err
+	}
+	// Credentials first: a missing key should not leave a new, empty
+	// database behind.
+	p, err := a.newPoller(ctx, plcfg)
+	if err != nil {
+		return err
+	}
+	api, err := a.setupAPI(ctx, &o.pf, mode, &o.cf, p, dcfg)
+	if err != nil {
+		return err
+	}
+	s, err := a.openSink(ctx, o.ef.sinkOptions())
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	d, err := dispatcher(dcfg, s, nil, api)
+	if err != nil {
+		return err
+	}
+	loop, err := pollLoop(pcfg, s, p, d, nil)
+	if err != nil {
+		return err
+	}
+	if !o.watch {
+		r := loop.Pass(ctx)
+		a.reportPass(r, o.metricsFile)
+		return passExit(r)
+	}
+	return a.watch(ctx, loop, o.metricsFile)
+}
+
+// reportPass prints a pass's summary and writes --metrics-textfile.
+func (a *app) reportPass(r ingest.Result, metricsFile string) {
+	a.printSummary(r)
+	if metricsFile == "" {
+		return
+	}
+	if err := ingest.WriteTextfile(metricsFile, r); err != nil {
+		a.logger.Error("writing --metrics-textfile", "path", metricsFile, "err", err)
+	}
+}
+
+// watch runs poll --watch's passes until ctx is done. A broken stdout (the
+// print effect's reader went away) ends the watch: no later pass could run
+// an effect.
+func (a *app) watch(ctx context.Context, loop *ingest.Poll, metricsFile string) error {
+	wctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	_ = loop.Watch(wctx, func(r ingest.Result) {
+		a.reportPass(r, metricsFile)
+		err := r.Err()
+		if errors.Is(err, dispatch.ErrEffectBroken) {
+			stop(err)
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			a.logger.Error("poll pass failed; the next pass retries", "err", err)
+		}
+	})
+	if err := context.Cause(wctx); errors.Is(err, dispatch.ErrEffectBroken) {
+		return err
+	}
+	return nil
+}
+
+const pollLong = `List batch operations through the official genai SDK, record every terminal one
 (SUCCEEDED, FAILED, CANCELLED, EXPIRED, PARTIALLY_SUCCEEDED) created within
 --lookback with source "poll", then run the effect for every due key.
 
@@ -192,106 +304,11 @@ Prints one summary line to stderr per pass (one JSON object with
 every effect succeeded, 1 fatal (credentials, database, listing failed after
 retries or lost its pass lease), 4 some effect failed (retry scheduled or key
 dead) or an outcome was fenced. Overlapping cron runs are safe: claims decide
-who runs each effect.`,
-		Example: `  # crontab: every 10 minutes
+who runs each effect.`
+
+const pollExample = `  # crontab: every 10 minutes
   */10 * * * * GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec /usr/local/bin/publish-batch
   gemrecon poll --watch --interval 5m --forward https://internal/hook
   # the same crontab on three hosts, one PostgreSQL database: about one listing per 10 minutes in all
   */10 * * * * GEMINI_API_KEY=… gemrecon --db postgres://gemrecon@db/gemrecon poll --min-interval 10m --exec /usr/local/bin/publish-batch
-  gemrecon poll --backend vertex --project my-proj --location us-central1 --lookback 0`,
-		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := pf.validate(); err != nil {
-				return err
-			}
-			if err := ef.validate(); err != nil {
-				return err
-			}
-			if err := cf.validate(); err != nil {
-				return err
-			}
-			if watch && interval <= 0 {
-				return usageError("--watch needs a positive --interval")
-			}
-			switch {
-			case minInterval < 0:
-				return usageError("--min-interval must not be negative")
-			case watch && minInterval > 0:
-				return usageError("--min-interval is for single passes: --watch already skips a pass when one of the scope started less than 0.9 × --interval ago")
-			case force && watch:
-				return usageError("--force is for one pass: with --watch every pass would ignore the other processes' pass lease")
-			case force && minInterval > 0:
-				return usageError("--force lists regardless of --min-interval: give one or the other")
-			}
-			ctx := cmd.Context()
-			// Credentials first: a missing key should not leave a new,
-			// empty database behind.
-			p, err := a.newPoller(ctx, &pf)
-			if err != nil {
-				return err
-			}
-			s, err := a.openSink(ctx, ef.sinkOptions())
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			api, err := a.setupAPI(ctx, &pf, &cf, p)
-			if err != nil {
-				return err
-			}
-			d, err := a.dispatcher(s, &ef, nil, api, &cf)
-			if err != nil {
-				return err
-			}
-			lo := loopOptions{minInterval: minInterval, force: force}
-			if watch {
-				lo.interval = interval
-			}
-			loop, err := a.pollLoop(s, p, d, nil, &pf, lo)
-			if err != nil {
-				return err
-			}
-			report := func(r ingest.Result) {
-				a.printSummary(r)
-				if metricsFile != "" {
-					if err := ingest.WriteTextfile(metricsFile, r); err != nil {
-						a.logger.Error("writing --metrics-textfile", "path", metricsFile, "err", err)
-					}
-				}
-			}
-			if !watch {
-				r := loop.Pass(ctx)
-				report(r)
-				return passExit(r)
-			}
-			// A broken stdout (the print effect's reader went away) ends the
-			// watch: no later pass could run an effect.
-			wctx, stop := context.WithCancelCause(ctx)
-			defer stop(nil)
-			_ = loop.Watch(wctx, func(r ingest.Result) {
-				report(r)
-				err := r.Err()
-				if errors.Is(err, dispatch.ErrEffectBroken) {
-					stop(err)
-					return
-				}
-				if err != nil && ctx.Err() == nil {
-					a.logger.Error("poll pass failed; the next pass retries", "err", err)
-				}
-			})
-			if err := context.Cause(wctx); errors.Is(err, dispatch.ErrEffectBroken) {
-				return err
-			}
-			return nil
-		},
-	}
-	pf.register(cmd.Flags())
-	ef.register(cmd.Flags())
-	cf.register(cmd.Flags())
-	cmd.Flags().BoolVar(&watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
-	cmd.Flags().DurationVar(&interval, "interval", 5*time.Minute, "time between the starts of passes with --watch; a pass also skips its listing when a pass of the scope, by any process, started less than 0.9 × this ago")
-	cmd.Flags().DurationVar(&minInterval, "min-interval", 0, "without --watch: skip the listing when a pass of the scope, by any process, started less than 0.9 × this ago (for cron on several hosts: give the cron period; 0 = skip only while another process holds the pass lease)")
-	cmd.Flags().BoolVar(&force, "force", false, "list even when another process holds the scope's pass lease or listed recently (without --watch)")
-	cmd.Flags().StringVar(&metricsFile, "metrics-textfile", "", "write each pass's gauges here in Prometheus text format, with the scope's last success and last full scan from the database (atomically; for node_exporter's textfile collector)")
-	return cmd
-}
+  gemrecon poll --backend vertex --project my-proj --location us-central1 --lookback 0`

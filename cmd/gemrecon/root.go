@@ -158,8 +158,8 @@ func (a *app) setup() error {
 	default:
 		return usageError("--log-format %q: want text or json", a.logFormat)
 	}
-	if strings.TrimSpace(a.db) == "" {
-		return usageError("--db is empty: give a SQLite file path or a postgres:// URL")
+	if _, err := dial.Parse(a.db); err != nil { // sink/dial decides what --db names
+		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
 	}
 	return nil
 }

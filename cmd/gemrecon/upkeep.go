@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -14,92 +15,113 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
+// retryOptions are the flags of retry.
+type retryOptions struct {
+	allDead bool
+}
+
 func (a *app) retryCommand() *cobra.Command {
-	var allDead bool
+	var o retryOptions
 	cmd := &cobra.Command{
 		Use:   "retry KEY-OR-NAME... | --all-dead",
 		Short: "Send dead completions back to pending, due now",
-		Long: `Move dead keys back to pending, due now, so that the next poll, drain or
-serve worker runs their effect again. Their history (attempts, last error) is
-kept. Keys that are not dead are left alone and reported; for an unknown
-bare id (x) the report names the recorded batches/x (or
-batchPredictionJobs/x, operations/x) it may have meant.`,
+		Long:  retryLong,
 		Example: `  gemrecon retry batches/abc123
   gemrecon retry --all-dead && gemrecon drain --exec ./publish.sh`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if allDead == (len(args) > 0) {
-				return usageError("give one or more keys, or --all-dead (not both)")
-			}
-			keys := make([]string, 0, len(args))
-			exact := map[string]string{} // canonical key → the key exactly as typed (spec §12)
-			for _, arg := range args {
-				ks, err := keysFor(arg)
-				if err != nil {
-					return err
-				}
-				keys = append(keys, ks[0])
-				if len(ks) > 1 {
-					exact[ks[0]] = ks[1]
-				}
-			}
-			s, err := a.openSink(cmd.Context(), sink.Options{})
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if allDead {
-				dead, err := s.List(cmd.Context(), sink.ListOptions{State: sink.StateDead})
-				if err != nil {
-					return err
-				}
-				for _, e := range dead {
-					keys = append(keys, e.Key)
-				}
-			}
-			var failed int
-			for _, k := range keys {
-				err := s.Retry(cmd.Context(), k)
-				if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
-					if err = s.Retry(cmd.Context(), as); !errors.Is(err, sink.ErrNotFound) {
-						k = as
-					}
-				}
-				if errors.Is(err, sink.ErrNotFound) {
-					if cerr := canon.CheckKey(k); cerr != nil {
-						err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
-					} else if hint := meantKeys(cmd.Context(), s, k); hint != "" {
-						err = fmt.Errorf("%w; %s", err, hint)
-					}
-				}
-				switch {
-				case err == nil:
-					fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
-				case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
-					failed++
-					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
-				default:
-					return err
-				}
-			}
-			if allDead {
-				fmt.Fprintf(a.stdout, "%d dead key(s) sent back to pending\n", len(keys))
-			}
-			if failed > 0 {
-				return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runRetry(cmd.Context(), &o, args) },
 	}
-	cmd.Flags().BoolVar(&allDead, "all-dead", false, "retry every dead key")
+	cmd.Flags().BoolVar(&o.allDead, "all-dead", false, "retry every dead key")
 	return cmd
 }
 
+const retryLong = `Move dead keys back to pending, due now, so that the next poll, drain or
+serve worker runs their effect again. Their history (attempts, last error) is
+kept. Keys that are not dead are left alone and reported; for an unknown
+bare id (x) the report names the recorded batches/x (or
+batchPredictionJobs/x, operations/x) it may have meant.`
+
+// retryKeys are the canonical keys of the arguments, and for those typed as
+// a key whose canonical form differs, the key exactly as typed (spec §12).
+func retryKeys(args []string) (keys []string, exact map[string]string, err error) {
+	keys, exact = make([]string, 0, len(args)), map[string]string{}
+	for _, arg := range args {
+		ks, err := keysFor(arg)
+		if err != nil {
+			return nil, nil, err
+		}
+		keys = append(keys, ks[0])
+		if len(ks) > 1 {
+			exact[ks[0]] = ks[1]
+		}
+	}
+	return keys, exact, nil
+}
+
+// runRetry does the work of retry.
+func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) error {
+	if o.allDead == (len(args) > 0) {
+		return usageError("give one or more keys, or --all-dead (not both)")
+	}
+	keys, exact, err := retryKeys(args)
+	if err != nil {
+		return err
+	}
+	s, err := a.openSink(ctx, sink.Options{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if o.allDead {
+		dead, err := s.List(ctx, sink.ListOptions{State: sink.StateDead})
+		if err != nil {
+			return err
+		}
+		for _, e := range dead {
+			keys = append(keys, e.Key)
+		}
+	}
+	var failed int
+	for _, k := range keys {
+		err := s.Retry(ctx, k)
+		if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
+			if err = s.Retry(ctx, as); !errors.Is(err, sink.ErrNotFound) {
+				k = as
+			}
+		}
+		if errors.Is(err, sink.ErrNotFound) {
+			if cerr := canon.CheckKey(k); cerr != nil {
+				err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
+			} else if hint := meantKeys(ctx, s, k); hint != "" {
+				err = fmt.Errorf("%w; %s", err, hint)
+			}
+		}
+		switch {
+		case err == nil:
+			fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
+		case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
+			failed++
+			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+		default:
+			return err
+		}
+	}
+	if o.allDead {
+		fmt.Fprintf(a.stdout, "%d dead key(s) sent back to pending\n", len(keys))
+	}
+	if failed > 0 {
+		return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
+	}
+	return nil
+}
+
+// purgeOptions are purge's flags.
+type purgeOptions struct {
+	req        sink.PurgeRequest
+	resultsDir string
+}
+
 func (a *app) purgeCommand() *cobra.Command {
-	var (
-		olderThan  time.Duration
-		force      bool
-		resultsDir string
-	)
+	var o purgeOptions
 	cmd := &cobra.Command{
 		Use:   "purge --older-than D",
 		Short: "Delete done rows older than D",
@@ -112,75 +134,78 @@ the results files of the purged keys (DIR/<id>.jsonl) are deleted too.`,
   gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches
   gemrecon purge --older-than 720h --results-dir /var/lib/gemrecon/results`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if olderThan <= 0 {
-				return usageError("--older-than is required and must be positive (e.g. 720h)")
-			}
-			var dir *results.Dir
-			if resultsDir != "" {
-				var err error
-				if dir, err = results.Open(resultsDir); err != nil {
-					return withCode(exitUsage, err)
-				}
-			}
-			s, err := a.openSink(cmd.Context(), sink.Options{})
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if !force {
-				lb, forever, ok, err := s.MaxLookback(cmd.Context())
-				if err != nil {
-					return err
-				}
-				switch {
-				case ok && forever:
-					return usageError("refusing to purge: a poll in this database used --lookback 0 (every page, forever), so any purged key could be re-seen and run again; pass --force if you are sure")
-				case ok && olderThan < lb:
-					return usageError("refusing to purge: --older-than %v is shorter than the longest poll --lookback %v recorded here; a purged key re-seen by the poller would run again (use --older-than ≥ %v, or --force)", olderThan, lb, lb)
-				}
-			}
-			if dir == nil {
-				n, err := s.Purge(cmd.Context(), time.Now().Add(-olderThan))
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, olderThan)
-				return nil
-			}
-			keys, err := s.PurgeKeys(cmd.Context(), time.Now().Add(-olderThan))
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", len(keys), olderThan)
-			// After the rows: a purge that failed deletes no file. A crash
-			// in between leaves files no key names (harmless).
-			removed, failed := 0, 0
-			for _, k := range keys {
-				id, ok := strings.CutPrefix(canon.Name(k), "batches/")
-				if !ok {
-					continue // only Gemini API batches have results files
-				}
-				gone, err := dir.Remove(id)
-				switch {
-				case err != nil:
-					failed++
-					fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
-				case gone:
-					removed++
-				}
-			}
-			fmt.Fprintf(a.stdout, "removed %d results file(s) from %s\n", removed, dir.Path())
-			if failed > 0 {
-				return withCode(exitFatal, fmt.Errorf("%d results file(s) could not be removed", failed))
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runPurge(cmd.Context(), &o) },
 	}
-	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
-	cmd.Flags().BoolVar(&force, "force", false, "purge even when a poll's lookback could re-see the keys")
-	cmd.Flags().StringVar(&resultsDir, "results-dir", "", "also delete the purged keys' results files from this directory (the --results-dir of poll, serve, drain)")
+	cmd.Flags().DurationVar(&o.req.OlderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
+	cmd.Flags().BoolVar(&o.req.Force, "force", false, "purge even when a poll's lookback could re-see the keys")
+	cmd.Flags().StringVar(&o.resultsDir, "results-dir", "", "also delete the purged keys' results files from this directory (the --results-dir of poll, serve, drain)")
 	return cmd
+}
+
+// runPurge is purge: the lookback guard (sink.PurgeRequest.Check), the rows,
+// then their results files.
+func (a *app) runPurge(ctx context.Context, o *purgeOptions) error {
+	if err := usage(o.req.Validate()); err != nil {
+		return err
+	}
+	var dir *results.Dir
+	if o.resultsDir != "" {
+		var err error
+		if dir, err = results.Open(o.resultsDir); err != nil {
+			return withCode(exitUsage, err)
+		}
+	}
+	s, err := a.openSink(ctx, sink.Options{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := o.req.Check(ctx, s); errors.Is(err, sink.ErrPurgeRefused) {
+		return usage(err)
+	} else if err != nil {
+		return err
+	}
+	before := time.Now().Add(-o.req.OlderThan)
+	if dir == nil {
+		n, err := s.Purge(ctx, before)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, o.req.OlderThan)
+		return nil
+	}
+	keys, err := s.PurgeKeys(ctx, before)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", len(keys), o.req.OlderThan)
+	return a.removeResults(dir, keys)
+}
+
+// removeResults deletes the purged keys' results files. It runs after the
+// rows: a purge that failed deletes no file. A crash in between leaves
+// files no key names (harmless).
+func (a *app) removeResults(dir *results.Dir, keys []string) error {
+	removed, failed := 0, 0
+	for _, k := range keys {
+		id, ok := strings.CutPrefix(canon.Name(k), "batches/")
+		if !ok {
+			continue // only Gemini API batches have results files
+		}
+		gone, err := dir.Remove(id)
+		switch {
+		case err != nil:
+			failed++
+			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+		case gone:
+			removed++
+		}
+	}
+	fmt.Fprintf(a.stdout, "removed %d results file(s) from %s\n", removed, dir.Path())
+	if failed > 0 {
+		return withCode(exitFatal, fmt.Errorf("%d results file(s) could not be removed", failed))
+	}
+	return nil
 }
 
 func (a *app) versionCommand() *cobra.Command {

@@ -272,12 +272,35 @@ func (s *secretFile) write(comment, secret string) error {
 	return nil
 }
 
+// webhooksCreateOptions are the flags of webhooksCreate.
+type webhooksCreateOptions struct {
+	f      *webhooksFlags
+	uri    string
+	events string
+	name   string
+	file   string
+}
+
 func (a *app) webhooksCreateCommand(f *webhooksFlags) *cobra.Command {
-	var uri, events, name, file string
+	o := webhooksCreateOptions{f: f}
 	cmd := &cobra.Command{
 		Use:   "create --url URL [--events LIST] [--name N] [--secret-file PATH]",
 		Short: "Register a static webhook and get its signing secret (shown once)",
-		Long: `Register a static webhook: the Gemini API will POST every subscribed event of
+		Long:  webhooksCreateLong,
+		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
+  gemrecon webhooks create --url https://hooks.example.com/webhook --events batch.succeeded,batch.failed --name nightly`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksCreate(cmd.Context(), &o) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.uri, "url", "", "where the API sends events: serve's public URL and --path (required)")
+	fl.StringVar(&o.events, "events", defaultEvents, "comma-separated event types to subscribe to")
+	fl.StringVar(&o.name, "name", "gemrecon", "the webhook's name, shown by list")
+	fl.StringVar(&o.file, "secret-file", "", "write the signing secret to this new file (mode 0600) instead of stdout")
+	return cmd
+}
+
+const webhooksCreateLong = `Register a static webhook: the Gemini API will POST every subscribed event of
 this project to --url, signed per Standard Webhooks with a whsec_ secret that
 the API returns only this once.
 
@@ -291,83 +314,79 @@ is printed. PATH must not exist: an existing secret is never overwritten
 
 A create is never retried: if the answer is lost (a 5xx, a timeout), run
 'gemrecon webhooks list' to see whether the webhook exists before trying
-again.`,
-		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
-  gemrecon webhooks create --url https://hooks.example.com/webhook --events batch.succeeded,batch.failed --name nightly`,
-		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkWebhookURL(uri); err != nil {
-				return err
-			}
-			evs, err := parseEvents(events)
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			var sf *secretFile
-			if file != "" {
-				if sf, err = reserveSecretFile(file); err != nil {
-					return err
-				}
-			}
-			in := webhooks.WebhookInput{SubscribedEvents: evs, URI: uri}
-			if name != "" {
-				in.Name = &name
-			}
-			res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
-			if err != nil {
-				if sf != nil {
-					sf.abandon()
-				}
-				var ae *apierrors.APIError
-				if !errors.As(err, &ae) || ae.StatusCode >= 500 {
-					return apiError("webhooks create", err, "the webhook may have been created before the answer was lost: run 'gemrecon webhooks list' before trying again")
-				}
-				return apiError("webhooks create", err)
-			}
-			w := res.Webhook
-			id, secret := "", ""
-			if w != nil && w.ID != nil {
-				id = *w.ID
-			}
-			if w != nil && w.NewSigningSecret != nil {
-				secret = *w.NewSigningSecret
-			}
-			if id == "" || secret == "" {
-				if sf != nil {
-					sf.abandon()
-				}
-				return withCode(exitFatal, fmt.Errorf("webhooks create: the API's answer has no id or no new_signing_secret (id %s); see 'gemrecon webhooks list', and rotate or delete that webhook", canon.Quote(id)))
-			}
-			fmt.Fprintf(a.stdout, "id: %s\n", printable(id))
-			what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(joinEvents(w.SubscribedEvents)))
-			if sf == nil {
-				fmt.Fprintf(a.stdout, "secret: %s\n", secret)
-				fmt.Fprintln(a.stderr, what+`
+again.`
+
+// handOverSecret prints a created webhook's ID and gives its secret to the
+// user: on stdout, or written to --secret-file.
+func (a *app) handOverSecret(o *webhooksCreateOptions, w *webhooks.Webhook, id, secret string, sf *secretFile) error {
+	fmt.Fprintf(a.stdout, "id: %s\n", printable(id))
+	what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(joinEvents(w.SubscribedEvents)))
+	if sf == nil {
+		fmt.Fprintf(a.stdout, "secret: %s\n", secret)
+		fmt.Fprintln(a.stderr, what+`
 The signing secret is shown only this once. Give it to serve:
   GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve …
 or put it on a line of its own in a file (mode 0600) and run: gemrecon serve --secret-file FILE …
 Next time, --secret-file PATH writes it there for you.`)
-				return nil
-			}
-			comment := fmt.Sprintf("gemrecon webhooks create: webhook %s (%s), %s", id, w.URI, time.Now().UTC().Format(time.RFC3339))
-			if err := sf.write(printable(comment), secret); err != nil {
-				return withCode(exitFatal, fmt.Errorf("webhook %s was created, but its secret could not be written to %s: %v; get a new secret with 'gemrecon webhooks rotate %s --now --secret-file PATH', or remove the webhook with 'gemrecon webhooks delete %s'", id, file, err, id, id))
-			}
-			fmt.Fprintf(a.stderr, "%s\nThe signing secret is in %s (mode 0600). Start serve with: gemrecon serve --secret-file %s …\n", what, file, file)
-			return nil
-		},
+		return nil
 	}
-	fl := cmd.Flags()
-	fl.StringVar(&uri, "url", "", "where the API sends events: serve's public URL and --path (required)")
-	fl.StringVar(&events, "events", defaultEvents, "comma-separated event types to subscribe to")
-	fl.StringVar(&name, "name", "gemrecon", "the webhook's name, shown by list")
-	fl.StringVar(&file, "secret-file", "", "write the signing secret to this new file (mode 0600) instead of stdout")
-	return cmd
+	comment := fmt.Sprintf("gemrecon webhooks create: webhook %s (%s), %s", id, w.URI, time.Now().UTC().Format(time.RFC3339))
+	if err := sf.write(printable(comment), secret); err != nil {
+		return withCode(exitFatal, fmt.Errorf("webhook %s was created, but its secret could not be written to %s: %v; get a new secret with 'gemrecon webhooks rotate %s --now --secret-file PATH', or remove the webhook with 'gemrecon webhooks delete %s'", id, o.file, err, id, id))
+	}
+	fmt.Fprintf(a.stderr, "%s\nThe signing secret is in %s (mode 0600). Start serve with: gemrecon serve --secret-file %s …\n", what, o.file, o.file)
+	return nil
+}
+
+// runWebhooksCreate does the work of webhooksCreate.
+func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) error {
+	if err := checkWebhookURL(o.uri); err != nil {
+		return err
+	}
+	evs, err := parseEvents(o.events)
+	if err != nil {
+		return err
+	}
+	wc, err := a.webhooksClient(ctx, o.f)
+	if err != nil {
+		return err
+	}
+	var sf *secretFile
+	if o.file != "" {
+		if sf, err = reserveSecretFile(o.file); err != nil {
+			return err
+		}
+	}
+	in := webhooks.WebhookInput{SubscribedEvents: evs, URI: o.uri}
+	if o.name != "" {
+		in.Name = &o.name
+	}
+	res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
+	if err != nil {
+		if sf != nil {
+			sf.abandon()
+		}
+		var ae *apierrors.APIError
+		if !errors.As(err, &ae) || ae.StatusCode >= 500 {
+			return apiError("webhooks create", err, "the webhook may have been created before the answer was lost: run 'gemrecon webhooks list' before trying again")
+		}
+		return apiError("webhooks create", err)
+	}
+	w := res.Webhook
+	id, secret := "", ""
+	if w != nil && w.ID != nil {
+		id = *w.ID
+	}
+	if w != nil && w.NewSigningSecret != nil {
+		secret = *w.NewSigningSecret
+	}
+	if id == "" || secret == "" {
+		if sf != nil {
+			sf.abandon()
+		}
+		return withCode(exitFatal, fmt.Errorf("webhooks create: the API's answer has no id or no new_signing_secret (id %s); see 'gemrecon webhooks list', and rotate or delete that webhook", canon.Quote(id)))
+	}
+	return a.handOverSecret(o, w, id, secret, sf)
 }
 
 func joinEvents(evs []webhooks.WebhookSubscribedEvent) string {
@@ -437,73 +456,83 @@ func secretsSummary(ss []secretJSON) string {
 
 const maxListPages = 10000
 
+// webhooksListOptions are the flags of webhooksList.
+type webhooksListOptions struct {
+	f      *webhooksFlags
+	asJSON bool
+}
+
 func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
-	var asJSON bool
+	o := webhooksListOptions{f: f}
 	cmd := &cobra.Command{
 		Use:   "list [--json]",
 		Short: "List the project's static webhooks",
-		Long: `List every static webhook of the project (all pages): ID, name, state,
+		Long:  webhooksListLong,
+		Example: `  gemrecon webhooks list
+  gemrecon webhooks list --json | jq -r '.[] | select(.state != "enabled") | .id'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksList(cmd.Context(), &o) },
+	}
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+const webhooksListLong = `List every static webhook of the project (all pages): ID, name, state,
 subscribed events, signing secrets (how many are valid, and when the previous
 one expires after a rotation) and URL. --json prints an array of objects with
 the API's field names (id, name, uri, state, subscribed_events,
 signing_secrets with truncated_secret and expire_time, create_time,
 update_time). A webhook in state disabled_due_to_failed_deliveries gets no
-events: fix the receiver, then re-enable it (the API's update method).`,
-		Example: `  gemrecon webhooks list
-  gemrecon webhooks list --json | jq -r '.[] | select(.state != "enabled") | .id'`,
-		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			var all []webhookJSON
-			var token *string
-			seen := map[string]bool{}
-			for page := 0; ; page++ {
-				if page == maxListPages {
-					return withCode(exitFatal, fmt.Errorf("webhooks list: more than %d pages; the API keeps handing out page tokens", maxListPages))
-				}
-				res, err := wc.List(ctx, operations.ListWebhooksRequest{PageSize: genai.Ptr(100), PageToken: token})
-				if err != nil {
-					return apiError("webhooks list", err)
-				}
-				for _, w := range res.WebhookListResponse.GetWebhooks() {
-					all = append(all, toJSON(w))
-				}
-				token = res.WebhookListResponse.GetNextPageToken()
-				if token == nil || *token == "" {
-					break
-				}
-				if seen[*token] {
-					return withCode(exitFatal, errors.New("webhooks list: the API repeated a page token; stopping instead of looping"))
-				}
-				seen[*token] = true
-			}
-			if asJSON {
-				if all == nil {
-					all = []webhookJSON{}
-				}
-				enc := json.NewEncoder(a.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(all)
-			}
-			if len(all) == 0 {
-				fmt.Fprintln(a.stderr, "No webhooks: register one with 'gemrecon webhooks create --url URL'.")
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tEVENTS\tSECRETS\tURL")
-			for _, w := range all {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(w.ID), printable(w.Name), printable(w.State),
-					printable(strings.Join(w.SubscribedEvents, ",")), secretsSummary(w.SigningSecrets), printable(w.URI))
-			}
-			return tw.Flush()
-		},
+events: fix the receiver, then re-enable it (the API's update method).`
+
+// runWebhooksList does the work of webhooksList.
+func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error {
+	wc, err := a.webhooksClient(ctx, o.f)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
-	return cmd
+	var all []webhookJSON
+	var token *string
+	seen := map[string]bool{}
+	for page := 0; ; page++ {
+		if page == maxListPages {
+			return withCode(exitFatal, fmt.Errorf("webhooks list: more than %d pages; the API keeps handing out page tokens", maxListPages))
+		}
+		res, err := wc.List(ctx, operations.ListWebhooksRequest{PageSize: genai.Ptr(100), PageToken: token})
+		if err != nil {
+			return apiError("webhooks list", err)
+		}
+		for _, w := range res.WebhookListResponse.GetWebhooks() {
+			all = append(all, toJSON(w))
+		}
+		token = res.WebhookListResponse.GetNextPageToken()
+		if token == nil || *token == "" {
+			break
+		}
+		if seen[*token] {
+			return withCode(exitFatal, errors.New("webhooks list: the API repeated a page token; stopping instead of looping"))
+		}
+		seen[*token] = true
+	}
+	if o.asJSON {
+		if all == nil {
+			all = []webhookJSON{}
+		}
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(all)
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(a.stderr, "No webhooks: register one with 'gemrecon webhooks create --url URL'.")
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tEVENTS\tSECRETS\tURL")
+	for _, w := range all {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(w.ID), printable(w.Name), printable(w.State),
+			printable(strings.Join(w.SubscribedEvents, ",")), secretsSummary(w.SigningSecrets), printable(w.URI))
+	}
+	return tw.Flush()
 }
 
 func (a *app) webhooksPingCommand(f *webhooksFlags) *cobra.Command {
@@ -532,13 +561,31 @@ records nothing and runs no effect for it.`,
 	}
 }
 
+// webhooksRotateOptions are the flags of webhooksRotate.
+type webhooksRotateOptions struct {
+	f    *webhooksFlags
+	now  bool
+	file string
+}
+
 func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
-	var now bool
-	var file string
+	o := webhooksRotateOptions{f: f}
 	cmd := &cobra.Command{
 		Use:   "rotate ID [--now] [--secret-file PATH]",
 		Short: "Give a webhook a new signing secret; the old one stays valid for 24 h unless --now",
-		Long: `Give the webhook a new signing secret. By default the previous secrets stay
+		Long:  webhooksRotateLong,
+		Example: `  gemrecon webhooks rotate ID --secret-file /etc/gemrecon/whsec && systemctl restart gemrecon
+  gemrecon webhooks rotate ID        # prints the new secret; then GEMRECON_WEBHOOK_SECRET="whsec_new whsec_old"
+  gemrecon webhooks rotate ID --now  # the old secret leaked: revoke it at once`,
+		Args: oneID,
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksRotate(cmd.Context(), &o, args[0]) },
+	}
+	cmd.Flags().BoolVar(&o.now, "now", false, "revoke the previous secrets immediately instead of after 24 h")
+	cmd.Flags().StringVar(&o.file, "secret-file", "", "append the new secret to this file (created with mode 0600 if missing) instead of printing it")
+	return cmd
+}
+
+const webhooksRotateLong = `Give the webhook a new signing secret. By default the previous secrets stay
 valid for 24 hours: give serve the new one alongside the old (serve accepts a
 delivery that any of its secrets verifies) within that time, whichever of the
 two the API signs with meanwhile. --now revokes the previous secrets
@@ -551,63 +598,54 @@ then the secret), which serve --secret-file reads as one secret per line;
 a missing PATH is created with mode 0600; an existing one must already be a
 file serve accepts. serve reads its secrets at start: restart it afterwards.
 
-A rotation is never retried: if the answer is lost, rotate again.`,
-		Example: `  gemrecon webhooks rotate ID --secret-file /etc/gemrecon/whsec && systemctl restart gemrecon
-  gemrecon webhooks rotate ID        # prints the new secret; then GEMRECON_WEBHOOK_SECRET="whsec_new whsec_old"
-  gemrecon webhooks rotate ID --now  # the old secret leaked: revoke it at once`,
-		Args: oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			var sf *secretFile
-			if file != "" {
-				if sf, err = a.openSecretFileForAppend(file); err != nil {
-					return err
-				}
-			}
-			behavior := webhooks.RevocationBehaviorRevokePreviousSecretsAfterH24
-			if now {
-				behavior = webhooks.RevocationBehaviorRevokePreviousSecretsImmediately
-			}
-			res, err := wc.RotateSigningSecret(ctx, operations.RotateSigningSecretRequest{ID: id,
-				Body: webhooks.RotateSigningSecretRequest{RevocationBehavior: behavior.ToPointer()}}, noRetries)
-			if err != nil {
-				if sf != nil {
-					sf.abandon()
-				}
-				return apiError("webhooks rotate "+printable(id), err)
-			}
-			secret := res.WebhookRotateSigningSecretResponse.GetSecret()
-			if secret == nil || *secret == "" {
-				if sf != nil {
-					sf.abandon()
-				}
-				return withCode(exitFatal, fmt.Errorf("webhooks rotate %s: the API's answer has no secret; rotate again", printable(id)))
-			}
-			until := a.previousSecretsEnd(ctx, wc, id, now)
-			if sf != nil {
-				comment := fmt.Sprintf("gemrecon webhooks rotate %s, %s; previous secrets %s", id, time.Now().UTC().Format(time.RFC3339), until)
-				if err := sf.write(printable(comment), *secret); err != nil {
-					advice := "the previous secrets stay valid " + until + ": rotate again to get another one"
-					if now {
-						advice = "the previous secrets are revoked: run 'gemrecon webhooks rotate " + id + " --now' again and give serve that secret"
-					}
-					return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), file, err, advice))
-				}
-			} else {
-				fmt.Fprintf(a.stdout, "secret: %s\n", *secret)
-			}
-			a.explainRotation(printable(id), file, until, now)
-			return nil
-		},
+A rotation is never retried: if the answer is lost, rotate again.`
+
+// runWebhooksRotate does the work of webhooksRotate.
+func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, id string) error {
+	wc, err := a.webhooksClient(ctx, o.f)
+	if err != nil {
+		return err
 	}
-	cmd.Flags().BoolVar(&now, "now", false, "revoke the previous secrets immediately instead of after 24 h")
-	cmd.Flags().StringVar(&file, "secret-file", "", "append the new secret to this file (created with mode 0600 if missing) instead of printing it")
-	return cmd
+	var sf *secretFile
+	if o.file != "" {
+		if sf, err = a.openSecretFileForAppend(o.file); err != nil {
+			return err
+		}
+	}
+	behavior := webhooks.RevocationBehaviorRevokePreviousSecretsAfterH24
+	if o.now {
+		behavior = webhooks.RevocationBehaviorRevokePreviousSecretsImmediately
+	}
+	res, err := wc.RotateSigningSecret(ctx, operations.RotateSigningSecretRequest{ID: id,
+		Body: webhooks.RotateSigningSecretRequest{RevocationBehavior: behavior.ToPointer()}}, noRetries)
+	if err != nil {
+		if sf != nil {
+			sf.abandon()
+		}
+		return apiError("webhooks rotate "+printable(id), err)
+	}
+	secret := res.WebhookRotateSigningSecretResponse.GetSecret()
+	if secret == nil || *secret == "" {
+		if sf != nil {
+			sf.abandon()
+		}
+		return withCode(exitFatal, fmt.Errorf("webhooks rotate %s: the API's answer has no secret; rotate again", printable(id)))
+	}
+	until := a.previousSecretsEnd(ctx, wc, id, o.now)
+	if sf != nil {
+		comment := fmt.Sprintf("gemrecon webhooks rotate %s, %s; previous secrets %s", id, time.Now().UTC().Format(time.RFC3339), until)
+		if err := sf.write(printable(comment), *secret); err != nil {
+			advice := "the previous secrets stay valid " + until + ": rotate again to get another one"
+			if o.now {
+				advice = "the previous secrets are revoked: run 'gemrecon webhooks rotate " + id + " --now' again and give serve that secret"
+			}
+			return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), o.file, err, advice))
+		}
+	} else {
+		fmt.Fprintf(a.stdout, "secret: %s\n", *secret)
+	}
+	a.explainRotation(printable(id), o.file, until, o.now)
+	return nil
 }
 
 // previousSecretsEnd reads back when the previous secrets expire ("valid

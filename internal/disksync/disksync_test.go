@@ -1,6 +1,9 @@
 package disksync
 
-import "testing"
+import (
+	"os"
+	"testing"
+)
 
 func TestRate(t *testing.T) {
 	r, err := Rate(t.TempDir(), 0, 20)
@@ -12,5 +15,24 @@ func TestRate(t *testing.T) {
 	}
 	if _, err := Rate(t.TempDir(), 0, 0); err == nil {
 		t.Errorf("Rate unbounded = nil error")
+	}
+}
+
+func TestProbe(t *testing.T) {
+	for _, p := range []Probe{{Bytes: 128}, {Bytes: 16 << 10}, {Bytes: 4096, Overwrite: true, RingBytes: 3 * 4096}} {
+		dir := t.TempDir()
+		r, err := p.Run(dir, 0, 10)
+		if err != nil {
+			t.Fatalf("%v: %v", p, err)
+		}
+		if r.Syncs != 10 || r.Rate() <= 0 {
+			t.Errorf("%v: %+v, want 10 syncs at a positive rate", p, r)
+		}
+		if left, _ := os.ReadDir(dir); len(left) != 0 {
+			t.Errorf("%v left %d files behind", p, len(left))
+		}
+	}
+	if _, err := (Probe{}).Run(t.TempDir(), 0, 1); err == nil {
+		t.Errorf("Probe of 0 bytes = nil error")
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
+	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 )
 
@@ -158,7 +159,7 @@ type Stats struct {
 // New checks cfg, generates the keys and builds the stand-in. Nothing
 // listens and no batch exists until Start.
 func New(cfg Config) (*Emulator, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Listen == "" {
@@ -211,33 +212,38 @@ func New(cfg Config) (*Emulator, error) {
 	return e, nil
 }
 
-func (c *Config) validate() error {
-	for _, p := range []struct {
+// Validate checks cfg's settings, naming the field at fault (a
+// field.Error): probabilities in [0, 1], no negative count or duration, a
+// known signature mode, usable dynamic webhook URIs and batches. New calls
+// it.
+func (c *Config) Validate() error {
+	const p = "emulator: "
+	for _, pr := range []struct {
 		name string
 		v    float64
-	}{{"drop", c.Drop}, {"duplicate", c.Duplicate}, {"fail rate", c.FailRate}, {"dynamic share", c.DynamicShare}} {
-		if !(p.v >= 0 && p.v <= 1) {
-			return fmt.Errorf("emulator: the %s must be in [0, 1], got %v", p.name, p.v)
+	}{{"{Drop}", c.Drop}, {"{Duplicate}", c.Duplicate}, {"{FailRate}", c.FailRate}, {"{DynamicShare}", c.DynamicShare}} {
+		if !(pr.v >= 0 && pr.v <= 1) {
+			return field.Errorf(p, pr.name+" %v: want a probability from 0 to 1", pr.v)
 		}
 	}
 	if c.Generate < 0 {
-		return fmt.Errorf("emulator: cannot generate %d batches", c.Generate)
+		return field.Errorf(p, "{the batches to generate|Generate} %d: must not be negative", c.Generate)
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"finish-within time", c.FinishWithin}, {"created batches' run time", c.CreatedFinishAfter}, {"retry delay", c.RetryDelay}} {
+	}{{"{FinishWithin}", c.FinishWithin}, {"{the created batches' run time|CreatedFinishAfter}", c.CreatedFinishAfter}, {"{RetryDelay}", c.RetryDelay}} {
 		if d.v < 0 {
-			return fmt.Errorf("emulator: the %s must not be negative, got %v", d.name, d.v)
+			return field.Errorf(p, d.name+" %v: must not be negative", d.v)
 		}
 	}
 	switch c.Signature {
 	case "", SignV1a, SignJWT, SignBoth:
 	default:
-		return fmt.Errorf("emulator: signature mode %q: want v1a, jwt or both", c.Signature)
+		return field.Errorf(p, "{the signature mode|Signature} %q: want v1a, jwt or both", c.Signature)
 	}
 	if err := geminifake.CheckWebhookConfig(&geminifake.WebhookConfig{Uris: c.DynamicURIs}); err != nil {
-		return fmt.Errorf("emulator: dynamic webhook URI: %w", err)
+		return field.Errorf(p, "{a dynamic webhook URI|DynamicURIs}: %w", err)
 	}
 	seen := map[string]bool{}
 	for i, b := range c.Batches {

@@ -61,15 +61,6 @@ func (s *Server) AddFile(f File) {
 	s.extra.files[f.Name] = &fileEntry{f: f, release: make(chan struct{})}
 }
 
-// RemoveFile deletes a file; false if unknown.
-func (s *Server) RemoveFile(name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.extra.files[name]
-	delete(s.extra.files, name)
-	return ok
-}
-
 // Unstall releases the downloads of a file held by StallAfter and lets
 // later downloads run to the end.
 func (s *Server) Unstall(name string) {

@@ -15,7 +15,6 @@
 package geminifake
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -952,23 +951,4 @@ func LoadBatches(path string) ([]Batch, error) {
 		}
 	}
 	return bs, nil
-}
-
-// WaitRequests blocks until at least n requests were recorded or ctx ends.
-func (s *Server) WaitRequests(ctx context.Context, n int) error {
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
-	for {
-		s.mu.Lock()
-		got := len(s.requests)
-		s.mu.Unlock()
-		if got >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }

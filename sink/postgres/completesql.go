@@ -71,7 +71,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 	})
 	switch {
 	case scriptErr != nil:
-		return fmt.Errorf("postgres: complete %q: --sql script: %w", key, withCtxErr(ctx, scriptErr))
+		return fmt.Errorf("postgres: complete %q: sql script: %w", key, withCtxErr(ctx, scriptErr))
 	case errors.Is(err, errNotCurrent):
 		// Count and explain the fenced outcome in its own statement.
 		var cur current

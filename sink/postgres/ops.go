@@ -922,6 +922,24 @@ func (s *Sink) List(ctx context.Context, opt sink.ListOptions) ([]sink.Entry, er
 	return out, nil
 }
 
+// countBy reads the (text, count) rows of q into m.
+func countBy(ctx context.Context, tx pgx.Tx, q string, m map[string]int64) error {
+	rows, err := tx.Query(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var n int64
+		if err := rows.Scan(&k, &n); err != nil {
+			return err
+		}
+		m[k] = n
+	}
+	return rows.Err()
+}
+
 // Stats summarises the sink from one snapshot. Latency percentiles are
 // nearest-rank (percentile_disc) over done keys' done_at − first_seen_at.
 func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
@@ -939,54 +957,19 @@ func (s *Sink) Stats(ctx context.Context) (sink.Stats, error) {
 			return err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		rows, err := tx.Query(ctx, `SELECT state, count(*) FROM gemrecon_keys GROUP BY state`)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var state string
-			var n int64
-			if err := rows.Scan(&state, &n); err != nil {
-				rows.Close()
+		byState := map[string]int64{}
+		for q, into := range map[string]map[string]int64{
+			`SELECT state, count(*) FROM gemrecon_keys GROUP BY state`:               byState,
+			`SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`: st.FirstSource,
+			`SELECT CASE WHEN dead_reason = '' THEN '` + sink.DeadEffect + `' ELSE dead_reason END, count(*)
+			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`: st.DeadByReason,
+		} {
+			if err := countBy(ctx, tx, q, into); err != nil {
 				return err
 			}
+		}
+		for state, n := range byState {
 			st.ByState[sink.State(state)] = n
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, err = tx.Query(ctx, `SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var src string
-			var n int64
-			if err := rows.Scan(&src, &n); err != nil {
-				rows.Close()
-				return err
-			}
-			st.FirstSource[src] = n
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, err = tx.Query(ctx, `SELECT CASE WHEN dead_reason = '' THEN '`+sink.DeadEffect+`' ELSE dead_reason END, count(*)
-			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var reason string
-			var n int64
-			if err := rows.Scan(&reason, &n); err != nil {
-				rows.Close()
-				return err
-			}
-			st.DeadByReason[reason] = n
-		}
-		if err := rows.Err(); err != nil {
-			return err
 		}
 		var oldest, p50, p99, max *float64
 		err = tx.QueryRow(ctx, `SELECT

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -22,19 +20,10 @@ import (
 
 var _ sink.Passes = (*Sink)(nil)
 
-// maxPassName bounds a scope or owner (as sink/sqlite).
-const maxPassName = 1024
-
-// checkPassName refuses what a pass record cannot hold the same way on every
-// backend: empty, longer than maxPassName bytes, invalid UTF-8 or NUL.
+// checkPassName is sink.CheckPassName, naming the operation.
 func checkPassName(what, kind, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("postgres: %s: empty %s", what, kind)
-	case len(v) > maxPassName:
-		return fmt.Errorf("postgres: %s: %s of %d bytes, longer than %d", what, kind, len(v), maxPassName)
-	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("postgres: %s: %s %q is not valid UTF-8 text without NUL", what, kind, v)
+	if err := sink.CheckPassName(kind, v); err != nil {
+		return fmt.Errorf("postgres: %s: %w", what, err)
 	}
 	return nil
 }

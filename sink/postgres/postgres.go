@@ -19,10 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -286,59 +284,41 @@ type migration struct {
 	sql       string
 }
 
-// minReaderPrefix starts the first line of every migration file.
-const minReaderPrefix = "-- min_reader:"
-
-// parseMigration reads a migration file's version (from its name, which is
-// NNNN_description.sql) and minimum reader (from its first line).
+// parseMigration is sink.ParseMigration in this package's terms.
 func parseMigration(base, text string) (migration, error) {
-	num, _, ok := strings.Cut(base, "_")
-	v, err := strconv.Atoi(num)
-	if !ok || err != nil || v < 1 {
-		return migration{}, fmt.Errorf("postgres: migration %s: name must start with a version number", base)
+	m, err := sink.ParseMigration(base, text)
+	if err != nil {
+		err = fmt.Errorf("postgres: %w", err)
+		return migration{}, err
 	}
-	first, _, _ := strings.Cut(text, "\n")
-	n, ok := strings.CutPrefix(strings.TrimSpace(first), minReaderPrefix)
-	mr, err := strconv.Atoi(strings.TrimSpace(n))
-	if !ok || err != nil || mr < 1 || mr > v {
-		return migration{}, fmt.Errorf("postgres: migration %s: the first line must be %q with 1 <= N <= %d, got %q", base, minReaderPrefix+" N", v, first)
-	}
-	return migration{version: v, minReader: mr, name: base, sql: text}, nil
+	return fromSink(m), nil
 }
 
 // migrations returns the embedded migrations in version order.
 func migrations() ([]migration, error) { return allMigrations(nil) }
 
 // allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them), checked: versions 1..n, minimum readers never falling.
+// binary with them), checked by sink.LoadMigrations: versions 1..n, minimum
+// readers never falling.
 func allMigrations(extra []migration) ([]migration, error) {
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	in := make([]sink.Migration, len(extra))
+	for i, m := range extra {
+		in[i] = sink.Migration{Version: m.version, MinReader: m.minReader, Name: m.name, SQL: m.sql}
+	}
+	sms, err := sink.LoadMigrations(migrationFS, in)
 	if err != nil {
+		err = fmt.Errorf("postgres: %w", err)
 		return nil, err
 	}
-	var ms []migration
-	for _, name := range names {
-		b, err := migrationFS.ReadFile(name)
-		if err != nil {
-			return nil, err
-		}
-		m, err := parseMigration(strings.TrimPrefix(name, "migrations/"), string(b))
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, m)
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	ms = append(ms, extra...)
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("postgres: migration %s: want version %d", m.name, i+1)
-		}
-		if i > 0 && m.minReader < ms[i-1].minReader {
-			return nil, fmt.Errorf("postgres: migration %s: min_reader %d is below its predecessor's %d", m.name, m.minReader, ms[i-1].minReader)
-		}
+	ms := make([]migration, len(sms))
+	for i, m := range sms {
+		ms[i] = fromSink(m)
 	}
 	return ms, nil
+}
+
+func fromSink(m sink.Migration) migration {
+	return migration{version: m.Version, minReader: m.MinReader, name: m.Name, sql: m.SQL}
 }
 
 // firstSchema returns the first schema a search_path setting names, ""

@@ -52,7 +52,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 		}
 		args = append(args, sql.Named(k, v))
 	}
-	_, err := s.submit(context.WithoutCancel(ctx), func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(context.WithoutCancel(ctx), func(tx *sql.Conn) (any, error) {
 		var info doneInfo
 		bg := context.Background()
 		err := tx.QueryRowContext(bg, `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
@@ -66,10 +66,10 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 			return nil, err
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("complete %s: --sql script not started: %w", key, err)
+			return nil, fmt.Errorf("complete %s: sql script not started: %w", key, err)
 		}
 		if _, err := tx.ExecContext(bg, script, args...); err != nil {
-			return nil, fmt.Errorf("complete %s: --sql script: %w", key, err)
+			return nil, fmt.Errorf("complete %s: sql script: %w", key, err)
 		}
 		return info, nil
 	}, func(v any) { s.done.add(key, v.(doneInfo)) })

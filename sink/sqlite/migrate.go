@@ -6,10 +6,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -33,58 +29,39 @@ type migration struct {
 	sql       string
 }
 
-// minReaderPrefix starts the first line of every migration file.
-const minReaderPrefix = "-- min_reader:"
-
-// parseMigration reads a migration file's version (from its name) and
-// minimum reader (from its first line).
+// parseMigration is sink.ParseMigration in this package's terms.
 func parseMigration(base, text string) (migration, error) {
-	v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
-	if err != nil || v < 1 {
-		return migration{}, fmt.Errorf("migration %s: the name must start with a version number", base)
+	m, err := sink.ParseMigration(base, text)
+	if err != nil {
+		return migration{}, err
 	}
-	first, _, _ := strings.Cut(text, "\n")
-	num, ok := strings.CutPrefix(strings.TrimSpace(first), minReaderPrefix)
-	mr, err := strconv.Atoi(strings.TrimSpace(num))
-	if !ok || err != nil || mr < 1 || mr > v {
-		return migration{}, fmt.Errorf("migration %s: the first line must be %q with 1 <= N <= %d, got %q", base, minReaderPrefix+" N", v, first)
-	}
-	return migration{version: v, minReader: mr, name: base, sql: text}, nil
+	return fromSink(m), nil
 }
 
-// migrations lists the embedded migrations in order; their versions are 1..n.
+// migrations returns the embedded migrations in version order.
 func migrations() ([]migration, error) { return allMigrations(nil) }
 
 // allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them), checked: versions 1..n, minimum readers never falling.
+// binary with them), checked by sink.LoadMigrations: versions 1..n, minimum
+// readers never falling.
 func allMigrations(extra []migration) ([]migration, error) {
-	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	in := make([]sink.Migration, len(extra))
+	for i, m := range extra {
+		in[i] = sink.Migration{Version: m.version, MinReader: m.minReader, Name: m.name, SQL: m.sql}
+	}
+	sms, err := sink.LoadMigrations(migrationFiles, in)
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(names)
-	var ms []migration
-	for _, n := range names {
-		b, err := migrationFiles.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		m, err := parseMigration(strings.TrimPrefix(n, "migrations/"), string(b))
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, m)
-	}
-	ms = append(ms, extra...)
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: want version %d", m.name, i+1)
-		}
-		if i > 0 && m.minReader < ms[i-1].minReader {
-			return nil, fmt.Errorf("migration %s: min_reader %d is below its predecessor's %d", m.name, m.minReader, ms[i-1].minReader)
-		}
+	ms := make([]migration, len(sms))
+	for i, m := range sms {
+		ms[i] = fromSink(m)
 	}
 	return ms, nil
+}
+
+func fromSink(m sink.Migration) migration {
+	return migration{version: m.Version, minReader: m.MinReader, name: m.Name, sql: m.SQL}
 }
 
 // SchemaVersion is the schema version this build writes.

@@ -119,7 +119,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 		c := s.noteDuplicate(sg, doneRow(info))
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, nil
 	}
-	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
+	r, found, err := s.readKeyRow(ctx, sg.Key)
 	if err != nil {
 		return sink.RecordResult{}, s.fail(err)
 	}
@@ -134,7 +134,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 func (s *Sink) submitRecord(ctx context.Context, sg sink.Sighting) (sink.RecordResult, error) {
 	sha := hashPayload(sg.Payload)
 	var done *doneInfo
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		rr, r, err := s.recordTx(tx, sg, sha)
 		if err == nil && rr.Confirmed && rr.State == sink.StateDone {
 			done = &doneInfo{firstSource: r.firstSource, confirmed: true, batchState: r.batchState}
@@ -164,7 +164,7 @@ func (s *Sink) knownRow(sg sink.Sighting, r keyRow) bool {
 // sighting is the API's, needing confirmation when it was only dynamically
 // verified — or (another writer got there first, or the key is known and
 // this sighting confirms it) deals with the known key.
-func (s *Sink) recordTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
+func (s *Sink) recordTx(tx *sql.Conn, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
 	now := s.nowNS()
 	needs := sg.Dynamic && !sg.FromAPI
 	res, err := s.txExec(tx, qInsertKey, sg.Key, sg.Source, now, sg.FromAPI, sg.State, needs)
@@ -202,7 +202,7 @@ type confirmRow struct {
 	deadReason  string
 }
 
-func (s *Sink) readConfirmRow(tx *sql.Tx, key string) (confirmRow, bool, error) {
+func (s *Sink) readConfirmRow(tx *sql.Conn, key string) (confirmRow, bool, error) {
 	var r confirmRow
 	var st string
 	err := s.txQueryRow(tx, qConfirmRow, key).Scan(&st, &r.token, &r.firstSource, &r.confirmed, &r.batchState, &r.deadReason)
@@ -218,7 +218,7 @@ func (s *Sink) readConfirmRow(tx *sql.Tx, key string) (confirmRow, bool, error) 
 // key's body moves to webhook), the batch state is the API's, the key is
 // confirmed and needs confirmation no more; a conflict (the stored terminal
 // state differs) is counted and logged.
-func (s *Sink) applyConfirmTx(tx *sql.Tx, key string, r confirmRow, op, sha []byte, state string) (bool, error) {
+func (s *Sink) applyConfirmTx(tx *sql.Conn, key string, r confirmRow, op, sha []byte, state string) (bool, error) {
 	if len(op) > 0 {
 		if sha == nil {
 			sha = hashPayload(op)
@@ -241,7 +241,7 @@ func (s *Sink) applyConfirmTx(tx *sql.Tx, key string, r confirmRow, op, sha []by
 // confirmSightingTx confirms a known key with a sighting from the API: the
 // listed operation is stored, a pending key is due now, and a key dead as
 // unknown to the API is pending again, due now, with a fresh attempt budget.
-func (s *Sink) confirmSightingTx(tx *sql.Tx, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
+func (s *Sink) confirmSightingTx(tx *sql.Conn, sg sink.Sighting, sha []byte) (sink.RecordResult, keyRow, error) {
 	r, found, err := s.readConfirmRow(tx, sg.Key)
 	if err != nil {
 		return sink.RecordResult{}, keyRow{}, err
@@ -312,7 +312,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
 	}
-	r, found, err := scanKeyRow(s.readQueryRow(ctx, qKeyRow, sg.Key))
+	r, found, err := s.readKeyRow(ctx, sg.Key)
 	if err != nil {
 		return sink.RecordResult{}, sink.Claim{}, s.fail(err)
 	}
@@ -323,7 +323,14 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	}
 	sha := hashPayload(sg.Payload)
 	var done *doneInfo
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
+		if !found {
+			rc, inserted, err := s.insertClaimedTx(tx, sg, sha, owner, lease)
+			if err != nil || inserted {
+				return rc, err
+			}
+			// Another writer recorded it meanwhile: the ordinary path.
+		}
 		rr, r, err := s.recordTx(tx, sg, sha)
 		if err != nil {
 			return nil, err
@@ -345,13 +352,41 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	return rc.rr, rc.c, err
 }
 
+// insertClaimedTx inserts a new key already claimed by owner: token 1,
+// attempt 1 (what recordTx then claimTx would write, in one row write).
+// inserted is false when the key exists (nothing written).
+func (s *Sink) insertClaimedTx(tx *sql.Conn, sg sink.Sighting, sha []byte, owner string, lease time.Duration) (recordClaim, bool, error) {
+	now := s.nowNS()
+	until := now + int64(lease)
+	needs := sg.Dynamic && !sg.FromAPI
+	res, err := s.txExec(tx, qInsertClaimed, sg.Key, sg.Source, now, sg.FromAPI, sg.State, needs, until, owner)
+	if err != nil {
+		return recordClaim{}, false, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return recordClaim{}, false, nil
+	}
+	c := sink.Claim{Key: sg.Key, Token: 1, Attempt: 1, Owner: owner, LeaseUntil: fromNS(until),
+		FirstSource: sg.Source, FirstSeenAt: fromNS(now), Confirmed: sg.FromAPI, BatchState: sg.State, NeedsConfirm: needs}
+	if len(sg.Payload) > 0 {
+		if _, err := s.txExec(tx, qInsertPayload, sg.Key, sg.Payload, sha); err != nil {
+			return recordClaim{}, false, err
+		}
+		c.Payload = sg.Payload
+		if sg.Source == sink.SourceWebhook && !sg.FromAPI {
+			c.Webhook = sg.Payload // webhookExpr: an unconfirmed webhook-first key's body
+		}
+	}
+	return recordClaim{rr: sink.RecordResult{New: true, State: sink.StateClaimed}, c: c}, true, nil
+}
+
 // Claim takes the key for one attempt.
 func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...sink.ClaimOption) (sink.Claim, error) {
 	if err := checkLease("claim "+key, lease); err != nil {
 		return sink.Claim{}, err
 	}
 	o := sink.ClaimOptionsOf(opts)
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		return s.claimTx(tx, key, owner, lease, o)
 	}, nil)
 	if err != nil {
@@ -365,7 +400,7 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 // failed with "lease expired", and when it was the last allowed attempt the
 // key goes dead instead. With o.SkipNeedsConfirm a key that needs
 // confirmation is not claimable (it is another claimer's).
-func (s *Sink) claimTx(tx *sql.Tx, key, owner string, lease time.Duration, o sink.ClaimOptions) (sink.Claim, error) {
+func (s *Sink) claimTx(tx *sql.Conn, key, owner string, lease time.Duration, o sink.ClaimOptions) (sink.Claim, error) {
 	now := s.nowNS()
 	var (
 		st                        string
@@ -426,7 +461,7 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 	}
 	o := sink.ClaimOptionsOf(opts)
 	due := dueQuery(o)
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		var claims []sink.Claim
 		for {
 			want := -1
@@ -478,7 +513,7 @@ func dueQuery(o sink.ClaimOptions) string {
 
 // fencedTx explains why a token-checked write matched no row: ErrNotFound when
 // the key is unknown, else ErrFenced, counted durably and logged.
-func (s *Sink) fencedTx(tx *sql.Tx, what, key string, token int64) error {
+func (s *Sink) fencedTx(tx *sql.Conn, what, key string, token int64) error {
 	var st string
 	var cur int64
 	err := s.txQueryRow(tx, qFencedRow, key).Scan(&st, &cur)
@@ -501,7 +536,7 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 	if err := checkLease("renew "+key, lease); err != nil {
 		return err
 	}
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		res, err := s.txExec(tx, qRenew, s.nowNS()+int64(lease), key, token)
 		if err != nil {
 			return nil, err
@@ -516,7 +551,7 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 
 // Complete marks a claimed key done when token is current.
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		var info doneInfo
 		err := s.txQueryRow(tx, qComplete, s.nowNS(), key, token).Scan(&info.firstSource, &info.confirmed, &info.batchState)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -533,7 +568,7 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 // Fail ends a claimed attempt: back to pending after backoff (and not before
 // f.NotBefore), or dead when permanent or the attempts are exhausted.
 func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure) (sink.State, error) {
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		var attempts int
 		err := s.txQueryRow(tx, qFailRow, key, token).Scan(&attempts)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -567,7 +602,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 // to pending — never dead, Permanent ignored — at f.NotBefore (due now if
 // that has passed), or when it is zero after the backoff of the restored
 // count. The token keeps its value: the next claim increments it.
-func (s *Sink) failUncountedTx(tx *sql.Tx, key string, attempts int, f sink.Failure, cause string) (sink.State, error) {
+func (s *Sink) failUncountedTx(tx *sql.Conn, key string, attempts int, f sink.Failure, cause string) (sink.State, error) {
 	attempts = max(attempts-1, 0)
 	now := s.opt.Now()
 	next := now.Add(sink.Backoff(attempts, s.opt.RetryBase, s.opt.RetryMax, s.opt.Rand))
@@ -584,7 +619,7 @@ func (s *Sink) failUncountedTx(tx *sql.Tx, key string, attempts int, f sink.Fail
 // Confirm stores the API's answer for a claimed key, fenced on token (see
 // sink.Sink).
 func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Confirmation) error {
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		r, found, err := s.readConfirmRow(tx, key)
 		if err != nil {
 			return nil, err
@@ -610,7 +645,7 @@ func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Conf
 // NoteResults records where the claimed key's results were written, fenced
 // on token.
 func (s *Sink) NoteResults(ctx context.Context, key string, token int64, file string) error {
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		var attempts int
 		err := s.txQueryRow(tx, qFailRow, key, token).Scan(&attempts)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -629,7 +664,7 @@ func (s *Sink) NoteResults(ctx context.Context, key string, token int64, file st
 // (a fresh budget); the retries column counts operator retries and the last
 // error stays until the next attempt ends.
 func (s *Sink) Retry(ctx context.Context, key string) error {
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		res, err := tx.ExecContext(context.Background(), `UPDATE gemrecon_keys SET state = 'pending', attempts = 0,
 			retries = retries + 1, next_attempt_at = ?1, due_at = ?1, lease_owner = '', lease_until = 0, dead_reason = ''
 			WHERE key = ?2 AND state = 'dead'`, s.nowNS(), key)
@@ -661,7 +696,7 @@ func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
 // PurgeKeys deletes done rows whose done time is before doneBefore and
 // returns their keys.
 func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		bg, before := context.Background(), toNS(doneBefore)
 		if _, err := tx.ExecContext(bg, `DELETE FROM gemrecon_payloads WHERE key IN
 			(SELECT key FROM gemrecon_keys WHERE state = 'done' AND due_at < ?)`, before); err != nil {
@@ -693,7 +728,7 @@ func (s *Sink) NoteLookback(ctx context.Context, lookback time.Duration) error {
 	if lookback < 0 {
 		return fmt.Errorf("sqlite sink: negative lookback %v", lookback)
 	}
-	_, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		bg := context.Background()
 		if _, err := tx.ExecContext(bg, `INSERT INTO gemrecon_meta (name, value) VALUES ('max_lookback_ns', ?1)
 			ON CONFLICT (name) DO UPDATE SET value = max(value, ?1)`, int64(lookback)); err != nil {

@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -19,20 +17,10 @@ import (
 
 var _ sink.Passes = (*Sink)(nil)
 
-// maxPassName bounds a scope or owner (both are short: a backend, a base URL
-// and a hash prefix; a host name and a process id).
-const maxPassName = 1024
-
-// checkPassName refuses what a pass record cannot hold the same way on every
-// backend: empty, longer than maxPassName bytes, invalid UTF-8 or NUL.
+// checkPassName is sink.CheckPassName, naming the operation.
 func checkPassName(what, kind, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("sqlite sink: %s: empty %s", what, kind)
-	case len(v) > maxPassName:
-		return fmt.Errorf("sqlite sink: %s: %s of %d bytes, longer than %d", what, kind, len(v), maxPassName)
-	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("sqlite sink: %s: %s %q is not valid UTF-8 text without NUL", what, kind, v)
+	if err := sink.CheckPassName(kind, v); err != nil {
+		return fmt.Errorf("sqlite sink: %s: %w", what, err)
 	}
 	return nil
 }
@@ -75,7 +63,7 @@ func scanPass(sc interface{ Scan(...any) error }) (passRow, error) {
 }
 
 // passRowTx reads one scope's row inside the writer's transaction.
-func passRowTx(tx *sql.Tx, scope string) (passRow, bool, error) {
+func passRowTx(tx *sql.Conn, scope string) (passRow, bool, error) {
 	r, err := scanPass(tx.QueryRowContext(context.Background(), `SELECT `+passColumns+` FROM gemrecon_passes WHERE scope = ?`, scope))
 	if errors.Is(err, sql.ErrNoRows) {
 		return passRow{rec: sink.PassRecord{Scope: scope}}, false, nil
@@ -109,7 +97,7 @@ func (s *Sink) AcquirePass(ctx context.Context, scope, owner string, lease, minI
 	if _, err := passUntil(what, 0, lease); err != nil {
 		return sink.PassLease{}, sink.PassRecord{}, err
 	}
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		now := s.nowNS()
 		r, _, err := passRowTx(tx, scope)
 		if err != nil {
@@ -145,7 +133,7 @@ func (s *Sink) AcquirePass(ctx context.Context, scope, owner string, lease, minI
 
 // passFenced explains why a token-checked pass write matched no row:
 // ErrNotFound when the scope has no record, else ErrFenced.
-func passFenced(tx *sql.Tx, what string, l sink.PassLease) error {
+func passFenced(tx *sql.Conn, what string, l sink.PassLease) error {
 	r, found, err := passRowTx(tx, l.Scope)
 	if err != nil {
 		return err
@@ -189,7 +177,7 @@ func (s *Sink) RenewPass(ctx context.Context, l sink.PassLease, lease time.Durat
 	if _, err := passUntil(what, 0, lease); err != nil {
 		return sink.PassLease{}, err
 	}
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		until, err := passUntil(what, s.nowNS(), lease)
 		if err != nil {
 			return passResult{err: err}, nil
@@ -237,7 +225,7 @@ func (s *Sink) EndPass(ctx context.Context, l sink.PassLease, o sink.PassOutcome
 	if err := checkOutcome(what, o); err != nil {
 		return err
 	}
-	v, err := s.submit(ctx, func(tx *sql.Tx) (any, error) {
+	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
 		args := []any{l.Scope, l.Owner, toNS(o.Start), toNS(o.End), o.Success, o.FullScan, s.nowNS()}
 		const set = `last_start = ?3, last_end = ?4, last_holder = ?2,
 			last_success = CASE WHEN ?5 THEN ?4 ELSE last_success END,

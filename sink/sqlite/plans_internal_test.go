@@ -39,8 +39,10 @@ func TestQueryPlans(t *testing.T) {
 		{"renew", qRenew, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"stats", qStatsSeen, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
 		{"get", qGet, []string{"SEARCH k USING PRIMARY KEY (key=?)"}},
-		{"due keys", qDueKeys, []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)"}},
-		{"due keys, confirmable", qDueConfirmable, []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)"}},
+		{"due keys", qDueKeys, []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)",
+			"USING COVERING INDEX gemrecon_keys_leases (state=? AND due_at<?)"}},
+		{"due keys, confirmable", qDueConfirmable, []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)",
+			"USING INDEX gemrecon_keys_leases (state=? AND due_at<?)"}},
 	}
 	for _, tt := range tests {
 		rows, err := s.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+tt.query, 1, 2, 3, 4, 5, 6, 7)
@@ -83,7 +85,7 @@ func TestDueKeysMergeOrder(t *testing.T) {
 	defer s.Close()
 	// 600 keys; state, due_at and first_seen_at from small ranges so that
 	// they tie often; keys in an order unrelated to both.
-	if _, err := s.wdb.ExecContext(ctx, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 600)
+	if _, err := s.writerExec(ctx, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 600)
 		INSERT INTO gemrecon_keys (key, state, first_source, sources, first_seen_at, last_seen_at, due_at)
 		SELECT 'k' || ((i * 7919) % 1000), CASE i % 4 WHEN 0 THEN 'pending' WHEN 1 THEN 'claimed' WHEN 2 THEN 'done' ELSE 'pending' END,
 			'poll', ',poll,', (i * 31) % 5, 0, (i * 17) % 7 FROM c`); err != nil {

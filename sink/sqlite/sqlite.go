@@ -2,10 +2,11 @@
 // local file in WAL mode with synchronous=FULL, every write in a BEGIN
 // IMMEDIATE transaction on one writer connection, reads on a separate pool.
 //
-// All writes of one process go through a single writer goroutine that
-// batches whatever operations are queued into one transaction and one commit
-// (group commit), each in its own SAVEPOINT so that one operation's error
-// does not undo the others. Duplicate sightings never wait for the disk:
+// Writes of one process are serialised on the one writer connection. A
+// writer goroutine batches whatever operations are queued into one
+// transaction and one commit (group commit), each in its own SAVEPOINT so
+// that one operation's error does not undo the others; a caller alone (the
+// writer idle, nothing queued) runs its own transaction instead. Duplicate sightings never wait for the disk:
 // their statistics are buffered in memory and written with the next commit,
 // by a periodic flush, by Flush or by Close.
 package sqlite
@@ -75,15 +76,25 @@ type Sink struct {
 	wdb *sql.DB // one writer connection; nil when read-only
 
 	rprep prepared // readerQueries on rdb
-	wprep prepared // writerQueries on wdb; nil when read-only
-	// batchTx is the writer's current transaction and batchStmts its
-	// statements bound to it; only the writer goroutine touches them.
-	batchTx    *sql.Tx
-	batchStmts map[string]*sql.Stmt
+
+	kdb         *sql.DB         // the key readers' pool; nil when read-only
+	keyReaders  chan *keyReader // free key readers (see readKeyRow)
+	nKeyReaders int             // key readers opened
+	wprep       prepared        // writerQueries on wdb; nil when read-only
+	// wconn is wdb's one connection, held from Open to Close: every write
+	// transaction runs on it (BEGIN IMMEDIATE … COMMIT), with wprep
+	// prepared on it; only the holder of wmu uses it.
+	wconn      *sql.Conn
 	unprepared atomic.Int64 // queries run without a prepared statement
 
 	done  *doneCache
 	stats *statBuffer
+
+	// wmu is held by whoever runs a write transaction: the writer
+	// goroutine, or a caller running its own (see submit). lastBatch is
+	// the size of the writer goroutine's last batch.
+	wmu       sync.Mutex
+	lastBatch atomic.Int64
 
 	mu      sync.RWMutex // guards closed against submissions
 	closed  bool
@@ -200,8 +211,12 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		return nil, err
 	}
 	closeAll := func() {
+		s.closeKeyReaders()
 		if s.wprep != nil {
 			s.wprep.close()
+		}
+		if s.wconn != nil {
+			s.wconn.Close()
 		}
 		if s.rprep != nil {
 			s.rprep.close()
@@ -240,7 +255,11 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	// Every reader connection stays open, with its prepared statements.
 	s.rdb.SetMaxOpenConns(4)
 	s.rdb.SetMaxIdleConns(4)
-	if s.wprep, err = prepare(ctx, s.wdb, writerQueries()); err != nil {
+	if s.wconn, err = s.wdb.Conn(ctx); err != nil {
+		closeAll()
+		return nil, s.fail(err)
+	}
+	if s.wprep, err = prepare(ctx, s.wconn, writerQueries()); err != nil {
 		closeAll()
 		return nil, s.fail(err)
 	}
@@ -248,11 +267,14 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		closeAll()
 		return nil, s.fail(err)
 	}
+	if err := s.openKeyReaders(ctx); err != nil {
+		closeAll()
+		return nil, s.fail(err)
+	}
 	if err := s.checkIdentity(); err != nil {
 		closeAll()
 		return nil, err
 	}
-	s.batchStmts = make(map[string]*sql.Stmt)
 	s.ops = make(chan *op, maxBatch)
 	s.quit = make(chan struct{})
 	s.exited = make(chan struct{})
@@ -424,12 +446,23 @@ func openImmutable(path string) (*sql.DB, error) {
 	return sql.Open("sqlite", u.String())
 }
 
+// PageSize is the page size of a database this sink creates. Each page a
+// commit changes is written whole to the WAL, and a completion's two commits
+// change about six pages: at 1 KiB instead of SQLite's default 4 KiB a
+// commit appends about a third of the bytes (BENCHMARKS.md, issue 17). A
+// database keeps the page size it was created with; README.md says how to
+// rebuild one with this size.
+const PageSize = 1024
+
 // openDB opens a pool on path. The busy timeout comes first so that the
-// pragmas after it already wait for other processes.
+// pragmas after it already wait for other processes. The driver runs the
+// _pragma list sorted by name and _journal_mode after it: page_size comes
+// before the switch to WAL, which creates the file's first page (the page
+// size of an existing database does not change).
 func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 	pragmas := []string{fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds())}
 	if !readOnly {
-		pragmas = append(pragmas, "journal_mode(WAL)", "synchronous(FULL)")
+		pragmas = append(pragmas, fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
 	}
 	pragmas = append(pragmas, "foreign_keys(1)")
 	var b bytes.Buffer
@@ -442,7 +475,7 @@ func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 	if readOnly {
 		b.WriteString("&mode=ro")
 	} else {
-		b.WriteString("&_txlock=immediate")
+		b.WriteString("&_txlock=immediate&_journal_mode=WAL")
 	}
 	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: b.String()}
 	db, err := sql.Open("sqlite", u.String())
@@ -513,9 +546,9 @@ func (s *Sink) Close() error {
 		if err := s.flushErr(); err != nil {
 			errs = append(errs, err)
 		}
-		errs = append(errs, s.wprep.close(), s.wdb.Close())
+		errs = append(errs, s.wprep.close(), s.wconn.Close(), s.wdb.Close())
 	}
-	errs = append(errs, s.rprep.close(), s.rdb.Close())
+	errs = append(errs, s.closeKeyReaders(), s.rprep.close(), s.rdb.Close())
 	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)
 }

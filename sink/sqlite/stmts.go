@@ -11,6 +11,13 @@ import (
 // prepared) instead of being parsed again on every call: parsing and planning
 // cost as much CPU as the rest of a completion on the writer.
 const (
+	// The writer's transactions: BEGIN IMMEDIATE takes the write lock at
+	// once (a deferred BEGIN could fail with SQLITE_BUSY_SNAPSHOT on its
+	// first write, see ../shared/docs/storage.md).
+	qBegin    = `BEGIN IMMEDIATE`
+	qCommit   = `COMMIT`
+	qRollback = `ROLLBACK`
+
 	qSavepoint  = `SAVEPOINT op`
 	qRollbackTo = `ROLLBACK TO op`
 	qRelease    = `RELEASE op`
@@ -30,6 +37,14 @@ const (
 		VALUES (?1, 'pending', ?2, ',' || ?2 || ',', 1, ?3, ?3, ?3, ?3, ?4, ?5, ?6)
 		ON CONFLICT (key) DO NOTHING`
 	qInsertPayload = `INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`
+	// qInsertClaimed inserts a new key already claimed (RecordAndClaim):
+	// one row and one index entry written once, instead of an insert as
+	// pending and an update that moves it to claimed.
+	qInsertClaimed = `INSERT INTO gemrecon_keys
+		(key, state, first_source, sources, seen_count, first_seen_at, last_seen_at, next_attempt_at, due_at,
+		 confirmed, batch_state, needs_confirm, token, attempts, lease_owner, lease_until)
+		VALUES (?1, 'claimed', ?2, ',' || ?2 || ',', 1, ?3, ?3, 0, ?7, ?4, ?5, ?6, 1, 1, ?8, ?7)
+		ON CONFLICT (key) DO NOTHING`
 
 	// webhookExpr is the first webhook body: kept apart once the payload
 	// is the API's operation, and the payload itself while a webhook-first
@@ -129,9 +144,10 @@ const (
 // writerQueries are prepared on the writer connection at Open.
 func writerQueries() []string {
 	return []string{
+		qBegin, qCommit, qRollback,
 		qSavepoint, qRollbackTo, qRelease,
 		qSavepointStats, qRollbackToStats, qReleaseStats,
-		qKeyRow, qInsertKey, qInsertPayload,
+		qKeyRow, qInsertKey, qInsertPayload, qInsertClaimed,
 		qClaimRow, qDeadExpired, qClaim, qDueKeys, qDueConfirmable,
 		qFencedRow, qFencedInc, qRenew, qComplete,
 		qFailRow, qFailDead, qFailPending, qFailUncounted,
@@ -149,8 +165,14 @@ func readerQueries() []string {
 // prepared is a set of statements prepared once on one pool.
 type prepared map[string]*sql.Stmt
 
+// preparer is what *sql.DB and *sql.Conn share: statements prepared on a
+// *sql.Conn run on that connection only.
+type preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
 // prepare prepares queries on db.
-func prepare(ctx context.Context, db *sql.DB, queries []string) (prepared, error) {
+func prepare(ctx context.Context, db preparer, queries []string) (prepared, error) {
 	p := make(prepared, len(queries))
 	for _, q := range queries {
 		if _, ok := p[q]; ok {
@@ -175,30 +197,19 @@ func (p prepared) close() error {
 	return errors.Join(errs...)
 }
 
-// txStmt returns q, prepared on the writer connection, for use inside tx;
-// nil when q was not prepared (the caller then runs the text). Inside the
-// batch transaction each statement is bound to tx once (Tx.StmtContext
-// finds the driver statement already prepared on the one connection).
-// Only the writer goroutine calls it.
-func (s *Sink) txStmt(tx *sql.Tx, q string) *sql.Stmt {
-	ps, ok := s.wprep[q]
-	if !ok {
-		s.unprepared.Add(1)
-		return nil
+// txStmt returns q, prepared on the writer connection (tx), or nil when q
+// was not prepared (the caller then runs the text). Only the holder of wmu
+// calls it.
+func (s *Sink) txStmt(tx *sql.Conn, q string) *sql.Stmt {
+	if ps, ok := s.wprep[q]; ok && tx == s.wconn {
+		return ps
 	}
-	if tx != s.batchTx {
-		return tx.StmtContext(context.Background(), ps)
-	}
-	if st, ok := s.batchStmts[q]; ok {
-		return st
-	}
-	st := tx.StmtContext(context.Background(), ps)
-	s.batchStmts[q] = st
-	return st
+	s.unprepared.Add(1)
+	return nil
 }
 
 // txExec runs q inside tx with the prepared statement.
-func (s *Sink) txExec(tx *sql.Tx, q string, args ...any) (sql.Result, error) {
+func (s *Sink) txExec(tx *sql.Conn, q string, args ...any) (sql.Result, error) {
 	if st := s.txStmt(tx, q); st != nil {
 		return st.ExecContext(context.Background(), args...)
 	}
@@ -206,7 +217,7 @@ func (s *Sink) txExec(tx *sql.Tx, q string, args ...any) (sql.Result, error) {
 }
 
 // txQueryRow runs q inside tx with the prepared statement.
-func (s *Sink) txQueryRow(tx *sql.Tx, q string, args ...any) *sql.Row {
+func (s *Sink) txQueryRow(tx *sql.Conn, q string, args ...any) *sql.Row {
 	if st := s.txStmt(tx, q); st != nil {
 		return st.QueryRowContext(context.Background(), args...)
 	}
@@ -214,7 +225,7 @@ func (s *Sink) txQueryRow(tx *sql.Tx, q string, args ...any) *sql.Row {
 }
 
 // txQuery runs q inside tx with the prepared statement.
-func (s *Sink) txQuery(tx *sql.Tx, q string, args ...any) (*sql.Rows, error) {
+func (s *Sink) txQuery(tx *sql.Conn, q string, args ...any) (*sql.Rows, error) {
 	if st := s.txStmt(tx, q); st != nil {
 		return st.QueryContext(context.Background(), args...)
 	}

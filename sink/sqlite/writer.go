@@ -21,8 +21,8 @@ var errClosed = errors.New("sink is closed")
 // op is one write waiting for the writer goroutine.
 type op struct {
 	ctx      context.Context
-	fn       func(tx *sql.Tx) (any, error) // nil: only commit (Flush, Ping)
-	onCommit func(v any)                   // after a successful commit, when fn returned no error
+	fn       func(tx *sql.Conn) (any, error) // nil: only commit (Flush, Ping)
+	onCommit func(v any)                     // after a successful commit, when fn returned no error
 	res      chan opResult
 }
 
@@ -34,7 +34,7 @@ type opResult struct {
 // submit queues fn for the writer and waits for its commit. The caller's ctx
 // bounds the wait, not the transaction: a write the caller stopped waiting for
 // may still commit (treat its outcome as unknown).
-func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onCommit func(v any)) (any, error) {
+func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Conn) (any, error), onCommit func(v any)) (any, error) {
 	if err := s.writable(); err != nil {
 		return nil, err
 	}
@@ -43,6 +43,25 @@ func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onC
 	if s.closed {
 		s.mu.RUnlock()
 		return nil, fmt.Errorf("sqlite sink %s: %w", s.path, errClosed)
+	}
+	// A caller alone (the writer idle, nothing queued, and the last batch
+	// had no company either) runs its own transaction here: handing it to
+	// the writer goroutine and back costs two goroutine switches per
+	// commit, which a sequential caller pays in full. Callers that come
+	// together still meet in the writer's batches: while one runs alone,
+	// the others queue, and the writer gathers them into one commit.
+	// Running it here, the caller cannot stop waiting before its turn
+	// ends: only a caller whose deadline lies beyond the longest wait for
+	// another process's lock (see inlineOK) does so.
+	if s.lastBatch.Load() <= 1 && len(s.ops) == 0 && s.inlineOK(ctx) && s.wmu.TryLock() {
+		if len(s.ops) == 0 {
+			s.runBatch([]*op{o})
+			s.wmu.Unlock()
+			s.mu.RUnlock()
+			r := <-o.res
+			return r.v, r.err
+		}
+		s.wmu.Unlock()
 	}
 	select {
 	case s.ops <- o:
@@ -59,7 +78,19 @@ func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Tx) (any, error), onC
 	}
 }
 
-// writeLoop is the only writer of this process: it takes every queued
+// inlineOK reports whether a caller with ctx may run its own transaction:
+// when ctx has no deadline, or one farther away than twice the busy timeout
+// (the longest BEGIN IMMEDIATE waits for another process's lock, retries
+// included), so that waiting in its own transaction cannot make it miss the
+// deadline. A caller cancelled meanwhile waits for that turn to end (nothing
+// is written once its context is done). Others hand their operation to the
+// writer goroutine and stop waiting when ctx ends, as before.
+func (s *Sink) inlineOK(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return !ok || time.Until(d) > 2*s.opt.BusyTimeout
+}
+
+// writeLoop is the writer goroutine of this process: it takes every queued
 // operation, runs them in one transaction, commits once and answers each.
 func (s *Sink) writeLoop() {
 	defer close(s.exited)
@@ -86,13 +117,18 @@ func (s *Sink) writeLoop() {
 				}
 				break
 			}
+			s.wmu.Lock()
 			if len(batch) > 0 || s.stats.len() > 0 {
 				s.finalErr = s.runBatch(batch)
 			}
+			s.wmu.Unlock()
 			return
 		}
+		s.wmu.Lock()
 		batch = s.gather(batch)
+		s.lastBatch.Store(int64(len(batch)))
 		s.runBatch(batch)
+		s.wmu.Unlock()
 	}
 }
 
@@ -129,8 +165,8 @@ func domainError(err error) bool {
 }
 
 // runBatch runs batch in one BEGIN IMMEDIATE transaction, each op inside its
-// own savepoint, adds the buffered sighting statistics, commits once and
-// answers every op.
+// own savepoint (none when it is alone), adds the buffered sighting
+// statistics, commits once and answers every op.
 func (s *Sink) runBatch(batch []*op) error {
 	ctx := context.Background()
 	answerAll := func(err error) error {
@@ -143,20 +179,17 @@ func (s *Sink) runBatch(batch []*op) error {
 		return answerAll(err)
 	}
 	// BEGIN IMMEDIATE waits in SQLite's busy handler; a conflict SQLite
-	// answers at once is tried again, within the same busy timeout.
-	var tx *sql.Tx
+	// answers at once is tried again, within the same busy timeout. The
+	// transaction is the connection's own (BEGIN … COMMIT on the one
+	// writer connection): database/sql's Tx would start a goroutine per
+	// transaction to watch a context the batch does not have.
+	tx := s.wconn
 	if err := retryBusy(ctx, s.opt.BusyTimeout, func() error {
-		var err error
-		tx, err = s.wdb.BeginTx(ctx, nil)
+		_, err := s.txExec(tx, qBegin)
 		return s.fail(err)
 	}); err != nil {
 		return answerAll(err)
 	}
-	s.batchTx = tx
-	defer func() {
-		s.batchTx = nil
-		clear(s.batchStmts)
-	}()
 	results := make([]opResult, len(batch))
 	for i, o := range batch {
 		if o.fn == nil {
@@ -166,20 +199,31 @@ func (s *Sink) runBatch(batch []*op) error {
 			results[i].err = err // the caller left before its turn: do nothing
 			continue
 		}
+		if len(batch) == 1 {
+			// Alone in the transaction: no savepoint; an error undoes the
+			// whole transaction (buffered statistics stay buffered).
+			v, err := o.fn(tx)
+			if err != nil && !domainError(err) {
+				s.rollback()
+				return answerAll(s.fail(err))
+			}
+			results[i] = opResult{v: v, err: err}
+			continue
+		}
 		if _, err := s.txExec(tx, qSavepoint); err != nil {
-			tx.Rollback()
+			s.rollback()
 			return answerAll(s.fail(err))
 		}
 		v, err := o.fn(tx)
 		if err != nil && !domainError(err) {
 			if _, rerr := s.txExec(tx, qRollbackTo); rerr != nil {
-				tx.Rollback()
+				s.rollback()
 				return answerAll(s.fail(rerr))
 			}
 			err = s.fail(err)
 		}
 		if _, err := s.txExec(tx, qRelease); err != nil {
-			tx.Rollback()
+			s.rollback()
 			return answerAll(s.fail(err))
 		}
 		results[i] = opResult{v: v, err: err}
@@ -192,7 +236,8 @@ func (s *Sink) runBatch(batch []*op) error {
 			deltas = nil
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := s.txExec(tx, qCommit); err != nil {
+		s.rollback() // a failed COMMIT may leave the transaction open
 		if deltas != nil {
 			s.stats.putBack(deltas)
 		}
@@ -215,8 +260,15 @@ func (s *Sink) runBatch(batch []*op) error {
 	return nil
 }
 
+// rollback ends the writer's open transaction, if any, undoing it. Its
+// error is not the caller's: the caller reports what made it roll back
+// (and "no transaction is active" after SQLite rolled back by itself).
+func (s *Sink) rollback() {
+	s.txExec(s.wconn, qRollback)
+}
+
 // applyDeltas writes buffered sighting statistics inside tx, all or nothing.
-func (s *Sink) applyDeltas(tx *sql.Tx, deltas map[string]*delta) error {
+func (s *Sink) applyDeltas(tx *sql.Conn, deltas map[string]*delta) error {
 	if _, err := s.txExec(tx, qSavepointStats); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package effect_test
+package sqlscript_test
 
 import (
 	"encoding/json"
@@ -9,9 +9,10 @@ import (
 	"testing"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/effect/sqlscript"
 )
 
-func TestParseSQL(t *testing.T) {
+func TestParse(t *testing.T) {
 	tests := []struct {
 		script string
 		stmts  int
@@ -33,21 +34,21 @@ func TestParseSQL(t *testing.T) {
 		{`SET LOCAL statement_timeout = '5s'; UPDATE t SET a = 1 WHERE k = @key`, 2, []string{"key"}},
 	}
 	for _, tt := range tests {
-		q, err := effect.ParseSQL(tt.script)
+		q, err := sqlscript.Parse(tt.script)
 		if err != nil {
-			t.Errorf("ParseSQL(%q) error = %v, want nil", tt.script, err)
+			t.Errorf("Parse(%q) error = %v, want nil", tt.script, err)
 			continue
 		}
 		if got := len(q.Statements()); got != tt.stmts {
-			t.Errorf("ParseSQL(%q) statements = %d %q, want %d", tt.script, got, q.Statements(), tt.stmts)
+			t.Errorf("Parse(%q) statements = %d %q, want %d", tt.script, got, q.Statements(), tt.stmts)
 		}
 		if got := q.Uses(); !reflect.DeepEqual(got, tt.uses) {
-			t.Errorf("ParseSQL(%q) uses = %q, want %q", tt.script, got, tt.uses)
+			t.Errorf("Parse(%q) uses = %q, want %q", tt.script, got, tt.uses)
 		}
 	}
 }
 
-func TestParseSQLRejects(t *testing.T) {
+func TestParseRejects(t *testing.T) {
 	tests := []struct {
 		script string
 		want   string // in the error
@@ -81,43 +82,43 @@ func TestParseSQLRejects(t *testing.T) {
 		{`CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM v;`, "BEGIN without its END"},
 	}
 	for _, tt := range tests {
-		_, err := effect.ParseSQL(tt.script)
+		_, err := sqlscript.Parse(tt.script)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("ParseSQL(%q) error = %v, want one containing %q", tt.script, err, tt.want)
+			t.Errorf("Parse(%q) error = %v, want one containing %q", tt.script, err, tt.want)
 		}
 	}
 }
 
-func TestLoadSQL(t *testing.T) {
+func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.sql")
 	if err := os.WriteFile(good, []byte("INSERT INTO ledger VALUES (@key, @token);\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	q, err := effect.LoadSQL(good)
+	q, err := sqlscript.Load(good)
 	if err != nil {
-		t.Fatalf("LoadSQL(%q) error = %v", good, err)
+		t.Fatalf("Load(%q) error = %v", good, err)
 	}
-	if q.Path() != good || !strings.Contains(q.Script(), "@token") {
-		t.Fatalf("LoadSQL(%q) = path %q, script %q", good, q.Path(), q.Script())
+	if q.Path() != good || !strings.Contains(q.Text(), "@token") {
+		t.Fatalf("Load(%q) = path %q, script %q", good, q.Path(), q.Text())
 	}
 	bad := filepath.Join(dir, "bad.sql")
 	if err := os.WriteFile(bad, []byte("INSERT INTO ledger VALUES (@invoice);\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for path, want := range map[string]string{
-		bad:                               "--sql " + bad + ": unknown parameter @invoice at line 1 (known: @key,",
-		filepath.Join(dir, "missing.sql"): "--sql " + filepath.Join(dir, "missing.sql") + ": open ",
-		dir:                               "--sql " + dir + ": ",
+		bad:                               bad + ": unknown parameter @invoice at line 1 (known: @key,",
+		filepath.Join(dir, "missing.sql"): filepath.Join(dir, "missing.sql") + ": open ",
+		dir:                               dir + ": ",
 	} {
-		if _, err := effect.LoadSQL(path); err == nil || !strings.HasPrefix(err.Error(), want) {
-			t.Errorf("LoadSQL(%q) error = %v, want one starting %q", path, err, want)
+		if _, err := sqlscript.Load(path); err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("Load(%q) error = %v, want one starting %q", path, err, want)
 		}
 	}
 }
 
-func TestSQLParams(t *testing.T) {
-	q, err := effect.ParseSQL(`SELECT @key`)
+func TestParams(t *testing.T) {
+	q, err := sqlscript.Parse(`SELECT @key`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestSQLParams(t *testing.T) {
 	if got := q.Params(ev); !reflect.DeepEqual(got, want) {
 		t.Errorf("Params(%+v) = %v, want %v", ev, got, want)
 	}
-	names := effect.SQLParamNames()
+	names := sqlscript.ParamNames()
 	if got := q.Params(effect.Event{}); len(got) != len(names) || got["operation"] != nil || got["webhook"] != nil {
 		t.Errorf("Params(empty event) = %v, want all of %q with operation nil (SQL NULL)", got, names)
 	}

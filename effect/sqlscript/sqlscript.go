@@ -1,4 +1,10 @@
-package effect
+// Package sqlscript owns the script of the --sql effect (spec §4): reading
+// the file, lexing it into statements, the rules a script must follow to run
+// inside the transaction that marks its key done (no parameter but the
+// named ones, nothing that ends the transaction or changes the session),
+// and the parameters bound for one attempt. The dispatcher runs it
+// (dispatch/sql.go); the sink executes it (sink.SQLCompleter).
+package sqlscript
 
 import (
 	"errors"
@@ -6,27 +12,29 @@ import (
 	"os"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/gemrecon/gemrecon/effect"
 )
 
-// SQLParamNames returns the names of the parameters a --sql script may use
+// ParamNames returns the names of the parameters a script may use
 // (without the @), in the order of spec §4. Params binds all of them.
-func SQLParamNames() []string {
+func ParamNames() []string {
 	return []string{"key", "name", "state", "source", "token", "attempt", "operation",
 		"batch_state", "confirmed", "results_file", "webhook"}
 }
 
-// SQL is the --sql effect of spec §4: a script that the sink runs inside the
-// very transaction that marks the key done (sink.SQLCompleter). It is not an
-// Effect: the dispatcher hands Script and Params to the sink instead of
-// calling Run.
-type SQL struct {
+// Script is the --sql effect's script (spec §4), checked: the sink runs it
+// inside the very transaction that marks the key done (sink.SQLCompleter).
+// It is not an effect.Effect: the dispatcher hands Text and Params to the
+// sink instead of calling Run.
+type Script struct {
 	path       string
 	script     string
 	statements []string
 	uses       []string
 }
 
-// LoadSQL reads and checks a --sql file at start-up. Errors name the file
+// Load reads and checks a script file at start-up. Errors name the file
 // and say what is wrong: an unreadable or empty file, an unterminated
 // literal or comment, a parameter other than @key, @name, @state, @source,
 // @token, @attempt, @operation, @batch_state, @confirmed, @results_file
@@ -40,24 +48,24 @@ type SQL struct {
 // ROLLBACK at all (SQLite's
 // OR ROLLBACK and RAISE(ROLLBACK, …) would roll back the whole transaction,
 // and on SQLite the other operations of its group commit with it).
-func LoadSQL(path string) (*SQL, error) {
+func Load(path string) (*Script, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--sql %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if !utf8.Valid(b) {
-		return nil, fmt.Errorf("--sql %s: not UTF-8 text", path)
+		return nil, fmt.Errorf("%s: not UTF-8 text", path)
 	}
-	q, err := ParseSQL(string(b))
+	q, err := Parse(string(b))
 	if err != nil {
-		return nil, fmt.Errorf("--sql %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	q.path = path
 	return q, nil
 }
 
-// ParseSQL checks a script as LoadSQL does, without a file.
-func ParseSQL(script string) (*SQL, error) {
+// Parse checks a script as Load does, without a file.
+func Parse(script string) (*Script, error) {
 	stmts, uses, err := lexSQL(script)
 	if err != nil {
 		return nil, err
@@ -65,22 +73,22 @@ func ParseSQL(script string) (*SQL, error) {
 	if len(stmts) == 0 {
 		return nil, errors.New("no SQL statements (the script is empty or only comments)")
 	}
-	return &SQL{script: script, statements: stmts, uses: uses}, nil
+	return &Script{script: script, statements: stmts, uses: uses}, nil
 }
 
-// Path is the file the script was loaded from ("" for ParseSQL).
-func (q *SQL) Path() string { return q.path }
+// Path is the file the script was loaded from ("" for Parse).
+func (q *Script) Path() string { return q.path }
 
-// Script is the script as written; the sink runs it as a whole.
-func (q *SQL) Script() string { return q.script }
+// Text is the script as written; the sink runs it as a whole.
+func (q *Script) Text() string { return q.script }
 
-// Statements are the script's statements as LoadSQL split them (for
+// Statements are the script's statements as Load split them (for
 // messages and tests; the sink runs Script).
-func (q *SQL) Statements() []string { return append([]string(nil), q.statements...) }
+func (q *Script) Statements() []string { return append([]string(nil), q.statements...) }
 
 // Uses lists the parameters the script uses, without the @, in the order of
 // their first use.
-func (q *SQL) Uses() []string { return append([]string(nil), q.uses...) }
+func (q *Script) Uses() []string { return append([]string(nil), q.uses...) }
 
 // Params returns the named parameters for one attempt: key, name, state,
 // source (text), token and attempt (integers), operation: the operation's
@@ -90,7 +98,7 @@ func (q *SQL) Uses() []string { return append([]string(nil), q.uses...) }
 // batch_state (text), confirmed (a boolean; 1 or 0 on SQLite), results_file
 // (text, ” when none) and webhook (the first webhook body's JSON text, or
 // NULL) (spec §9.3).
-func (q *SQL) Params(ev Event) map[string]any {
+func (q *Script) Params(ev effect.Event) map[string]any {
 	var op, hook any
 	if len(ev.Operation) > 0 {
 		op = string(ev.Operation)
@@ -114,7 +122,7 @@ func (q *SQL) Params(ev Event) map[string]any {
 }
 
 func knownParam(name string) bool {
-	for _, p := range SQLParamNames() {
+	for _, p := range ParamNames() {
 		if p == name {
 			return true
 		}
@@ -124,7 +132,7 @@ func knownParam(name string) bool {
 
 func knownList() string {
 	var b strings.Builder
-	for i, p := range SQLParamNames() {
+	for i, p := range ParamNames() {
 		if i > 0 {
 			b.WriteString(", ")
 		}

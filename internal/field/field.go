@@ -1,0 +1,117 @@
+// Package field owns configuration errors that name the fields they are
+// about. A library's Validate says what is wrong in its own words, naming
+// its config fields ("effect timeout 10s must be shorter than the lease
+// 5s"); the CLI, which knows which flag sets which field, renders the same
+// error with the flag names ("--effect-timeout 10s must be shorter than
+// --lease 5s") and turns it into exit 2. So no library error names a CLI
+// flag, and every rule's message is written once, where the rule lives.
+package field
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+)
+
+// Error is a configuration error about one or more fields. Its message is
+// written with each field as {Field} (the Go field name) or {words|Field}
+// (the library's own words for it); Error renders those as words (Words of
+// the name when none are given), Render as whatever the caller names them.
+type Error struct {
+	prefix string // "dispatch: ", in Error only
+	format string
+	args   []any
+}
+
+// Errorf returns an *Error. In format, {Name} stands for the config field
+// Name (a Go identifier: {EffectTimeout}) and {the lease|Lease} for the field
+// Lease, spelt "the lease" by Error; the rest is as for fmt.Errorf, %w
+// included.
+func Errorf(prefix, format string, args ...any) *Error {
+	return &Error{prefix: prefix, format: format, args: args}
+}
+
+// Error renders the fields as lower-case words ({EffectTimeout}: "effect
+// timeout"), after the package prefix.
+func (e *Error) Error() string {
+	return e.prefix + e.Render(func(string) string { return "" })
+}
+
+// Render renders the message with each field named by name, without the
+// package prefix. A name that returns "" leaves the field in words.
+func (e *Error) Render(name func(field string) string) string {
+	return fmt.Sprintf(e.expand(func(words, f string) string {
+		if n := name(f); n != "" {
+			return n
+		}
+		return words
+	}), e.args...)
+}
+
+// Unwrap returns the errors wrapped with %w.
+func (e *Error) Unwrap() []error {
+	var errs []error
+	for _, a := range e.args {
+		if err, ok := a.(error); ok {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// Fields lists the fields the message names, in order.
+func (e *Error) Fields() []string {
+	var fs []string
+	e.expand(func(_, f string) string { fs = append(fs, f); return "" })
+	return fs
+}
+
+// expand replaces every {Field} or {words|Field} of the format with
+// name(words, Field) (words: Words(Field) when not given), escaping what it
+// inserts for fmt.
+func (e *Error) expand(name func(words, field string) string) string {
+	var b strings.Builder
+	s := strings.ReplaceAll(e.format, "%w", "%v")
+	for {
+		i := strings.IndexByte(s, '{')
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		j := strings.IndexByte(s[i+1:], '}')
+		if j < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i])
+		ph := s[i+1 : i+1+j]
+		words, f, ok := strings.Cut(ph, "|")
+		if !ok {
+			f, words = ph, Words(ph)
+		}
+		b.WriteString(strings.ReplaceAll(name(words, f), "%", "%%"))
+		s = s[i+2+j:]
+	}
+}
+
+// Words spells a Go field name as lower-case words: EffectTimeout is
+// "effect timeout", QPS "qps", PageSize "page size".
+func Words(f string) string {
+	var b strings.Builder
+	r := []rune(f)
+	for i, c := range r {
+		if i > 0 && unicode.IsUpper(c) && (unicode.IsLower(r[i-1]) || i+1 < len(r) && unicode.IsLower(r[i+1])) {
+			b.WriteByte(' ')
+		}
+		b.WriteRune(unicode.ToLower(c))
+	}
+	return b.String()
+}
+
+// As returns the *Error in err's chain, if any.
+func As(err error) (*Error, bool) {
+	var fe *Error
+	ok := errors.As(err, &fe)
+	return fe, ok
+}

@@ -1,0 +1,106 @@
+// Package serve owns the lifecycle of a webhook receiver process — `gemrecon
+// serve`, and the demo's receiver (spec §6): the HTTP server
+// (webhook.Serve), the background dispatcher that runs the accepted keys,
+// and the reconciliation passes of --poll-every (ingest.Poll), started
+// together and stopped in order. On shutdown the server stops accepting and
+// drains its requests first; the dispatcher's workers outlive it, so that
+// accepted keys still get their effect started, and then get the
+// dispatcher's grace to finish; what is left is pending in the database for
+// the next run. A dispatcher that stops on its own (its effect broke: the
+// NDJSON stdout went away) stops the server too: accepting deliveries that
+// nothing here can run would hide it.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/webhook"
+)
+
+// Config is what one receiver process runs.
+type Config struct {
+	// Listener and Handler are the HTTP server's (webhook.NewHandler);
+	// Server tunes it (its drain timeout, write timeout, logger).
+	Listener net.Listener
+	Handler  http.Handler
+	Server   webhook.ServerOptions
+	// Dispatcher runs the accepted keys in the background (required).
+	Dispatcher *dispatch.Dispatcher
+	// Poll, when set, runs reconciliation passes while the server runs;
+	// OnPass hears each one's result.
+	Poll   *ingest.Poll
+	OnPass func(ingest.Result)
+	// Logger receives the shutdown line (default: discard).
+	Logger *slog.Logger
+}
+
+// Server is a running receiver process.
+type Server struct {
+	stopServing context.CancelFunc
+	done        chan struct{}
+	err         error
+}
+
+// Start starts the dispatcher, the passes and the HTTP server. They run
+// until ctx is done, Stop is called or the dispatcher stops on its own.
+func Start(ctx context.Context, cfg Config) *Server {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	serveCtx, stopServing := context.WithCancel(ctx)
+	s := &Server{stopServing: stopServing, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	var workErr error
+	wg.Go(func() {
+		if err := cfg.Dispatcher.Run(workCtx); err != nil && !errors.Is(err, context.Canceled) {
+			workErr = fmt.Errorf("dispatch: %w", err)
+			stopServing()
+		}
+	})
+	if cfg.Poll != nil {
+		wg.Go(func() {
+			_ = cfg.Poll.Watch(serveCtx, func(r ingest.Result) {
+				if cfg.OnPass != nil {
+					cfg.OnPass(r)
+				}
+			})
+		})
+	}
+	go func() {
+		defer close(s.done)
+		defer stopWork()
+		serveErr := webhook.Serve(serveCtx, cfg.Listener, cfg.Handler, cfg.Server)
+		log.Info("webhook server stopped; finishing running effects", "grace", cfg.Dispatcher.Grace())
+		stopWork()
+		wg.Wait()
+		if serveErr != nil && !errors.Is(serveErr, context.Canceled) {
+			s.err = serveErr
+			return
+		}
+		s.err = workErr
+	}()
+	return s
+}
+
+// Wait waits until everything Start started has stopped and returns the
+// server's error, else the dispatcher's (nil after a clean shutdown).
+func (s *Server) Wait() error {
+	<-s.done
+	return s.err
+}
+
+// Stop shuts the receiver down as when ctx is done, and waits.
+func (s *Server) Stop() error {
+	s.stopServing()
+	return s.Wait()
+}
