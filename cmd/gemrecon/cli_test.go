@@ -88,10 +88,6 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 	}
 }
 
-// safeBuffer is the buffer a child's output goroutine writes while the
-// test reads it: testkit's, under the name this package's tests use.
-type safeBuffer = testkit.Buffer
-
 // child returns a command that runs this test binary as gemrecon (a real
 // process: signals, kills, several instances).
 func child(t *testing.T, args ...string) *exec.Cmd {
@@ -102,9 +98,9 @@ func child(t *testing.T, args ...string) *exec.Cmd {
 // startServing starts cmd, a child that serves HTTP, with its stderr in the
 // returned buffer, kills it when the test ends, and returns once url
 // answers 200 (waitHealthy).
-func startServing(t *testing.T, cmd *exec.Cmd, url string) *safeBuffer {
+func startServing(t *testing.T, cmd *exec.Cmd, url string) *testkit.Buffer {
 	t.Helper()
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -209,7 +210,7 @@ func TestKillDuringDownloadThenRestart(t *testing.T) {
 			"--lease", "2s", "--effect-timeout", "1s", "--exec", effect}
 	}
 	first := child(t, args("poll")...)
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	first.Stderr = &stderr
 	if err := first.Start(); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/gemrecon/gemrecon/internal/genaitest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -55,7 +56,7 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 	effect := `--exec=echo "$GEMRECON_KEY $GEMRECON_SOURCE $GEMRECON_CONFIRMED" >> ` + shellQuote(log)
 	serve := child(t, "--db", db, "serve", "--listen", serveAddr, "--secret-file", secrets, "--dynamic",
 		"--jwks-url", emu.jwks, "--base-url", emu.url, "--retry-base", "200ms", "--retry-max", "1s", effect)
-	var serveErr safeBuffer
+	var serveErr testkit.Buffer
 	serve.Stderr = &serveErr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)

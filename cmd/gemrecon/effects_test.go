@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
@@ -178,7 +179,7 @@ func TestDrainIntoHeadExits1(t *testing.T) {
 	head.Stdin = pr
 	gem := child(t, "--db", db, "drain", "--concurrency", "1")
 	gem.Stdout = pw
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	gem.Stderr = &stderr
 	if err := head.Start(); err != nil {
 		t.Fatal(err)
@@ -222,7 +223,7 @@ func TestDrainStalledStdoutEndsWithinTheEffectTimeout(t *testing.T) {
 	pw := stalledPipe(t)
 	gem := child(t, "--db", db, "drain", "--effect-timeout", "1s", "--lease", "1m")
 	gem.Stdout = pw
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	gem.Stderr = &stderr
 	start := time.Now()
 	if err := gem.Start(); err != nil {
@@ -250,7 +251,7 @@ func TestServeSIGTERMWithStalledStdout(t *testing.T) {
 	gem := child(t, "--db", db, "serve", "--insecure-no-verify", "--listen", "127.0.0.1:0",
 		"--effect-timeout", "1m", "--lease", "2m", "--grace", "1s")
 	gem.Stdout = pw
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	gem.Stderr = &stderr
 	if err := gem.Start(); err != nil {
 		t.Fatal(err)

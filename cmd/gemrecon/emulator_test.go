@@ -24,6 +24,7 @@ import (
 	"github.com/gemrecon/gemrecon/internal/emulator"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/genaitest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
@@ -32,7 +33,7 @@ import (
 // emuProc is `gemrecon emulator` running as a child process.
 type emuProc struct {
 	cmd            *exec.Cmd
-	stdout, stderr *safeBuffer
+	stdout, stderr *testkit.Buffer
 	done           chan error
 	url, key, jwks string
 }
@@ -42,7 +43,7 @@ type emuProc struct {
 // exports it prints. SIGTERM stops it at cleanup.
 func startEmulator(t *testing.T, args ...string) *emuProc {
 	t.Helper()
-	p := &emuProc{stdout: &safeBuffer{}, stderr: &safeBuffer{}, done: make(chan error, 1)}
+	p := &emuProc{stdout: &testkit.Buffer{}, stderr: &testkit.Buffer{}, done: make(chan error, 1)}
 	p.cmd = child(t, append([]string{"--log-format", "json", "emulator", "--listen", "127.0.0.1:0"}, args...)...)
 	p.cmd.Env = append(p.cmd.Env, "GOOGLE_API_KEY=")
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -48,12 +49,12 @@ func TestMultiInstancePostgres(t *testing.T) {
 
 	var servers []*exec.Cmd
 	var urls []string
-	var serverErr []*safeBuffer
+	var serverErr []*testkit.Buffer
 	for i := 0; i < 2; i++ {
 		addr := freeAddr(t)
 		cmd := child(t, "--db", dsn, "--log-level", "warn", "serve", "--listen", addr, "--concurrency", "8", effectFlag)
 		cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+secret)
-		stderr := &safeBuffer{}
+		stderr := &testkit.Buffer{}
 		cmd.Stderr = stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

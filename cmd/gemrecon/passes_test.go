@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -122,7 +123,7 @@ func TestServeMetricsShowPassRecords(t *testing.T) {
 	addr := freeAddr(t)
 	cmd := child(t, "--db", db, "serve", "--listen", addr, "--exec", "true")
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

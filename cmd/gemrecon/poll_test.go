@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 const testAPIKey = "test-key"
@@ -50,7 +51,7 @@ func TestPollWatchSIGTERMLeavesNoClaim(t *testing.T) {
 	cmd := child(t, pollArgs(db, api, "--watch", "--interval", "1h", "--grace", "1s",
 		"--exec", "touch "+shellQuote(started)+"; sleep 60")...)
 	cmd.Env = append(cmd.Env, "GEMINI_API_KEY="+testAPIKey)
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/gemrecon/gemrecon/internal/genaitest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 // readmeBlock returns the lines of the fenced block that follows the
@@ -164,7 +165,7 @@ func TestReadmeTryLocally(t *testing.T) {
 	line := local(strings.Replace(emuBlock[0], "--finish-within 2m", "--finish-within 3s", 1)) + " --listen 127.0.0.1:0 --seed 7"
 	emu := exec.Command("/bin/sh", "-c", "exec "+line)
 	emu.Dir, emu.Env = work, env
-	var emuOut, emuErr safeBuffer
+	var emuOut, emuErr testkit.Buffer
 	emu.Stdout, emu.Stderr = &emuOut, &emuErr
 	if err := emu.Start(); err != nil {
 		t.Fatal(err)
@@ -212,7 +213,7 @@ func TestReadmeTryLocally(t *testing.T) {
 	sh := exec.Command("/bin/sh", "-c", strings.Join(script, "\n"))
 	sh.Dir, sh.Env = work, env
 	sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // serve runs in the background: kill the group on a timeout
-	var out safeBuffer
+	var out testkit.Buffer
 	sh.Stdout, sh.Stderr = &out, &out
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 // TestReplicaBench measures the list requests per minute that 1, 3 and 5
@@ -66,7 +67,7 @@ func TestReplicaBench(t *testing.T) {
 				cmd.Env = os.Environ()
 			}
 			cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+replicaSecret, "GEMINI_API_KEY="+testAPIKey)
-			stderr := &safeBuffer{}
+			stderr := &testkit.Buffer{}
 			cmd.Stderr = stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -114,7 +115,7 @@ func effectArg(log string) string {
 // replica is one running `gemrecon serve --poll-every` process.
 type replica struct {
 	cmd    *exec.Cmd
-	stderr *safeBuffer
+	stderr *testkit.Buffer
 	addr   string
 }
 
@@ -122,7 +123,7 @@ type replica struct {
 // effect appending to log; extra flags come last (and win).
 func startServe(t *testing.T, db string, api *geminifake.Server, log string, extra ...string) *replica {
 	t.Helper()
-	r := &replica{addr: freeAddr(t), stderr: &safeBuffer{}}
+	r := &replica{addr: freeAddr(t), stderr: &testkit.Buffer{}}
 	args := append([]string{"--db", db, "--log-level", "warn", "serve", "--listen", r.addr, "--poll-every", "1s",
 		"--base-url", api.URL(), "--qps", "0", "--page-size", "10", effectArg(log)}, extra...)
 	r.cmd = child(t, args...)

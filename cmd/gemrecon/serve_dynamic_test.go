@@ -14,6 +14,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/internal/fakejwks"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -121,7 +122,7 @@ func TestServeDynamicConfirmsAndRefusesForeignBatches(t *testing.T) {
 	cmd := child(t, "--db", db, "serve", "--listen", addr, "--dynamic", "--jwks-url", jwks.URL, "--base-url", api.URL(),
 		"--exec", `echo "$GEMRECON_KEY confirmed=$GEMRECON_CONFIRMED $GEMRECON_BATCH_STATE" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+unusableSecret)
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

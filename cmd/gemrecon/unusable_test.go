@@ -18,6 +18,7 @@ import (
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/internal/tcpproxy"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/postgres"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
@@ -74,7 +75,7 @@ func TestServeDatabaseDeletedOrReplaced(t *testing.T) {
 			addr := freeAddr(t)
 			cmd := child(t, "--db", db, "serve", "--listen", addr)
 			cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+unusableSecret)
-			var stderr safeBuffer
+			var stderr testkit.Buffer
 			cmd.Stderr = &stderr
 			cmd.Stdout = io.Discard
 			if err := cmd.Start(); err != nil {
@@ -226,7 +227,7 @@ func TestPollDamagedDatabase(t *testing.T) {
 // test if it is still running after max.
 func runBounded(t *testing.T, cmd *exec.Cmd, max time.Duration) (int, string, time.Duration) {
 	t.Helper()
-	var stderr safeBuffer
+	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
 	cmd.Stdout = io.Discard
 	start := time.Now()
