@@ -103,12 +103,9 @@ func (a *app) webhooksClient(ctx context.Context, f *webhooksFlags) (*interactio
 	default:
 		return nil, usageError("--backend %q: webhooks work with the Gemini API only (--backend gemini)", f.backend)
 	}
-	key := os.Getenv("GOOGLE_API_KEY")
+	key := poller.EnvAPIKey()
 	if key == "" {
-		key = os.Getenv("GEMINI_API_KEY")
-	}
-	if key == "" {
-		return nil, withCode(exitFatal, errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key"))
+		return nil, withCode(exitFatal, poller.ErrNoAPIKey)
 	}
 	c, err := genai.NewClient(ctx, &genai.ClientConfig{
 		APIKey:      key,
