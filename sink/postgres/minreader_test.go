@@ -15,7 +15,7 @@ import (
 // ones, as a newer gemrecon would (one call per version, in order).
 func withExtraMigration(name, text string) Option {
 	return func(c *config) {
-		m, err := parseMigration(name, text)
+		m, err := sink.ParseMigration(name, text)
 		if err != nil {
 			panic(err)
 		}
@@ -124,7 +124,7 @@ func TestMigrationMinReaderLine(t *testing.T) {
 		"-- min_reader: 0\nCREATE TABLE x (a int);\n",
 		fmt.Sprintf("-- min_reader: %d\nCREATE TABLE x (a int);\n", next+1),
 	} {
-		if _, err := parseMigration(fmt.Sprintf("%04d_x.sql", next), text); err == nil || !strings.Contains(err.Error(), "min_reader") {
+		if _, err := sink.ParseMigration(fmt.Sprintf("%04d_x.sql", next), text); err == nil || !strings.Contains(err.Error(), "min_reader") {
 			t.Errorf("migration %q: error %v, want one about its min_reader line", text, err)
 		}
 	}
@@ -132,10 +132,10 @@ func TestMigrationMinReaderLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ms[0].minReader != 1 {
-		t.Errorf("0001's min_reader = %d, want 1", ms[0].minReader)
+	if ms[0].MinReader != 1 {
+		t.Errorf("0001's min_reader = %d, want 1", ms[0].MinReader)
 	}
-	if _, err := allMigrations([]migration{{version: next, minReader: 0, name: "x"}}); err == nil || !strings.Contains(err.Error(), "below its predecessor") {
+	if _, err := allMigrations([]migration{{Version: next, MinReader: 0, Name: "x"}}); err == nil || !strings.Contains(err.Error(), "below its predecessor") {
 		t.Errorf("a minimum reader below its predecessor's: %v", err)
 	}
 }

@@ -273,52 +273,23 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// migration is one embedded schema step. minReader is the oldest schema
-// version a binary must know to use the database once this step is applied
-// (spec §3): an additive step keeps its predecessor's. Each file starts with
-// the line "-- min_reader: N".
-type migration struct {
-	version   int
-	minReader int
-	name      string
-	sql       string
-}
-
-// parseMigration is sink.ParseMigration in this package's terms.
-func parseMigration(base, text string) (migration, error) {
-	m, err := sink.ParseMigration(base, text)
-	if err != nil {
-		err = fmt.Errorf("postgres: %w", err)
-		return migration{}, err
-	}
-	return fromSink(m), nil
-}
+// migration is one embedded schema step, sink.Migration: MinReader is the
+// oldest schema version a binary must know to use the database once the
+// step is applied (spec §3). The file rules are sink.ParseMigration's and
+// sink.LoadMigrations'.
+type migration = sink.Migration
 
 // migrations returns the embedded migrations in version order.
 func migrations() ([]migration, error) { return allMigrations(nil) }
 
 // allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them), checked by sink.LoadMigrations: versions 1..n, minimum
-// readers never falling.
+// binary with them), checked by sink.LoadMigrations.
 func allMigrations(extra []migration) ([]migration, error) {
-	in := make([]sink.Migration, len(extra))
-	for i, m := range extra {
-		in[i] = sink.Migration{Version: m.version, MinReader: m.minReader, Name: m.name, SQL: m.sql}
-	}
-	sms, err := sink.LoadMigrations(migrationFS, in)
+	ms, err := sink.LoadMigrations(migrationFS, extra)
 	if err != nil {
-		err = fmt.Errorf("postgres: %w", err)
-		return nil, err
-	}
-	ms := make([]migration, len(sms))
-	for i, m := range sms {
-		ms[i] = fromSink(m)
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	return ms, nil
-}
-
-func fromSink(m sink.Migration) migration {
-	return migration{version: m.Version, minReader: m.MinReader, name: m.Name, sql: m.SQL}
 }
 
 // firstSchema returns the first schema a search_path setting names, ""
@@ -435,15 +406,15 @@ func (s *Sink) migrate(ctx context.Context, schema string) error {
 			return tx.Commit(ctx) // a newer schema this binary may use as it is
 		}
 		for _, m := range ms[cur:] {
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
-				return fmt.Errorf("postgres: migration %s: %w", m.name, err)
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO gemrecon_schema_version (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
-				return fmt.Errorf("postgres: migration %s: %w", m.name, err)
+			if _, err := tx.Exec(ctx, `INSERT INTO gemrecon_schema_version (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+				return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
 			}
 		}
 		// Also for databases migrated before the minimum reader was kept.
-		if _, err := tx.Exec(ctx, upsertMinReader, ms[len(ms)-1].minReader); err != nil {
+		if _, err := tx.Exec(ctx, upsertMinReader, ms[len(ms)-1].MinReader); err != nil {
 			return fmt.Errorf("postgres: record the schema's minimum reader: %w", err)
 		}
 		return tx.Commit(ctx)

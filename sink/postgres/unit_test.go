@@ -31,12 +31,12 @@ func TestMigrationsEmbedded(t *testing.T) {
 		t.Fatalf("migrations() = %d, SchemaVersion() = %d; want the same, > 0", len(ms), SchemaVersion())
 	}
 	for i, m := range ms {
-		if m.version != i+1 {
-			t.Errorf("migration %d = %s, version %d, want %d", i, m.name, m.version, i+1)
+		if m.Version != i+1 {
+			t.Errorf("migration %d = %s, version %d, want %d", i, m.Name, m.Version, i+1)
 		}
 	}
-	if !strings.Contains(ms[0].sql, "CREATE TABLE gemrecon_keys") {
-		t.Errorf("migration %s does not create gemrecon_keys", ms[0].name)
+	if !strings.Contains(ms[0].SQL, "CREATE TABLE gemrecon_keys") {
+		t.Errorf("migration %s does not create gemrecon_keys", ms[0].Name)
 	}
 }
 

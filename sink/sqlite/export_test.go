@@ -1,5 +1,7 @@
 package sqlite
 
+import "github.com/gemrecon/gemrecon/sink"
+
 // Hooks for the external tests of this package.
 
 // SetBusyRetryHook makes f run before every pause of a retried busy
@@ -15,7 +17,7 @@ func SetBusyRetryHook(f func(error)) (restore func()) {
 // Use one call per version, in order.
 func WithExtraMigration(name, text string) Option {
 	return func(c *config) {
-		m, err := parseMigration(name, text)
+		m, err := sink.ParseMigration(name, text)
 		if err != nil {
 			panic(err)
 		}
@@ -25,6 +27,6 @@ func WithExtraMigration(name, text string) Option {
 
 // ParseMigration checks a migration file's name and first line.
 func ParseMigration(name, text string) error {
-	_, err := parseMigration(name, text)
+	_, err := sink.ParseMigration(name, text)
 	return err
 }

@@ -31,7 +31,7 @@ func TestWriteFixtureV1(t *testing.T) {
 	defer db.Close()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano()
 	stmts := []string{
-		ms[0].sql,
+		ms[0].SQL,
 		"PRAGMA user_version = 1",
 	}
 	for _, s := range stmts {

@@ -16,52 +16,20 @@ var migrationFiles embed.FS
 // applicationID marks a database as gemrecon's ('gemr').
 const applicationID = 1734700402
 
-// migration is one schema step; version is the number its file name starts
-// with. minReader is the oldest schema version a binary must know to use the
-// database once this step is applied (spec §3): an additive step (new
-// columns with defaults, new tables, new indexes) keeps its predecessor's, a
-// step older binaries cannot live with raises it. Each file starts with the
-// line "-- min_reader: N".
-type migration struct {
-	version   int
-	minReader int
-	name      string
-	sql       string
-}
-
-// parseMigration is sink.ParseMigration in this package's terms.
-func parseMigration(base, text string) (migration, error) {
-	m, err := sink.ParseMigration(base, text)
-	if err != nil {
-		return migration{}, err
-	}
-	return fromSink(m), nil
-}
+// migration is one schema step, sink.Migration: its version is the number
+// its file name starts with, and its MinReader the oldest schema version a
+// binary must know to use the database once the step is applied (spec §3).
+// The file rules (the "-- min_reader: N" line, versions 1..n, minimum
+// readers never falling) are sink.ParseMigration's and sink.LoadMigrations'.
+type migration = sink.Migration
 
 // migrations returns the embedded migrations in version order.
 func migrations() ([]migration, error) { return allMigrations(nil) }
 
 // allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them), checked by sink.LoadMigrations: versions 1..n, minimum
-// readers never falling.
+// binary with them).
 func allMigrations(extra []migration) ([]migration, error) {
-	in := make([]sink.Migration, len(extra))
-	for i, m := range extra {
-		in[i] = sink.Migration{Version: m.version, MinReader: m.minReader, Name: m.name, SQL: m.sql}
-	}
-	sms, err := sink.LoadMigrations(migrationFiles, in)
-	if err != nil {
-		return nil, err
-	}
-	ms := make([]migration, len(sms))
-	for i, m := range sms {
-		ms[i] = fromSink(m)
-	}
-	return ms, nil
-}
-
-func fromSink(m sink.Migration) migration {
-	return migration{version: m.Version, minReader: m.MinReader, name: m.Name, sql: m.SQL}
+	return sink.LoadMigrations(migrationFiles, extra)
 }
 
 // SchemaVersion is the schema version this build writes.
@@ -107,7 +75,7 @@ func (s *Sink) migrate(ctx context.Context) error {
 			// databases migrated before it was recorded.
 			q, args := `INSERT INTO gemrecon_meta (name, value) VALUES ('fenced', 0) ON CONFLICT (name) DO NOTHING`, []any(nil)
 			if cur == latest {
-				q, args = upsertMinReader, []any{ms[latest-1].minReader}
+				q, args = upsertMinReader, []any{ms[latest-1].MinReader}
 			}
 			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 				tx.Rollback()
@@ -116,20 +84,20 @@ func (s *Sink) migrate(ctx context.Context) error {
 			return s.fail(tx.Commit())
 		}
 		m := ms[cur]
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migration %s: %w", m.name, s.fail(err))
+			return fmt.Errorf("migration %s: %w", m.Name, s.fail(err))
 		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.version)); err != nil {
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", m.Version)); err != nil {
 			tx.Rollback()
 			return s.fail(err)
 		}
-		if _, err := tx.ExecContext(ctx, upsertMinReader, m.minReader); err != nil {
+		if _, err := tx.ExecContext(ctx, upsertMinReader, m.MinReader); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migration %s: record min_reader: %w", m.name, s.fail(err))
+			return fmt.Errorf("migration %s: record min_reader: %w", m.Name, s.fail(err))
 		}
 		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migration %s: %w", m.name, s.fail(err))
+			return fmt.Errorf("migration %s: %w", m.Name, s.fail(err))
 		}
 	}
 }

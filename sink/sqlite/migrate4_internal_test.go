@@ -21,20 +21,20 @@ func TestMigration4FillsBatchState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) < 4 || ms[3].minReader != ms[2].minReader {
-		t.Fatalf("migration 4 must exist and keep min_reader %d (additive), got %+v", ms[2].minReader, ms[3])
+	if len(ms) < 4 || ms[3].MinReader != ms[2].MinReader {
+		t.Fatalf("migration 4 must exist and keep min_reader %d (additive), got %+v", ms[2].MinReader, ms[3])
 	}
 	db, err := openDB(path, sink.DefaultBusyTimeout, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms[:3] {
-		for _, q := range []string{m.sql, fmt.Sprintf("PRAGMA user_version = %d", m.version)} {
+		for _, q := range []string{m.SQL, fmt.Sprintf("PRAGMA user_version = %d", m.Version)} {
 			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatalf("%s: %v", m.name, err)
+				t.Fatalf("%s: %v", m.Name, err)
 			}
 		}
-		if _, err := db.ExecContext(ctx, upsertMinReader, m.minReader); err != nil {
+		if _, err := db.ExecContext(ctx, upsertMinReader, m.MinReader); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -88,8 +88,8 @@ func TestMigration4FillsBatchState(t *testing.T) {
 		}
 	}
 	var mr int
-	if err := s.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[2].minReader {
-		t.Fatalf("min_reader = %d, %v; want %d (unchanged: the migration is additive)", mr, err, ms[2].minReader)
+	if err := s.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[2].MinReader {
+		t.Fatalf("min_reader = %d, %v; want %d (unchanged: the migration is additive)", mr, err, ms[2].MinReader)
 	}
 }
 

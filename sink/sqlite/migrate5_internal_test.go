@@ -22,20 +22,20 @@ func TestMigration5PartialDueIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) < 5 || ms[4].minReader != ms[3].minReader {
-		t.Fatalf("migration 5 must exist and keep min_reader %d (older binaries keep working), got %+v", ms[3].minReader, ms[4])
+	if len(ms) < 5 || ms[4].MinReader != ms[3].MinReader {
+		t.Fatalf("migration 5 must exist and keep min_reader %d (older binaries keep working), got %+v", ms[3].MinReader, ms[4])
 	}
 	db, err := openDB(path, sink.DefaultBusyTimeout, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms[:4] {
-		for _, q := range []string{m.sql, fmt.Sprintf("PRAGMA user_version = %d", m.version)} {
+		for _, q := range []string{m.SQL, fmt.Sprintf("PRAGMA user_version = %d", m.Version)} {
 			if _, err := db.ExecContext(ctx, q); err != nil {
-				t.Fatalf("%s: %v", m.name, err)
+				t.Fatalf("%s: %v", m.Name, err)
 			}
 		}
-		if _, err := db.ExecContext(ctx, upsertMinReader, m.minReader); err != nil {
+		if _, err := db.ExecContext(ctx, upsertMinReader, m.MinReader); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -104,8 +104,8 @@ func TestMigration5PartialDueIndexes(t *testing.T) {
 		t.Errorf("Stats.ByState after purge = %v", st.ByState)
 	}
 	var mr int
-	if err := s.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[3].minReader {
-		t.Fatalf("min_reader = %d, %v; want %d (unchanged)", mr, err, ms[3].minReader)
+	if err := s.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[3].MinReader {
+		t.Fatalf("min_reader = %d, %v; want %d (unchanged)", mr, err, ms[3].MinReader)
 	}
 }
 
