@@ -23,6 +23,7 @@ import (
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/effect/sqlscript"
+	"github.com/gemrecon/gemrecon/internal/ctxsleep"
 	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -240,7 +241,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = sleep
+		cfg.Sleep = ctxsleep.Sleep
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
@@ -378,21 +379,6 @@ func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func())
 		}
 		mu.Unlock()
 		cancel(nil)
-	}
-}
-
-// sleep waits d, or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

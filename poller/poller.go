@@ -34,6 +34,7 @@ import (
 	"google.golang.org/genai"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/internal/ctxsleep"
 	"github.com/gemrecon/gemrecon/internal/field"
 )
 
@@ -269,7 +270,7 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = sleepCtx
+		cfg.Sleep = ctxsleep.Sleep
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

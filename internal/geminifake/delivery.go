@@ -22,6 +22,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gemrecon/gemrecon/internal/ctxsleep"
 )
 
 // WebhookOptions configures a WebhookService's deliveries. Zero fields take
@@ -97,7 +99,7 @@ func (ws *WebhookService) withDefaults(o WebhookOptions) WebhookOptions {
 		o.BackoffMax = max(5*time.Minute, o.BackoffBase)
 	}
 	if o.Sleep == nil {
-		o.Sleep = sleepCtx
+		o.Sleep = ctxsleep.Sleep
 	}
 	if o.Now == nil {
 		o.Now = ws.srv.opts.Now
@@ -125,17 +127,6 @@ func (ws *WebhookService) SetOptions(o WebhookOptions) error {
 	ws.opts = ws.withDefaults(o)
 	ws.rng = rand2.New(rand2.NewPCG(ws.opts.Seed, 0x9e3779b97f4a7c15))
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Event is one webhook event in the Gemini API's envelope:
