@@ -806,20 +806,12 @@ func (s *Sink) Due(ctx context.Context, limit int, opts ...sink.ClaimOption) ([]
 	}
 	var keys []string
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		keys = keys[:0]
 		rows, err := c.Query(ctx, q, args...)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
-				rows.Close()
-				return err
-			}
-			keys = append(keys, k)
-		}
-		return rows.Err()
+		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("postgres: due: %w", err)
@@ -1020,20 +1012,12 @@ func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
 func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
 	keys := []string{}
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		keys = keys[:0]
 		rows, err := c.Query(ctx, `DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < $1 RETURNING key`, doneBefore)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
-				rows.Close()
-				return err
-			}
-			keys = append(keys, k)
-		}
-		return rows.Err()
+		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
 	})
 	// A purged key seen again must be new again: forget what was done.
 	s.mu.Lock()
