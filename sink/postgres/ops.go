@@ -251,10 +251,20 @@ func (s *Sink) maybeFlush(ctx context.Context, buffered int) {
 // flushSQL applies buffered statistics to many keys in one statement: the
 // counters, a poll-first key's first webhook body (kept where none is yet)
 // and the end of a need for confirmation.
+//
+// It locks the key rows first, in key order ("lk"; a locking SELECT locks
+// rows as its ORDER BY yields them), and updates only rows it has locked:
+// two flushes of overlapping keys from different processes (or a flush and
+// a purge) then wait for each other instead of deadlocking, which an
+// UPDATE … FROM in the join's order (no order is promised) did under load.
+// The webhook upserts touch only extras of keys locked here.
 const flushSQL = `
 WITH d AS (
 	SELECT * FROM jsonb_to_recordset($1::jsonb)
 		AS d(k text, n bigint, last timestamptz, srcs jsonb, c bigint, w text, v boolean)
+),
+lk AS MATERIALIZED (
+	SELECT k.key FROM gemrecon_keys k WHERE k.key IN (SELECT d.k FROM d) ORDER BY k.key FOR UPDATE
 ),
 upd AS (
 	UPDATE gemrecon_keys k SET
@@ -265,7 +275,7 @@ upd AS (
 			WHERE x.s <> ALL (k.sources) ORDER BY x.i),
 		conflicts     = k.conflicts + d.c,
 		needs_confirm = k.needs_confirm AND NOT coalesce(d.v, false)
-	FROM d
+	FROM d JOIN lk ON lk.key = d.k
 	WHERE k.key = d.k
 	RETURNING k.key
 )
@@ -1012,7 +1022,13 @@ func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
 func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
 	keys := []string{}
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < $1 RETURNING key`, doneBefore)
+		// Rows are locked in key order first, as flushSQL locks them, so
+		// that a purge and a flush wait for each other, never deadlock.
+		rows, err := c.Query(ctx, `
+			WITH lk AS MATERIALIZED (
+				SELECT key FROM gemrecon_keys WHERE state = 'done' AND done_at < $1 ORDER BY key FOR UPDATE)
+			DELETE FROM gemrecon_keys k USING lk
+			WHERE k.key = lk.key AND k.state = 'done' AND k.done_at < $1 RETURNING k.key`, doneBefore)
 		if err != nil {
 			return err
 		}
