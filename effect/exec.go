@@ -118,11 +118,18 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.command)
 	cmd.Dir = e.dir
 	cmd.Stdin = bytes.NewReader(doc)
-	cmd.Stdout = e.output
 	if e.output == io.Discard {
-		cmd.Stderr = tail
+		cmd.Stderr = tail // stdout: /dev/null
 	} else {
-		cmd.Stderr = io.MultiWriter(tail, e.output)
+		// Copied, never handed over as a file, and through a writer that
+		// cannot fail: where the copy goes (gemrecon's stderr) breaking is
+		// not the command's failure. Handed the file, or a copy that
+		// stops at the first error and closes the pipe, the command would
+		// die of SIGPIPE at its next write, and a successful effect would
+		// be recorded as failed.
+		out := &lenientWriter{w: e.output}
+		cmd.Stdout = out
+		cmd.Stderr = io.MultiWriter(tail, out)
 	}
 	cmd.Env = append(os.Environ(),
 		"GEMRECON_KEY="+ev.Key,
@@ -193,6 +200,26 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 		msg += "; stderr: " + t
 	}
 	return &execError{msg: msg, err: cause}
+}
+
+// lenientWriter passes writes on to w until w fails once, then drops them;
+// it always reports the whole write as taken. It is safe for concurrent use
+// (the command's stdout and stderr are copied to it by two goroutines).
+type lenientWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	failed bool
+}
+
+func (l *lenientWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.failed {
+		if _, err := l.w.Write(p); err != nil {
+			l.failed = true
+		}
+	}
+	return len(p), nil
 }
 
 // sysStatus returns the wait status of a finished command.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -261,5 +262,52 @@ func TestExecOwnFailureIsNotBlamedOnALateTimeout(t *testing.T) {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run() = %v: a context error, want the command's own failure", err)
+	}
+}
+
+// failingWriter refuses every write, as gemrecon's own stderr does when its
+// reader went away (a restarted journald, a closed log pipe).
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) {
+	return 0, errors.New("write /dev/stderr: broken pipe")
+}
+
+// TestExecBrokenOutputDoesNotFailTheCommand: where the command's output is
+// copied to (gemrecon's stderr) failing is gemrecon's problem, not the
+// command's: a command that writes to stdout and stderr and exits 0 is a
+// success, and it is not killed by SIGPIPE half-way because the copy gave
+// up and closed its pipe. The stderr tail is still kept for a failure.
+func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
+	// The write end of a pipe whose reader is gone: an *os.File, as
+	// os.Stderr is.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	defer pw.Close()
+	outputs := map[string]func() io.Writer{
+		"failing writer":   func() io.Writer { return failingWriter{} },
+		"closed pipe file": func() io.Writer { return pw },
+	}
+	// Writes spread over time, so that the copy has failed (and, today,
+	// closed the pipe) before the later writes.
+	const talk = `i=0; while [ $i -lt 20 ]; do echo out$i; echo err$i >&2; sleep 0.02; i=$((i+1)); done; `
+	for name, out := range outputs {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			err := NewExec(talk+`touch finished; exit 0`, ExecDir(dir), ExecOutput(out())).Run(context.Background(), testEvent())
+			if err != nil {
+				t.Errorf("Run() = %v, want nil: the command exited 0 on its own", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "finished")); err != nil {
+				t.Errorf("the command did not run to its end: %v", err)
+			}
+			err = NewExec(talk+`echo LAST >&2; exit 3`, ExecOutput(out())).Run(context.Background(), testEvent())
+			if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "LAST") {
+				t.Errorf("Run() = %v, want exit status 3 with the stderr tail", err)
+			}
+		})
 	}
 }
