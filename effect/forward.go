@@ -31,6 +31,12 @@ const MaxRetryAfter = 24 * time.Hour
 // bodySnippet bounds how much of a failed response's body an error keeps.
 const bodySnippet = 512
 
+// BodyWait bounds how long the body of an answer is read once its status
+// line arrived (for a failure's snippet, and to reuse the connection): the
+// status decides, so a body that stalls or never ends must not hold the
+// attempt until the effect timeout.
+const BodyWait = 2 * time.Second
+
 // Forward POSTs the event document to a URL (spec §4 --forward), with the
 // key as Idempotency-Key and the fencing token as Gemrecon-Fencing-Token, and
 // signs it per Standard Webhooks when a secret is set. 2xx is success; 408,
@@ -97,7 +103,11 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	if !validHeaderValue(ev.Key) {
 		return Permanent(fmt.Errorf("forward: key %q cannot be sent as an HTTP header", ev.Key))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.url, bytes.NewReader(body))
+	// The request's own context, so that reading the answer's body can be
+	// cut short without touching ctx.
+	reqCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, f.url, bytes.NewReader(body))
 	if err != nil {
 		return Permanent(fmt.Errorf("forward: %w", err))
 	}
@@ -126,9 +136,12 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 		return fmt.Errorf("forward: %w", err)
 	}
 	defer resp.Body.Close()
+	// The answer is in the status line; its body gets BodyWait at most.
+	cut := time.AfterFunc(BodyWait, stop)
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, bodySnippet+1))
 	// Drain a little more so the connection can be reused.
 	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	cut.Stop()
 
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil

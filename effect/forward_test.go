@@ -287,3 +287,92 @@ func TestForward2xxBeforeTheDeadlineIsSuccess(t *testing.T) {
 		t.Fatal("the test's transport did not end the context")
 	}
 }
+
+// TestForwardAnswerWithAStalledBody: the status line decides, so an answer
+// whose body then stalls (a target that flushed its headers and hangs, or
+// trickles an endless body) does not hold the attempt until the effect
+// timeout: the body is read for the error's snippet and for connection
+// reuse only, within a short bound.
+func TestForwardAnswerWithAStalledBody(t *testing.T) {
+	for _, status := range []int{http.StatusOK, http.StatusServiceUnavailable} {
+		release := make(chan struct{})
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, "start of the body")
+			w.(http.Flusher).Flush()
+			select { // the rest never comes
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}))
+		f, err := NewForward(srv.URL, "", srv.Client())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		start := time.Now()
+		err = f.Run(ctx, testEvent())
+		elapsed := time.Since(start)
+		cancel()
+		close(release)
+		srv.Close()
+		if status == http.StatusOK && err != nil {
+			t.Errorf("Run(200, stalled body) = %v, want nil", err)
+		}
+		if status != http.StatusOK {
+			var se *StatusError
+			if !errors.As(err, &se) || se.Code != status || !strings.Contains(se.Body, "start of the body") {
+				t.Errorf("Run(%d, stalled body) = %v, want a StatusError %d with the body's start", status, err, status)
+			}
+		}
+		if elapsed > 8*time.Second {
+			t.Errorf("Run(%d, stalled body) took %v: held until the effect timeout", status, elapsed)
+		}
+	}
+}
+
+// TestForward2xxThenResetIsSuccess: a target that answers 2xx and then
+// resets the connection before its declared body is complete did accept
+// the document.
+func TestForward2xxThenResetIsSuccess(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npartial")
+		_ = buf.Flush()
+		_ = conn.(*net.TCPConn).SetLinger(0) // RST, not FIN
+		conn.Close()
+	}))
+	defer srv.Close()
+	f, err := NewForward(srv.URL, "", srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Run(context.Background(), testEvent()); err != nil {
+		t.Errorf("Run() = %v, want nil: the target answered 200", err)
+	}
+}
+
+// TestForward2xxBeforeTheDocumentWasReadIsSuccess: a target may answer
+// before it read the whole request (a large document), and then close the
+// connection: its 2xx is still its answer.
+func TestForward2xxBeforeTheDocumentWasReadIsSuccess(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	defer srv.Close()
+	f, err := NewForward(srv.URL, "", srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := testEvent()
+	ev.Operation = json.RawMessage(`"` + strings.Repeat("x", 8<<20) + `"`)
+	if err := f.Run(context.Background(), ev); err != nil {
+		t.Errorf("Run() = %v, want nil: the target answered 202", err)
+	}
+}
