@@ -255,3 +255,29 @@ func TestSyncNotBatchEventRunsNothing(t *testing.T) {
 		t.Errorf("Get(gemini:int_1) = %v, want not found", err)
 	}
 }
+
+// TestByteOrderMarkBeforeTheEvent: nothing promises that a sender never
+// puts a UTF-8 byte order mark before its JSON (RFC 8259 §8.1 lets a
+// receiver ignore one). The signature covers the bytes as sent, BOM
+// included; the event is then read, and stored, without it: a completion
+// is not thrown away as invalid for three bytes, and the stored body is
+// JSON an effect can be handed.
+func TestByteOrderMarkBeforeTheEvent(t *testing.T) {
+	_, s, _, _, send := eventServer(t)
+	body := append([]byte("\xef\xbb\xbf"), event("bom1")...)
+	r := send(body)
+	if r.Code != 202 || r.Status != "accepted" || r.Key != "gemini:batches/bom1" {
+		t.Fatalf("POST BOM+event = %d %s, want 202 accepted gemini:batches/bom1", r.Code, r.Raw)
+	}
+	e, err := s.Get(context.Background(), "gemini:batches/bom1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !json.Valid(e.Payload) {
+		t.Errorf("stored payload %q is not JSON", e.Payload)
+	}
+	// Only a leading BOM: one elsewhere is still not JSON.
+	if r := send([]byte(`{"type":"batch.succeeded"` + "\xef\xbb\xbf" + `,"data":{"id":"bom2"}}`)); r.Code != 200 || r.Status != "invalid" {
+		t.Errorf("POST with a BOM inside = %d %s, want 200 invalid", r.Code, r.Raw)
+	}
+}

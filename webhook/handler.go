@@ -13,6 +13,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -302,6 +303,9 @@ func (h *handler) retryAfter() string {
 	return strconv.Itoa(int((h.cfg.RetryAfter + time.Second - 1) / time.Second))
 }
 
+// utf8BOM is the UTF-8 encoding of U+FEFF, the byte order mark.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
 // reject answers a request that records nothing.
 func (h *handler) reject(w http.ResponseWriter, r *http.Request, code int, outcome, msg string) {
 	h.metrics.ObserveDelivery(sink.SourceWebhook, outcome)
@@ -357,6 +361,12 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+
+	// A UTF-8 byte order mark before the JSON is nobody's promise either
+	// way (RFC 8259 §8.1 lets a receiver ignore one): the signature was
+	// checked over the bytes as sent; the event is read, and stored,
+	// without it.
+	body = bytes.TrimPrefix(body, utf8BOM)
 
 	// 3. Everything else is ingest's (spec §9.1): what the body is (an
 	// event that is not a batch event is ignored whatever else it holds; a
