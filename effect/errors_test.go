@@ -60,6 +60,14 @@ func TestParseRetryAfter(t *testing.T) {
 		{"Sun, 29 Nov 2026 08:00:30 GMT", 30 * time.Second, true},
 		{"Sun, 29 Nov 2026 07:59:00 GMT", 0, false},
 		{"99999999999999", MaxRetryAfter, true},
+		// Longer than an int64 of seconds is still "a very long time"
+		// (RFC 9111 §1.2.2), not no delay at all.
+		{"99999999999999999999", MaxRetryAfter, true},
+		{"-99999999999999999999", 0, false},
+		// RFC 9110's obsolete date forms, which a recipient must accept.
+		{"Sunday, 29-Nov-26 08:00:30 GMT", 30 * time.Second, true},
+		{"Sun Nov 29 08:00:30 2026", 30 * time.Second, true},
+		{"Sun, 29 Nov 2027 08:00:00 GMT", MaxRetryAfter, true},
 	}
 	for _, tt := range tests {
 		got, ok := parseRetryAfter(tt.in, now)

@@ -311,3 +311,25 @@ func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
 		})
 	}
 }
+
+// TestExecStdinNotReadIsNoFailure: a command need not read its event
+// document. One that closes stdin at once, or reads a little of it, while
+// the document is far larger than a pipe's buffer (so that writing it meets
+// EPIPE), and exits 0, succeeded; one that exits 4 reports its own status.
+func TestExecStdinNotReadIsNoFailure(t *testing.T) {
+	ev := testEvent()
+	ev.Operation = json.RawMessage(`"` + strings.Repeat("x", 1<<20) + `"`)
+	for cmd, want := range map[string]string{
+		"exec 0<&-; exit 0":             "",
+		"head -c 10 >/dev/null; exit 0": "",
+		"exec 0<&-; exit 4":             "exit status 4",
+	} {
+		err := NewExec(cmd, ExecOutput(nil)).Run(context.Background(), ev)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("Exec(%q).Run() = %v, want nil: the command exited 0", cmd, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pipe")):
+			t.Errorf("Exec(%q).Run() = %v, want only %q", cmd, err, want)
+		}
+	}
+}

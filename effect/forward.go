@@ -196,12 +196,14 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	var d time.Duration
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		// Out of int64's range is a very long delay, positive or not
+		// (RFC 9111 §1.2.2): capped like any other.
+		if errors.Is(err, strconv.ErrRange) && v[0] != '-' || secs > int64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter, true
+		}
 		if secs <= 0 {
 			return 0, false
-		}
-		if secs > int64(MaxRetryAfter/time.Second) {
-			return MaxRetryAfter, true
 		}
 		d = time.Duration(secs) * time.Second
 	} else if t, err := http.ParseTime(v); err == nil {
