@@ -588,3 +588,33 @@ func TestSQLStaleHolderIsFenced(t *testing.T) {
 		}
 	})
 }
+
+// TestSQLScriptWithAByteOrderMark: an editor may save the --sql file with a
+// UTF-8 byte order mark. SQLite skips one, PostgreSQL does not ("syntax
+// error at or near") — so a script that passed the start-up check would
+// fail every attempt there until each key went dead. The BOM is not part
+// of the script.
+func TestSQLScriptWithAByteOrderMark(t *testing.T) {
+	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
+		ctx := context.Background()
+		s := w.open(t, sink.Options{})
+		defer s.Close()
+		const script = "\ufeffINSERT INTO runs (key, token) VALUES (@key, @token);\n"
+		d, err := New(Config{Sink: s, SQL: w.script(t, script, script), Logger: quietLogger(),
+			Lease: time.Minute, EffectTimeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, _, payload := invoiceKey(1)
+		if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+		if sum, err := d.Drain(ctx); err != nil || sum.OK != 1 {
+			e, _ := s.Get(ctx, key)
+			t.Fatalf("Drain = %+v, %v (last error %q); want one done", sum, err, e.LastError)
+		}
+		if got := w.count(t, `SELECT count(*) FROM runs`); got != 1 {
+			t.Errorf("runs = %d, want 1", got)
+		}
+	})
+}

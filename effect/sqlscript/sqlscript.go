@@ -56,7 +56,10 @@ func Load(path string) (*Script, error) {
 	if !utf8.Valid(b) {
 		return nil, fmt.Errorf("%s: not UTF-8 text", path)
 	}
-	q, err := Parse(string(b))
+	// A byte order mark that an editor put first is not part of the
+	// script: SQLite skips one, PostgreSQL takes it for part of the first
+	// word and fails every attempt with a syntax error.
+	q, err := Parse(strings.TrimPrefix(string(b), "\ufeff"))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
