@@ -31,6 +31,12 @@ type Print struct {
 	mu     sync.Mutex
 	broken error         // set once; every later Run returns it
 	gone   chan struct{} // closed when broken is set
+
+	// beforeWait, when set (tests only), is called after the write
+	// started and before Run waits for it, with the channel the write's
+	// result arrives on: a test can end the context after the write
+	// finished and before Run looked.
+	beforeWait func(done <-chan error)
 }
 
 // NewPrint returns a Print effect writing to w (usually os.Stdout).
@@ -66,15 +72,26 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 		defer func() { <-p.turn }() // only once the write returned: lines never interleave
 		done <- p.write(line)
 	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			return p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", err))
-		}
-		return nil
-	case <-ctx.Done():
-		return p.breakWith(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
+	if p.beforeWait != nil {
+		p.beforeWait(done)
 	}
+	var werr error
+	select {
+	case werr = <-done:
+	case <-ctx.Done():
+		// The write's result decides when it is in: a line taken before
+		// Run looked is written, whatever the context did meanwhile (select
+		// picks at random among ready cases).
+		select {
+		case werr = <-done:
+		default:
+			return p.breakWith(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
+		}
+	}
+	if werr != nil {
+		return p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", werr))
+	}
+	return nil
 }
 
 // write writes one line and flushes or syncs it.

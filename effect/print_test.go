@@ -152,3 +152,32 @@ func TestPrintStalledReaderIsBoundedByTheContext(t *testing.T) {
 		t.Fatal("the queued Run() did not return within 10s of the effect breaking")
 	}
 }
+
+// TestPrintLineWrittenBeforeTheDeadlineIsSuccess: a line that the writer
+// took is written, even when the context ended after the write returned
+// and before Run looked (gemrecon paused or starved of CPU between the two,
+// the NDJSON analogue of issue 12 item 3). Run must not pick the deadline
+// over the finished write — Go's select chooses at random between ready
+// cases — and call a working stdout stalled: that ended the command and
+// printed the line again in the next one.
+func TestPrintLineWrittenBeforeTheDeadlineIsSuccess(t *testing.T) {
+	for i := 0; i < 64; i++ {
+		var out bytes.Buffer
+		p := NewPrint(&out)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		p.beforeWait = func(done <-chan error) {
+			for deadline := time.Now().Add(10 * time.Second); len(done) == 0; time.Sleep(100 * time.Microsecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the write did not finish within 10s")
+				}
+			}
+			cancel(errors.New("effect timeout 1s exceeded")) // the timer fires after the write
+		}
+		if err := p.Run(ctx, testEvent()); err != nil {
+			t.Fatalf("run %d: Run() = %v, want nil: the line was written before the deadline", i, err)
+		}
+		if !strings.HasSuffix(out.String(), "\n") {
+			t.Fatalf("run %d: output %q, want one line", i, out.String())
+		}
+	}
+}
