@@ -7,6 +7,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/effect"
@@ -839,12 +841,20 @@ func eventFor(c sink.Claim) effect.Event {
 
 // jsonOrString is b as JSON: as it is when valid, else as a JSON string
 // (it should always be JSON: hand it over rather than fail every attempt
-// on encoding). Empty stays empty.
+// on encoding). Empty stays empty. Bytes that are not UTF-8 (a webhook
+// body is stored as it was sent, and JSON's grammar lets them pass inside
+// strings) become U+FFFD, as encoding/json reads them: an effect gets
+// UTF-8 JSON, and PostgreSQL does not refuse @operation at every attempt.
 func jsonOrString(b []byte) json.RawMessage {
 	if len(b) == 0 {
 		return nil
 	}
 	if json.Valid(b) {
+		if !utf8.Valid(b) {
+			// Outside strings JSON allows only ASCII, so every invalid
+			// sequence is inside a string, where U+FFFD is one character.
+			b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
+		}
 		return json.RawMessage(b)
 	}
 	q, _ := json.Marshal(string(b))

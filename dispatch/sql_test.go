@@ -618,3 +618,37 @@ func TestSQLScriptWithAByteOrderMark(t *testing.T) {
 		}
 	})
 }
+
+// TestSQLWebhookBodyNotUTF8: a verified webhook body may carry bytes that
+// are not UTF-8 inside a JSON string other than the name (nothing promises
+// otherwise; the receiver records it as sent). Handed on verbatim as
+// @operation and @webhook, PostgreSQL refused the text ("invalid byte
+// sequence for encoding UTF8") at every attempt until the key went dead;
+// an --exec effect got an event document that is not UTF-8 JSON. The
+// effect gets the body with each invalid sequence replaced by U+FFFD, as
+// encoding/json reads it.
+func TestSQLWebhookBodyNotUTF8(t *testing.T) {
+	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
+		ctx := context.Background()
+		s := w.open(t, sink.Options{})
+		defer s.Close()
+		w.exec(t, `CREATE TABLE seen (op TEXT NOT NULL, hook TEXT NOT NULL)`)
+		d, err := New(Config{Sink: s, SQL: w.script(t, `INSERT INTO seen (op, hook) VALUES (@operation, @webhook);`,
+			`INSERT INTO seen (op, hook) VALUES (@operation, @webhook);`), Logger: quietLogger(),
+			Lease: time.Minute, EffectTimeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := []byte("{\"type\":\"batch.succeeded\",\"data\":{\"id\":\"latin1\",\"note\":\"caf\xe9\"}}")
+		if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/latin1", Source: sink.SourceWebhook, Payload: body}); err != nil {
+			t.Fatal(err)
+		}
+		if sum, err := d.Drain(ctx); err != nil || sum.OK != 1 {
+			e, _ := s.Get(ctx, "gemini:batches/latin1")
+			t.Fatalf("Drain = %+v, %v (last error %q); want one done", sum, err, e.LastError)
+		}
+		if got := w.count(t, `SELECT count(*) FROM seen WHERE op LIKE '%caf`+"\ufffd"+`%' AND hook = op`); got != 1 {
+			t.Errorf("rows with the body, U+FFFD for the bad byte = %d, want 1", got)
+		}
+	})
+}
