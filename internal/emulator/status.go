@@ -50,11 +50,18 @@ func deliveryCounts(d geminifake.DeliveryStats) DeliveryCounts {
 
 // Status returns the emulator's state now.
 func (e *Emulator) Status() Status {
+	// Pending changes first, then the delivery counters and the active
+	// deliveries in one read: once no change is pending, every message is
+	// queued, and with none active every attempt is counted — so an idle
+	// status holds every count (a finished duplicate send could otherwise
+	// fall between two separate reads).
+	pending := e.pendingSteps()
 	st := e.Stats()
+	deliveries, active := e.api.Webhooks().StatsActive()
 	s := Status{
-		URL: e.URL(), Seed: e.cfg.Seed, PendingChanges: e.pendingSteps(), ActiveDeliveries: e.api.Webhooks().Active(),
+		URL: e.URL(), Seed: e.cfg.Seed, PendingChanges: pending, ActiveDeliveries: active,
 		Batches: st.Batches, Created: st.Created, Finished: st.Finished, Faults: st.Faults,
-		Deliveries: deliveryCounts(st.Deliveries),
+		Deliveries: deliveryCounts(deliveries),
 	}
 	s.Idle = s.PendingChanges == 0 && s.ActiveDeliveries == 0
 	return s

@@ -92,6 +92,16 @@ func (ws *WebhookService) Active() int {
 	return ws.active
 }
 
+// StatsActive returns the delivery counters and the number of messages
+// being delivered, read together: when active is 0, every attempt of every
+// queued message is in the counters (reading Stats and Active one after the
+// other, a duplicate send could finish in between and be in neither).
+func (ws *WebhookService) StatsActive() (DeliveryStats, int) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.stats, ws.active
+}
+
 // Batch returns the batch name ("batches/…") a batch event is about, ""
 // for an event that names none (a ping).
 func (e Event) Batch() string {
