@@ -42,6 +42,7 @@ const DefaultWaitDelay = 2 * time.Second
 type Exec struct {
 	command   string
 	output    io.Writer
+	lines     func(OutputLine) // set by ExecLines: instead of output
 	dir       string
 	tail      int
 	waitDelay time.Duration
@@ -58,7 +59,8 @@ type ExecOption func(*Exec)
 
 // ExecOutput sends the command's stdout, and a copy of its stderr, to w
 // (default os.Stderr: gemrecon's stdout carries data, so the user's command
-// is heard where the logs are). nil discards them.
+// is heard where the logs are), a whole line per Write (see OutputLine for
+// long and last lines). nil discards them.
 func ExecOutput(w io.Writer) ExecOption {
 	return func(e *Exec) {
 		if w == nil {
@@ -66,6 +68,27 @@ func ExecOutput(w io.Writer) ExecOption {
 		}
 		e.output = w
 	}
+}
+
+// OutputLine is one line an exec command wrote: the event's key, the
+// stream ("stdout" or "stderr") and the text without its newline. A line
+// longer than MaxOutputLine comes in pieces of that size; a last line
+// without a newline comes when the command has finished.
+type OutputLine struct {
+	Key, Stream, Text string
+}
+
+// MaxOutputLine bounds the bytes of one OutputLine (a command that writes
+// without newlines must not grow a buffer without end).
+const MaxOutputLine = 64 << 10
+
+// ExecLines hands each line of the command's stdout and stderr to fn,
+// whole, instead of writing it to ExecOutput's writer (so that a log in
+// JSON lines can carry it as records of its own). fn is called from the
+// goroutines that copy the command's output, one per stream; it must not
+// block for long.
+func ExecLines(fn func(OutputLine)) ExecOption {
+	return func(e *Exec) { e.lines = fn }
 }
 
 // ExecDir sets the command's working directory (default: gemrecon's).
@@ -118,18 +141,28 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.command)
 	cmd.Dir = e.dir
 	cmd.Stdin = bytes.NewReader(doc)
-	if e.output == io.Discard {
+	var flush func()
+	if e.lines == nil && e.output == io.Discard {
 		cmd.Stderr = tail // stdout: /dev/null
 	} else {
-		// Copied, never handed over as a file, and through a writer that
-		// cannot fail: where the copy goes (gemrecon's stderr) breaking is
-		// not the command's failure. Handed the file, or a copy that
-		// stops at the first error and closes the pipe, the command would
-		// die of SIGPIPE at its next write, and a successful effect would
-		// be recorded as failed.
-		out := &lenientWriter{w: e.output}
-		cmd.Stdout = out
-		cmd.Stderr = io.MultiWriter(tail, out)
+		// Copied, never handed over as a file, and line by line: where
+		// the copy goes (gemrecon's stderr) breaking is not the command's
+		// failure — handed the file, or a copy that stops at the first
+		// error and closes the pipe, the command would die of SIGPIPE at
+		// its next write, and a successful effect would be recorded as
+		// failed — and a line is written whole, in one write, so that the
+		// lines of concurrent commands and gemrecon's log records never
+		// cut into each other.
+		emit := e.lines
+		if emit == nil {
+			out := &lenientWriter{w: e.output}
+			emit = func(l OutputLine) { out.Write(append([]byte(l.Text), '\n')) }
+		}
+		stdout := &lineWriter{key: ev.Key, stream: "stdout", emit: emit}
+		stderr := &lineWriter{key: ev.Key, stream: "stderr", emit: emit}
+		cmd.Stdout = stdout
+		cmd.Stderr = io.MultiWriter(tail, stderr)
+		flush = func() { stdout.flush(); stderr.flush() }
 	}
 	cmd.Env = append(os.Environ(),
 		"GEMRECON_KEY="+ev.Key,
@@ -168,6 +201,9 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 			e.beforeWait(cmd.Process.Pid, killSent)
 		}
 		runErr = cmd.Wait()
+	}
+	if flush != nil {
+		flush() // a last line without its newline
 	}
 	st := cmd.ProcessState
 	if st != nil && st.Success() {
@@ -220,6 +256,53 @@ func (l *lenientWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// lineWriter cuts one output stream of a command into lines (at most
+// MaxOutputLine bytes each) and hands each to emit. Its lock covers the
+// copying goroutine and flush (after the wait delay a copy may still be
+// running when Run flushes).
+type lineWriter struct {
+	key, stream string
+	emit        func(OutputLine)
+	mu          sync.Mutex
+	buf         []byte
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			i = len(p)
+		}
+		take := min(i, MaxOutputLine-len(l.buf))
+		l.buf = append(l.buf, p[:take]...)
+		p = p[take:]
+		switch {
+		case len(p) > 0 && p[0] == '\n':
+			p = p[1:]
+			l.emitLocked()
+		case len(l.buf) == MaxOutputLine:
+			l.emitLocked()
+		}
+	}
+	return n, nil
+}
+
+func (l *lineWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) > 0 {
+		l.emitLocked()
+	}
+}
+
+func (l *lineWriter) emitLocked() {
+	l.emit(OutputLine{Key: l.key, Stream: l.stream, Text: string(l.buf)})
+	l.buf = l.buf[:0]
 }
 
 // sysStatus returns the wait status of a finished command.

@@ -8,7 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,6 +124,72 @@ func TestExecOutputCopiesStdoutAndStderr(t *testing.T) {
 	}
 	if s := out.String(); !strings.Contains(s, "to-out") || !strings.Contains(s, "to-err") {
 		t.Errorf("output = %q, want both streams", s)
+	}
+}
+
+// Concurrent commands that write a line in pieces (and gemrecon's log
+// records beside them) never cut into each other's lines: each line
+// reaches the output whole, in one write.
+func TestExecOutputWholeLines(t *testing.T) {
+	var out testkit.Buffer
+	var wg sync.WaitGroup
+	for _, c := range []string{"A", "B", "C"} {
+		wg.Go(func() {
+			cmd := `for i in 1 2 3; do printf '` + c + `-%s-' "$i"; sleep 0.05; printf 'end\n'; done`
+			e := NewExec(cmd, ExecOutput(&out))
+			if err := e.Run(context.Background(), testEvent()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 9 {
+		t.Fatalf("got %d lines, want 9:\n%s", len(lines), out.String())
+	}
+	for _, l := range lines {
+		var c string
+		var i int
+		if n, _ := fmt.Sscanf(l, "%1s-%d-end", &c, &i); n != 2 || l != fmt.Sprintf("%s-%d-end", c, i) {
+			t.Errorf("line %q is not one command's whole line:\n%s", l, out.String())
+		}
+	}
+}
+
+// ExecLines gets each line with its key and stream: a line longer than
+// MaxOutputLine in pieces, an empty line as empty, a last line without a
+// newline when the command has finished.
+func TestExecLines(t *testing.T) {
+	var mu sync.Mutex
+	var got []OutputLine
+	e := NewExec(`echo one; echo; echo two >&2; head -c 70000 /dev/zero | tr '\0' x; echo; printf last`,
+		ExecLines(func(l OutputLine) { mu.Lock(); got = append(got, l); mu.Unlock() }))
+	ev := testEvent()
+	if err := e.Run(context.Background(), ev); err != nil {
+		t.Fatal(err)
+	}
+	var stdout []string
+	var stderr []string
+	for _, l := range got {
+		if l.Key != ev.Key {
+			t.Errorf("line %q has key %q, want %q", l.Text, l.Key, ev.Key)
+		}
+		switch l.Stream {
+		case "stdout":
+			stdout = append(stdout, l.Text)
+		case "stderr":
+			stderr = append(stderr, l.Text)
+		default:
+			t.Errorf("line %q has stream %q", l.Text, l.Stream)
+		}
+	}
+	long := strings.Repeat("x", 70000)
+	want := []string{"one", "", long[:MaxOutputLine], long[MaxOutputLine:], "last"}
+	if !slices.Equal(stdout, want) {
+		t.Errorf("stdout lines = %d %.40q…, want %d %.40q…", len(stdout), stdout, len(want), want)
+	}
+	if !slices.Equal(stderr, []string{"two"}) {
+		t.Errorf("stderr lines = %q, want [two]", stderr)
 	}
 }
 

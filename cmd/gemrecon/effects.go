@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -99,7 +100,7 @@ func (a *app) dispatchConfig(f *effectFlags, cf *confirmFlags) (dispatch.Config,
 func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 	switch {
 	case f.exec != "":
-		return effect.NewExec(f.exec, effect.ExecOutput(a.stderr)), nil
+		return effect.NewExec(f.exec, a.execOutput()), nil
 	case f.forward != "":
 		secret := os.Getenv("GEMRECON_FORWARD_SECRET")
 		client := &http.Client{Timeout: f.effectTimeout}
@@ -118,6 +119,22 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 		handleSIGPIPE()
 		return effect.NewPrint(a.stdout), nil
 	}
+}
+
+// execOutput is where an --exec command's stdout and stderr go: to
+// gemrecon's stderr, a whole line at a time; under --log-format json each
+// line as a record of its own ({"msg":"effect output","key":…,"stream":…,
+// "line":…}), so that every line on stderr stays one JSON object. Like the
+// raw lines of the text format, these records do not depend on
+// --log-level.
+func (a *app) execOutput() effect.ExecOption {
+	if a.logFormat != "json" {
+		return effect.ExecOutput(a.stderr)
+	}
+	out := slog.New(slog.NewJSONHandler(a.stderr, nil))
+	return effect.ExecLines(func(l effect.OutputLine) {
+		out.Info("effect output", "key", l.Key, "stream", l.Stream, "line", l.Text)
+	})
 }
 
 var sigpipeOnce sync.Once

@@ -61,6 +61,44 @@ func TestFencedOutcomeExits4(t *testing.T) {
 	})
 }
 
+// Under --log-format json every line on stderr is one JSON object, an
+// --exec command's own output included: each of its lines comes as an
+// "effect output" record with the key and the stream. In text format the
+// lines come as they are.
+func TestExecOutputUnderJSONLogs(t *testing.T) {
+	effect := `echo "out line"; printf 'err ' >&2; sleep 0.05; echo 'line {not json' >&2`
+	t.Run("json", func(t *testing.T) {
+		db, key := fencedDB(t)
+		r := gemrecon(t, "--log-format", "json", "--db", db, "drain", "--exec", effect)
+		wantCode(t, r, 0)
+		got := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("stderr line is not JSON: %q\n%s", line, r.stderr)
+			}
+			if m["msg"] == "effect output" {
+				if m["key"] != key {
+					t.Errorf("effect output record %v: key %v, want %s", m, m["key"], key)
+				}
+				got[fmt.Sprint(m["stream"])] += fmt.Sprint(m["line"]) + "|"
+			}
+		}
+		if got["stdout"] != "out line|" || got["stderr"] != "err line {not json|" {
+			t.Errorf("effect output records: %q, want stdout %q and stderr %q\n%s", got, "out line|", "err line {not json|", r.stderr)
+		}
+	})
+	t.Run("text", func(t *testing.T) {
+		db, _ := fencedDB(t)
+		r := gemrecon(t, "--db", db, "drain", "--exec", effect)
+		wantCode(t, r, 0)
+		if !strings.Contains(r.stderr, "\nout line\n") && !strings.HasPrefix(r.stderr, "out line\n") ||
+			!strings.Contains(r.stderr, "err line {not json\n") {
+			t.Errorf("the command's lines are not on stderr as they are:\n%s", r.stderr)
+		}
+	})
+}
+
 // fencedDB returns a new database with one pending key for runTakenOver.
 func fencedDB(t *testing.T) (db, key string) {
 	t.Helper()
