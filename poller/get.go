@@ -134,7 +134,7 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 	var o Operation
 	switch {
 	case body != nil:
-		o, err = fromRaw(body)
+		o, _, err = fromRaw(body)
 		if err != nil {
 			return Operation{}, fmt.Errorf("poller: %s: %w: the body is not an operation: %v", op, ErrUnexpected, err)
 		}
@@ -153,6 +153,9 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 		}
 		if !job.EndTime.IsZero() {
 			o.EndTime = job.EndTime
+		}
+		if !job.UpdateTime.IsZero() {
+			o.UpdateTime = job.UpdateTime
 		}
 	}
 	if !check(o.Name) {

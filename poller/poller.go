@@ -96,8 +96,9 @@ type Config struct {
 	// DefaultPageSize).
 	PageSize int
 	// Lookback is the window of spec §5.2: terminal operations created
-	// before now − Lookback are not handed to the callback (they are counted
-	// as SkippedOld), and paging may end early once the listing has proved
+	// before now − Lookback (by createTime; without one, by endTime, else
+	// updateTime: see createdBefore) are not handed to the callback (they
+	// are counted as SkippedOld), and paging may end early once the listing has proved
 	// itself newest first and a whole page is older than the window (see
 	// Pass). 0 reads every page and hands over every terminal one.
 	Lookback time.Duration
@@ -204,8 +205,9 @@ type Operation struct {
 	State string
 	// Terminal is always true for operations handed to the callback.
 	Terminal   bool
-	CreateTime time.Time
+	CreateTime time.Time // zero when the API gave none
 	EndTime    time.Time // zero when the API gave none
+	UpdateTime time.Time // zero when the API gave none
 	// Raw is the operation exactly as the API sent it, including done,
 	// error, response and batchStats that the SDK drops.
 	Raw json.RawMessage
@@ -216,7 +218,7 @@ type PassStats struct {
 	Listed     int // operations listed on the pages read
 	Terminal   int // of which in a terminal state
 	Passed     int // handed to the callback (terminal and inside the lookback window)
-	SkippedOld int // terminal but created before now − Lookback: not handed over
+	SkippedOld int // terminal but created before now − Lookback (createdBefore): not handed over
 	Pages      int // list pages read
 	Requests   int // HTTP requests sent, retries included
 	Retries    int // of which retries
@@ -414,7 +416,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		for i := range ops {
 			op := &ops[i]
 			stats.Listed++
-			old := !cutoff.IsZero() && !op.CreateTime.IsZero() && op.CreateTime.Before(cutoff)
+			old := !cutoff.IsZero() && createdBefore(op, cutoff)
 			if !old {
 				allOld = false
 			}
@@ -453,6 +455,20 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		seen[next] = struct{}{}
 		token = next
 	}
+}
+
+// createdBefore reports whether op was certainly created before t: its
+// createTime is, or, when the API gave none, its endTime or else its
+// updateTime is (a batch is created before it ends or is updated). An
+// operation with none of the three is never old: it is handed over on
+// every pass (deduplication is the caller's), never lost.
+func createdBefore(op *Operation, t time.Time) bool {
+	for _, at := range []time.Time{op.CreateTime, op.EndTime, op.UpdateTime} {
+		if !at.IsZero() {
+			return at.Before(t)
+		}
+	}
+	return false
 }
 
 // orderCheck follows whether the pages read so far are newest first at
@@ -583,11 +599,14 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 	}
 	ops := make([]Operation, 0, len(raws))
 	for i, raw := range raws {
-		op, err := fromRaw(raw)
+		op, listedAs, err := fromRaw(raw)
 		if err != nil {
 			return nil, "", fmt.Errorf("operation %d: %v", i, err)
 		}
-		if job := byName[op.Name]; job != nil {
+		// The SDK names its item by the top-level name only (listedAs: ""
+		// for an operation without one, whose Name may come from
+		// metadata.name).
+		if job := byName[listedAs]; job != nil {
 			if job.State != "" {
 				op.State = canon.NormalizeState(string(job.State))
 			}
@@ -597,7 +616,10 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 			if !job.EndTime.IsZero() {
 				op.EndTime = job.EndTime
 			}
-			delete(byName, op.Name)
+			if !job.UpdateTime.IsZero() {
+				op.UpdateTime = job.UpdateTime
+			}
+			delete(byName, listedAs)
 		}
 		op.Terminal = canon.IsTerminal(op.State)
 		ops = append(ops, op)
@@ -615,38 +637,48 @@ type rawOp struct {
 	State      string `json:"state"`
 	CreateTime string `json:"createTime"`
 	EndTime    string `json:"endTime"`
+	UpdateTime string `json:"updateTime"`
 	Done       *bool  `json:"done"`
 	Metadata   *struct {
+		Name       string `json:"name"`
 		State      string `json:"state"`
 		CreateTime string `json:"createTime"`
 		EndTime    string `json:"endTime"`
+		UpdateTime string `json:"updateTime"`
 	} `json:"metadata"`
 }
 
-func fromRaw(raw json.RawMessage) (Operation, error) {
+// fromRaw reads one raw operation. Its Name is the top-level name, else
+// metadata.name (the Gemini API repeats it there); listedAs is the
+// top-level name alone, the one the SDK's item carries. An operation with
+// neither is returned with an empty Name, not refused: one operation the
+// API lists without a name must not fail the page it is on (and with it
+// every pass while it is listed); the caller skips it as a name that
+// cannot be a key (spec §12).
+func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 	var r rawOp
 	if err := json.Unmarshal(raw, &r); err != nil {
-		return Operation{}, err
+		return Operation{}, "", err
 	}
-	if r.Name == "" {
-		return Operation{}, errors.New("no name")
-	}
-	state, ct, et := r.State, r.CreateTime, r.EndTime
+	name, state, ct, et, ut := r.Name, r.State, r.CreateTime, r.EndTime, r.UpdateTime
 	if m := r.Metadata; m != nil {
+		name = cmpOr(name, m.Name)
 		state = cmpOr(state, m.State)
 		ct = cmpOr(ct, m.CreateTime)
 		et = cmpOr(et, m.EndTime)
+		ut = cmpOr(ut, m.UpdateTime)
 	}
-	op := Operation{Name: r.Name, State: canon.NormalizeState(state), Raw: raw}
+	op = Operation{Name: name, State: canon.NormalizeState(state), Raw: raw}
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
-	return op, nil
+	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
+	return op, r.Name, nil
 }
 
 func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {
 	st := canon.NormalizeState(string(job.State))
 	return Operation{Name: job.Name, State: st, Terminal: canon.IsTerminal(st),
-		CreateTime: job.CreateTime, EndTime: job.EndTime, Raw: raw}
+		CreateTime: job.CreateTime, EndTime: job.EndTime, UpdateTime: job.UpdateTime, Raw: raw}
 }
 
 func cmpOr(a, b string) string {

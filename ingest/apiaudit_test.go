@@ -1,0 +1,85 @@
+package ingest
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/internal/geminifake"
+)
+
+// An operation the API lists without a top-level name must not fail the
+// pass (spec §12: a poll pass logs and counts a skip). Before, one nameless
+// operation made the page "malformed", so every pass failed for as long as
+// the API listed it and no completion on or after that page was recorded.
+// An operation whose name is only under metadata.name (where the Gemini API
+// repeats it) is recorded under that name.
+func TestNamelessOperationDoesNotFailThePass(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ct := t0.Add(-time.Hour).Format(time.RFC3339)
+	e.api.SetHook(func(r *http.Request) *geminifake.Fault {
+		if !strings.HasSuffix(r.URL.Path, "/batches") {
+			return nil
+		}
+		return &geminifake.Fault{Body: `{"operations":[` +
+			`{"metadata":{"state":"BATCH_STATE_SUCCEEDED","createTime":"` + ct + `"},"done":true},` +
+			`{"metadata":{"name":"batches/meta-only","state":"BATCH_STATE_FAILED","createTime":"` + ct + `"},"done":true,"error":{"code":8,"message":"quota"}},` +
+			`{"name":"batches/fine","metadata":{"name":"batches/fine","state":"BATCH_STATE_SUCCEEDED","createTime":"` + ct + `"},"done":true}]}`}
+	})
+	r := e.pass(t)
+	if err := r.Err(); err != nil {
+		t.Fatalf("the pass failed: %v", err)
+	}
+	s := r.Summary()
+	if s.Invalid != 1 || s.New != 2 || s.Terminal != 3 || !r.Success() {
+		t.Errorf("summary %s; want terminal=3 new=2 invalid=1", s)
+	}
+	for _, k := range []string{key("batches/fine"), key("batches/meta-only")} {
+		if n := e.eff.count(k); n != 1 {
+			t.Errorf("%s ran %d times, want 1", k, n)
+		}
+	}
+	if !strings.Contains(e.logs.String(), "cannot be a key") {
+		t.Errorf("the nameless operation was not logged:\n%s", e.logs.String())
+	}
+}
+
+// A batch listed without createTime but with an endTime or updateTime
+// before the window is old: it was created before it ended or was last
+// updated. Before, such a batch was never "old", so it was handed over on
+// every pass; once purge had deleted its done key (purge trusts that a key
+// done longer ago than the lookback is never handed over again), the next
+// pass recorded it as new and its effect ran a second time.
+func TestPurgedKeyWithoutCreateTimeDoesNotRunAgain(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ended := t0.Add(-time.Hour)
+	e.api.Add(
+		geminifake.Batch{Name: "batches/end-only", State: "SUCCEEDED", EndTime: ended},
+		geminifake.Batch{Name: "batches/update-only", State: "FAILED", UpdateTime: ended},
+	)
+	r := e.pass(t)
+	if err := r.Err(); err != nil || r.Summary().New != 2 {
+		t.Fatalf("first pass: %s, %v", r.Summary(), err)
+	}
+	// Three days on, purge deletes what was done before the window
+	// (purge --older-than 72h, which the lookback guard allows).
+	e.clock.Set(e.clock.Now().Add(80 * time.Hour))
+	n, err := e.sink.Purge(context.Background(), e.clock.Now().Add(-e.poller.Lookback()))
+	if err != nil || n != 2 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+	r = e.pass(t)
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Summary(); s.New != 0 || s.SkippedOld != 2 {
+		t.Errorf("after the purge: %s; want new=0 skipped_old=2", s)
+	}
+	for _, k := range []string{key("batches/end-only"), key("batches/update-only")} {
+		if n := e.eff.count(k); n != 1 {
+			t.Errorf("%s ran %d times, want 1", k, n)
+		}
+	}
+}
