@@ -83,3 +83,48 @@ func TestPurgedKeyWithoutCreateTimeDoesNotRunAgain(t *testing.T) {
 		}
 	}
 }
+
+// A long-running operation with "done": true has finished: that is the
+// operation's contract, while the batch states are an enum the API may
+// extend. One whose state gemrecon does not know (a new state, or
+// BATCH_STATE_UNSPECIFIED, or none at all) is a completion and must be
+// recorded; before, it counted as non-terminal on every pass and its effect
+// never ran. A known non-terminal state wins over done (a running batch is
+// never run on partial results), and without done an unknown state stays
+// non-terminal.
+func TestDoneOperationWithUnknownStateIsRecorded(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ct := t0.Add(-time.Hour).Format(time.RFC3339)
+	op := func(id, state, done string) string {
+		st := ""
+		if state != "" {
+			st = `"state":"` + state + `",`
+		}
+		return `{"name":"batches/` + id + `","metadata":{"name":"batches/` + id + `",` + st + `"createTime":"` + ct + `"}` + done + `}`
+	}
+	const done = `,"done":true`
+	e.api.SetHook(func(r *http.Request) *geminifake.Fault {
+		if !strings.HasSuffix(r.URL.Path, "/batches") {
+			return nil
+		}
+		return &geminifake.Fault{Body: `{"operations":[` + strings.Join([]string{
+			op("new-state", "BATCH_STATE_SOMETHING_NEW", done+`,"response":{"responsesFile":"files/x"}`),
+			op("unspecified", "BATCH_STATE_UNSPECIFIED", done+`,"error":{"code":13,"message":"internal"}`),
+			op("no-state", "", done+`,"error":{"code":8,"message":"quota"}`),
+			op("running-done", "BATCH_STATE_RUNNING", done),
+			op("new-not-done", "BATCH_STATE_SOMETHING_NEW", ""),
+		}, ",") + `]}`}
+	})
+	r := e.pass(t)
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Summary(); s.Terminal != 3 || s.New != 3 {
+		t.Errorf("summary %s; want terminal=3 new=3", s)
+	}
+	for id, want := range map[string]int{"new-state": 1, "unspecified": 1, "no-state": 1, "running-done": 0, "new-not-done": 0} {
+		if n := e.eff.count(key("batches/" + id)); n != want {
+			t.Errorf("batches/%s ran %d times, want %d", id, n, want)
+		}
+	}
+}

@@ -161,7 +161,7 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 	if !check(o.Name) {
 		return Operation{}, fmt.Errorf("poller: %s: %w: the API answered with %q", op, ErrUnexpected, truncate(o.Name, 120))
 	}
-	o.Terminal = canon.IsTerminal(o.State)
+	o.Terminal = finished(o.State, o.done)
 	return o, nil
 }
 

@@ -203,7 +203,9 @@ type Operation struct {
 	// "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED" (the BATCH_STATE_ /
 	// JOB_STATE_ prefix dropped, CANCELED spelled CANCELLED).
 	State string
-	// Terminal is always true for operations handed to the callback.
+	// Terminal is always true for operations handed to the callback: the
+	// state is terminal, or the operation says "done": true and its state
+	// is none known as unfinished (see finished).
 	Terminal   bool
 	CreateTime time.Time // zero when the API gave none
 	EndTime    time.Time // zero when the API gave none
@@ -211,6 +213,30 @@ type Operation struct {
 	// Raw is the operation exactly as the API sent it, including done,
 	// error, response and batchStats that the SDK drops.
 	Raw json.RawMessage
+
+	done bool // the raw operation's "done": true
+}
+
+// finished reports whether an operation has ended: its (normalised) state
+// is terminal (canon.IsTerminal), or the long-running operation says
+// "done": true — which the operation's contract promises only of a
+// finished one — and its state is not one known as unfinished. The batch
+// states are an enum the API may extend, so a state gemrecon does not know
+// (a new one, UNSPECIFIED, or none) decides nothing against done. A known
+// unfinished state wins over done: a running batch is never run on partial
+// results. Without done (Vertex has none) an unknown state is unfinished.
+func finished(state string, done bool) bool {
+	if canon.IsTerminal(state) {
+		return true
+	}
+	if !done {
+		return false
+	}
+	switch state {
+	case "PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING":
+		return false
+	}
+	return true
 }
 
 // PassStats counts what one pass did.
@@ -621,7 +647,7 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 			}
 			delete(byName, listedAs)
 		}
-		op.Terminal = canon.IsTerminal(op.State)
+		op.Terminal = finished(op.State, op.done)
 		ops = append(ops, op)
 	}
 	if len(byName) > 0 {
@@ -668,7 +694,7 @@ func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 		et = cmpOr(et, m.EndTime)
 		ut = cmpOr(ut, m.UpdateTime)
 	}
-	op = Operation{Name: name, State: canon.NormalizeState(state), Raw: raw}
+	op = Operation{Name: name, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done}
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
 	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
