@@ -128,3 +128,40 @@ func TestDoneOperationWithUnknownStateIsRecorded(t *testing.T) {
 		}
 	}
 }
+
+// Spec §12: a name with an unpaired surrogate escape (or invalid UTF-8) is
+// invalid, not decoded with replacement characters, on the poll path as on
+// the webhook's. Before, the listing decoded names with encoding/json, so
+// batches/x\ud800 and batches/x\udbff both became batches/x\ufffd: one key,
+// the second completion a "duplicate" whose effect never ran.
+func TestListedNameWithUnpairedSurrogateIsInvalid(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ct := t0.Add(-time.Hour).Format(time.RFC3339)
+	op := func(name string) string {
+		return `{"name":"` + name + `","metadata":{"state":"BATCH_STATE_SUCCEEDED","createTime":"` + ct + `"},"done":true}`
+	}
+	e.api.SetHook(func(r *http.Request) *geminifake.Fault {
+		if !strings.HasSuffix(r.URL.Path, "/batches") {
+			return nil
+		}
+		return &geminifake.Fault{Body: `{"operations":[` + strings.Join([]string{
+			op(`batches/x\ud800`), op(`batches/x\udbff`), op("batches/x\xff"),
+			op(`batches/pair-\ud83d\ude00`), op(`batches/fine`),
+		}, ",") + `]}`}
+	})
+	r := e.pass(t)
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Summary(); s.Invalid != 3 || s.New != 2 {
+		t.Errorf("summary %s; want invalid=3 new=2", s)
+	}
+	if n := e.eff.count(key("batches/x\ufffd")); n != 0 {
+		t.Errorf("a key with a replacement character ran %d times", n)
+	}
+	for _, k := range []string{key("batches/pair-\U0001F600"), key("batches/fine")} {
+		if n := e.eff.count(k); n != 1 {
+			t.Errorf("%q ran %d times, want 1", k, n)
+		}
+	}
+}

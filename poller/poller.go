@@ -199,6 +199,11 @@ type Operation struct {
 	// Name as listed: "batches/x" (Gemini API) or
 	// "projects/P/locations/L/batchPredictionJobs/N" (Vertex).
 	Name string
+	// NameInvalid: the listed name is not valid UTF-8 or holds an unpaired
+	// surrogate escape (spec §12). Decoding replaces those with U+FFFD, so
+	// two different names would read as one: Name holds that replaced form,
+	// for logs only, and the operation must not be recorded.
+	NameInvalid bool
 	// State normalised by canon.NormalizeState: "SUCCEEDED", "FAILED",
 	// "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED" (the BATCH_STATE_ /
 	// JOB_STATE_ prefix dropped, CANCELED spelled CANCELLED).
@@ -659,18 +664,18 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 // rawOp holds what both backends' shapes say of an operation: the Gemini
 // API's long-running operation keeps it under metadata, Vertex at the top.
 type rawOp struct {
-	Name       string `json:"name"`
-	State      string `json:"state"`
-	CreateTime string `json:"createTime"`
-	EndTime    string `json:"endTime"`
-	UpdateTime string `json:"updateTime"`
-	Done       *bool  `json:"done"`
+	Name       json.RawMessage `json:"name"` // read strictly (canon.StrictString)
+	State      string          `json:"state"`
+	CreateTime string          `json:"createTime"`
+	EndTime    string          `json:"endTime"`
+	UpdateTime string          `json:"updateTime"`
+	Done       *bool           `json:"done"`
 	Metadata   *struct {
-		Name       string `json:"name"`
-		State      string `json:"state"`
-		CreateTime string `json:"createTime"`
-		EndTime    string `json:"endTime"`
-		UpdateTime string `json:"updateTime"`
+		Name       json.RawMessage `json:"name"`
+		State      string          `json:"state"`
+		CreateTime string          `json:"createTime"`
+		EndTime    string          `json:"endTime"`
+		UpdateTime string          `json:"updateTime"`
 	} `json:"metadata"`
 }
 
@@ -686,19 +691,31 @@ func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return Operation{}, "", err
 	}
-	name, state, ct, et, ut := r.Name, r.State, r.CreateTime, r.EndTime, r.UpdateTime
+	name, valid := canon.StrictString(r.Name)
+	listedAs = name
+	if !valid {
+		// The SDK decoded it with encoding/json: replaced, as here.
+		_ = json.Unmarshal(r.Name, &listedAs)
+		name = listedAs
+	}
+	state, ct, et, ut := r.State, r.CreateTime, r.EndTime, r.UpdateTime
 	if m := r.Metadata; m != nil {
-		name = cmpOr(name, m.Name)
+		if name == "" {
+			name, valid = canon.StrictString(m.Name)
+			if !valid {
+				_ = json.Unmarshal(m.Name, &name)
+			}
+		}
 		state = cmpOr(state, m.State)
 		ct = cmpOr(ct, m.CreateTime)
 		et = cmpOr(et, m.EndTime)
 		ut = cmpOr(ut, m.UpdateTime)
 	}
-	op = Operation{Name: name, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done}
+	op = Operation{Name: name, NameInvalid: !valid, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done}
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
 	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
-	return op, r.Name, nil
+	return op, listedAs, nil
 }
 
 func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {
