@@ -1,6 +1,9 @@
 package poller
 
 import (
+	"context"
+	"crypto/sha256"
+	"errors"
 	"testing"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
@@ -29,5 +32,32 @@ func TestGetDoneWithUnknownStateIsTerminal(t *testing.T) {
 		if err != nil || op.State != tc.state || op.Terminal != tc.terminal {
 			t.Errorf("%s: state %q terminal %v, %v; want %q %v", tc.body, op.State, op.Terminal, err, tc.state, tc.terminal)
 		}
+	}
+}
+
+// A download whose response has neither a Content-Length nor chunked
+// framing ends when the connection closes, so a connection dropped
+// mid-file looks like the end of the file. Before, Download returned such a
+// truncated body as the whole file, and results.Dir published it as
+// complete (and never fetched it again). Now the byte count of an unframed
+// body is checked against the file's sizeBytes (files.get); a framed body
+// cut short is an error as before, and a whole unframed file is fine.
+func TestUnframedTruncatedDownloadIsNotComplete(t *testing.T) {
+	s := startFake(t, geminifake.Options{}, getBatches()...)
+	s.AddFile(geminifake.File{Name: "files/cut", Size: 100_000, Seed: 7, Unframed: true, CutAfter: 30_000})
+	s.AddFile(geminifake.File{Name: "files/whole", Size: 100_000, Seed: 7, Unframed: true})
+	s.AddFile(geminifake.File{Name: "files/framed-cut", Size: 100_000, Seed: 7, CutAfter: 30_000})
+	p := newPoller(t, testConfig(s, &sleeps{}))
+	ctx := context.Background()
+	for _, f := range []string{"files/cut", "files/framed-cut"} {
+		n, err := p.Download(ctx, f, hashWriter{sha256.New()})
+		if !errors.Is(err, ErrTransient) {
+			t.Errorf("%s: %d bytes, %v; want ErrTransient", f, n, err)
+		}
+	}
+	h := sha256.New()
+	n, err := p.Download(ctx, "files/whole", hashWriter{h})
+	if err != nil || n != 100_000 || [32]byte(h.Sum(nil)) != sum(geminifake.Content(7, 100_000)) {
+		t.Errorf("files/whole: %d bytes, %v (or the bytes differ)", n, err)
 	}
 }

@@ -15,6 +15,7 @@
 package geminifake
 
 import (
+	"bufio"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -507,6 +508,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type recorder struct {
 	http.ResponseWriter
 	status int
+}
+
+// Hijack hands over the connection (a download served raw, files.go).
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := r.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, http.ErrNotSupported
+	}
+	return h.Hijack()
 }
 
 func (r *recorder) WriteHeader(code int) {
