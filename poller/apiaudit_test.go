@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"io"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 )
@@ -59,5 +62,22 @@ func TestUnframedTruncatedDownloadIsNotComplete(t *testing.T) {
 	n, err := p.Download(ctx, "files/whole", hashWriter{h})
 	if err != nil || n != 100_000 || [32]byte(h.Sum(nil)) != sum(geminifake.Content(7, 100_000)) {
 		t.Errorf("files/whole: %d bytes, %v (or the bytes differ)", n, err)
+	}
+}
+
+// The stand-in's File.StallAfter sends (and flushes) that many bytes before
+// it holds the download. Before, its request recorder hid the
+// http.Flusher, so nothing was flushed: with StallAfter under the server's
+// buffer neither the headers nor any byte arrived, and a test of a stall
+// "mid-body" (TestDownloadStallsAndWriteErrors' cancelled download) was in
+// fact a wait for the headers.
+func TestStandInFlushesBeforeStall(t *testing.T) {
+	s := startFake(t, geminifake.Options{}, getBatches()...)
+	s.AddFile(geminifake.File{Name: "files/held", Size: 100_000, Seed: 1, StallAfter: 1000})
+	cfg := testConfig(s, &sleeps{})
+	cfg.RequestTimeout = 200 * time.Millisecond
+	n, err := newPoller(t, cfg).Download(context.Background(), "files/held", io.Discard)
+	if !errors.Is(err, ErrTransient) || n != 1000 || !strings.Contains(err.Error(), "no data received") {
+		t.Errorf("a download held after 1000 bytes: %d bytes, %v; want 1000 bytes, then no data received", n, err)
 	}
 }
