@@ -189,6 +189,14 @@ func skipValue(b []byte, i int) int {
 	return i
 }
 
+// StrictString decodes the JSON string raw as a name must be read (spec
+// §12): ok is false when it is not valid UTF-8 or holds an unpaired
+// surrogate escape such as \ud800, both of which encoding/json would
+// silently replace with U+FFFD, so that two different names would become
+// one key. A value that is not a string (absent, null, a number) decodes to
+// "", ok. raw must be a JSON value that json.Valid accepts.
+func StrictString(raw json.RawMessage) (s string, ok bool) { return strictStr(raw) }
+
 // strictStr decodes the JSON string raw (a token json.Valid has accepted)
 // and reports ok false when it holds invalid UTF-8 or an unpaired surrogate
 // escape such as \ud800, which encoding/json would both replace with U+FFFD

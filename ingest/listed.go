@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/gemrecon/gemrecon/canon"
@@ -38,6 +39,9 @@ func (l Listed) Record(ctx context.Context, op poller.Operation) (ListedOutcome,
 	key, err := canon.Key(op.Name)
 	if err == nil {
 		err = canon.CheckKey(key)
+	}
+	if op.NameInvalid {
+		err = fmt.Errorf("%w: the listed name is not valid UTF-8 or holds an unpaired surrogate escape", canon.ErrInvalidKey)
 	}
 	if err != nil {
 		l.Metrics.ObserveDelivery(sink.SourcePoll, OutcomeInvalid)

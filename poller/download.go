@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,7 +45,9 @@ var errStalled = errors.New("no data received")
 // ErrInvalidName.
 //
 // Redirects are followed (at most 10), and the API key header is dropped
-// when one leads to another host.
+// when one leads to another host. A body without framing of its own (no
+// Content-Length, not chunked), which only the connection's end ends, is
+// checked against the file's sizeBytes (checkSize).
 func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64, error) {
 	op := "download " + truncate(file, 120)
 	if p.cfg.Backend == BackendVertex {
@@ -123,12 +127,89 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 			}
 		}
 		if rerr == io.EOF {
+			if unframed(resp) {
+				// The end of this body is only the connection closing: a
+				// dropped connection looks the same. Ask the API how long
+				// the file is.
+				if err := p.checkSize(ctx, op, cc, id, n); err != nil {
+					return n, err
+				}
+			}
 			return n, nil
 		}
 		if rerr != nil {
 			return n, fail(fmt.Errorf("after %d bytes: %w", n, rerr))
 		}
 	}
+}
+
+// unframed reports an HTTP/1 response body delimited only by the end of
+// the connection: no Content-Length, no chunked encoding (whose last chunk
+// marks the end), and not decompressed by the transport (gzip has its own
+// end). HTTP/2 and later frame every body.
+func unframed(resp *http.Response) bool {
+	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed
+}
+
+// checkSize compares the n bytes an unframed download received with the
+// file's sizeBytes from files.get (GET {base}/{apiVersion}/files/<id>,
+// through the same transport: limiter, retries, counted as a download
+// request). A different size is a *TransientError (the caller starts
+// again). When the API gives no size (the request fails, or the answer has
+// no sizeBytes), the download is taken as it is, with a warning: nothing
+// else can tell.
+func (p *Poller) checkSize(ctx context.Context, op string, cc genai.ClientConfig, id string, n int64) error {
+	size, err := p.fileSize(ctx, cc, id)
+	if err != nil {
+		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "a download without a length could not be checked against the file's size; taken as complete",
+			slog.String("file", truncate("files/"+id, 120)), slog.Int64("bytes", n), slog.String("error", err.Error()))
+		return nil
+	}
+	if size != n {
+		return &TransientError{Op: op, Err: fmt.Errorf("the body ended after %d bytes without a length (the connection closed), but the file has %d bytes (sizeBytes)", n, size)}
+	}
+	return nil
+}
+
+// fileSize asks files.get for a file's sizeBytes (an int64: a JSON string,
+// or a number).
+func (p *Poller) fileSize(ctx context.Context, cc genai.ClientConfig, id string) (int64, error) {
+	u, err := url.Parse(cc.HTTPOptions.BaseURL)
+	if err != nil {
+		return 0, err
+	}
+	u = u.JoinPath(cc.HTTPOptions.APIVersion, "files", id)
+	trace := &passTrace{kind: kindDownload}
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, traceKey{}, trace), http.MethodGet, u.String(), nil)
+	if err != nil {
+		return 0, err
+	}
+	if cc.APIKey != "" {
+		req.Header.Set("x-goog-api-key", cc.APIKey)
+	}
+	resp, err := (&http.Client{Transport: p.transport, CheckRedirect: dropKeyAcrossHosts}).Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("files.get: %s", describe(apiErrorOf(resp, body)))
+	}
+	var f struct {
+		SizeBytes json.RawMessage `json:"sizeBytes"`
+	}
+	if err := json.Unmarshal(body, &f); err != nil {
+		return 0, fmt.Errorf("files.get: %w", err)
+	}
+	size, err := strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
+	if err != nil || size < 0 {
+		return 0, fmt.Errorf("files.get: no sizeBytes in the answer")
+	}
+	return size, nil
 }
 
 var errRedirects = errors.New("stopped after 10 redirects")

@@ -134,7 +134,7 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 	var o Operation
 	switch {
 	case body != nil:
-		o, err = fromRaw(body)
+		o, _, err = fromRaw(body)
 		if err != nil {
 			return Operation{}, fmt.Errorf("poller: %s: %w: the body is not an operation: %v", op, ErrUnexpected, err)
 		}
@@ -154,11 +154,14 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 		if !job.EndTime.IsZero() {
 			o.EndTime = job.EndTime
 		}
+		if !job.UpdateTime.IsZero() {
+			o.UpdateTime = job.UpdateTime
+		}
 	}
 	if !check(o.Name) {
 		return Operation{}, fmt.Errorf("poller: %s: %w: the API answered with %q", op, ErrUnexpected, truncate(o.Name, 120))
 	}
-	o.Terminal = canon.IsTerminal(o.State)
+	o.Terminal = finished(o.State, o.done)
 	return o, nil
 }
 

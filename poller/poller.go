@@ -96,8 +96,9 @@ type Config struct {
 	// DefaultPageSize).
 	PageSize int
 	// Lookback is the window of spec §5.2: terminal operations created
-	// before now − Lookback are not handed to the callback (they are counted
-	// as SkippedOld), and paging may end early once the listing has proved
+	// before now − Lookback (by createTime; without one, by endTime, else
+	// updateTime: see createdBefore) are not handed to the callback (they
+	// are counted as SkippedOld), and paging may end early once the listing has proved
 	// itself newest first and a whole page is older than the window (see
 	// Pass). 0 reads every page and hands over every terminal one.
 	Lookback time.Duration
@@ -198,17 +199,49 @@ type Operation struct {
 	// Name as listed: "batches/x" (Gemini API) or
 	// "projects/P/locations/L/batchPredictionJobs/N" (Vertex).
 	Name string
+	// NameInvalid: the listed name is not valid UTF-8 or holds an unpaired
+	// surrogate escape (spec §12). Decoding replaces those with U+FFFD, so
+	// two different names would read as one: Name holds that replaced form,
+	// for logs only, and the operation must not be recorded.
+	NameInvalid bool
 	// State normalised by canon.NormalizeState: "SUCCEEDED", "FAILED",
 	// "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED" (the BATCH_STATE_ /
 	// JOB_STATE_ prefix dropped, CANCELED spelled CANCELLED).
 	State string
-	// Terminal is always true for operations handed to the callback.
+	// Terminal is always true for operations handed to the callback: the
+	// state is terminal, or the operation says "done": true and its state
+	// is none known as unfinished (see finished).
 	Terminal   bool
-	CreateTime time.Time
+	CreateTime time.Time // zero when the API gave none
 	EndTime    time.Time // zero when the API gave none
+	UpdateTime time.Time // zero when the API gave none
 	// Raw is the operation exactly as the API sent it, including done,
 	// error, response and batchStats that the SDK drops.
 	Raw json.RawMessage
+
+	done bool // the raw operation's "done": true
+}
+
+// finished reports whether an operation has ended: its (normalised) state
+// is terminal (canon.IsTerminal), or the long-running operation says
+// "done": true — which the operation's contract promises only of a
+// finished one — and its state is not one known as unfinished. The batch
+// states are an enum the API may extend, so a state gemrecon does not know
+// (a new one, UNSPECIFIED, or none) decides nothing against done. A known
+// unfinished state wins over done: a running batch is never run on partial
+// results. Without done (Vertex has none) an unknown state is unfinished.
+func finished(state string, done bool) bool {
+	if canon.IsTerminal(state) {
+		return true
+	}
+	if !done {
+		return false
+	}
+	switch state {
+	case "PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING":
+		return false
+	}
+	return true
 }
 
 // PassStats counts what one pass did.
@@ -216,7 +249,7 @@ type PassStats struct {
 	Listed     int // operations listed on the pages read
 	Terminal   int // of which in a terminal state
 	Passed     int // handed to the callback (terminal and inside the lookback window)
-	SkippedOld int // terminal but created before now − Lookback: not handed over
+	SkippedOld int // terminal but created before now − Lookback (createdBefore): not handed over
 	Pages      int // list pages read
 	Requests   int // HTTP requests sent, retries included
 	Retries    int // of which retries
@@ -414,7 +447,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		for i := range ops {
 			op := &ops[i]
 			stats.Listed++
-			old := !cutoff.IsZero() && !op.CreateTime.IsZero() && op.CreateTime.Before(cutoff)
+			old := !cutoff.IsZero() && createdBefore(op, cutoff)
 			if !old {
 				allOld = false
 			}
@@ -453,6 +486,20 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		seen[next] = struct{}{}
 		token = next
 	}
+}
+
+// createdBefore reports whether op was certainly created before t: its
+// createTime is, or, when the API gave none, its endTime or else its
+// updateTime is (a batch is created before it ends or is updated). An
+// operation with none of the three is never old: it is handed over on
+// every pass (deduplication is the caller's), never lost.
+func createdBefore(op *Operation, t time.Time) bool {
+	for _, at := range []time.Time{op.CreateTime, op.EndTime, op.UpdateTime} {
+		if !at.IsZero() {
+			return at.Before(t)
+		}
+	}
+	return false
 }
 
 // orderCheck follows whether the pages read so far are newest first at
@@ -583,11 +630,14 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 	}
 	ops := make([]Operation, 0, len(raws))
 	for i, raw := range raws {
-		op, err := fromRaw(raw)
+		op, listedAs, err := fromRaw(raw)
 		if err != nil {
 			return nil, "", fmt.Errorf("operation %d: %v", i, err)
 		}
-		if job := byName[op.Name]; job != nil {
+		// The SDK names its item by the top-level name only (listedAs: ""
+		// for an operation without one, whose Name may come from
+		// metadata.name).
+		if job := byName[listedAs]; job != nil {
 			if job.State != "" {
 				op.State = canon.NormalizeState(string(job.State))
 			}
@@ -597,9 +647,12 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 			if !job.EndTime.IsZero() {
 				op.EndTime = job.EndTime
 			}
-			delete(byName, op.Name)
+			if !job.UpdateTime.IsZero() {
+				op.UpdateTime = job.UpdateTime
+			}
+			delete(byName, listedAs)
 		}
-		op.Terminal = canon.IsTerminal(op.State)
+		op.Terminal = finished(op.State, op.done)
 		ops = append(ops, op)
 	}
 	if len(byName) > 0 {
@@ -611,42 +664,64 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 // rawOp holds what both backends' shapes say of an operation: the Gemini
 // API's long-running operation keeps it under metadata, Vertex at the top.
 type rawOp struct {
-	Name       string `json:"name"`
-	State      string `json:"state"`
-	CreateTime string `json:"createTime"`
-	EndTime    string `json:"endTime"`
-	Done       *bool  `json:"done"`
+	Name       json.RawMessage `json:"name"` // read strictly (canon.StrictString)
+	State      string          `json:"state"`
+	CreateTime string          `json:"createTime"`
+	EndTime    string          `json:"endTime"`
+	UpdateTime string          `json:"updateTime"`
+	Done       *bool           `json:"done"`
 	Metadata   *struct {
-		State      string `json:"state"`
-		CreateTime string `json:"createTime"`
-		EndTime    string `json:"endTime"`
+		Name       json.RawMessage `json:"name"`
+		State      string          `json:"state"`
+		CreateTime string          `json:"createTime"`
+		EndTime    string          `json:"endTime"`
+		UpdateTime string          `json:"updateTime"`
 	} `json:"metadata"`
 }
 
-func fromRaw(raw json.RawMessage) (Operation, error) {
+// fromRaw reads one raw operation. Its Name is the top-level name, else
+// metadata.name (the Gemini API repeats it there); listedAs is the
+// top-level name alone, the one the SDK's item carries. An operation with
+// neither is returned with an empty Name, not refused: one operation the
+// API lists without a name must not fail the page it is on (and with it
+// every pass while it is listed); the caller skips it as a name that
+// cannot be a key (spec §12).
+func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 	var r rawOp
 	if err := json.Unmarshal(raw, &r); err != nil {
-		return Operation{}, err
+		return Operation{}, "", err
 	}
-	if r.Name == "" {
-		return Operation{}, errors.New("no name")
+	name, valid := canon.StrictString(r.Name)
+	listedAs = name
+	if !valid {
+		// The SDK decoded it with encoding/json: replaced, as here.
+		_ = json.Unmarshal(r.Name, &listedAs)
+		name = listedAs
 	}
-	state, ct, et := r.State, r.CreateTime, r.EndTime
+	state, ct, et, ut := r.State, r.CreateTime, r.EndTime, r.UpdateTime
 	if m := r.Metadata; m != nil {
+		if name == "" {
+			name, valid = canon.StrictString(m.Name)
+			if !valid {
+				_ = json.Unmarshal(m.Name, &name)
+			}
+		}
 		state = cmpOr(state, m.State)
 		ct = cmpOr(ct, m.CreateTime)
 		et = cmpOr(et, m.EndTime)
+		ut = cmpOr(ut, m.UpdateTime)
 	}
-	op := Operation{Name: r.Name, State: canon.NormalizeState(state), Raw: raw}
+	op = Operation{Name: name, NameInvalid: !valid, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done}
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
-	return op, nil
+	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
+	return op, listedAs, nil
 }
 
 func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {
 	st := canon.NormalizeState(string(job.State))
 	return Operation{Name: job.Name, State: st, Terminal: canon.IsTerminal(st),
-		CreateTime: job.CreateTime, EndTime: job.EndTime, Raw: raw}
+		CreateTime: job.CreateTime, EndTime: job.EndTime, UpdateTime: job.UpdateTime, Raw: raw}
 }
 
 func cmpOr(a, b string) string {

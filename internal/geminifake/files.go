@@ -34,6 +34,15 @@ type File struct {
 	// holds the response until the client goes away or Unstall is called:
 	// a download stopped mid-transfer at a known point.
 	StallAfter int64
+	// Unframed sends the body without Content-Length or chunked framing,
+	// ended by closing the connection (HTTP/1.0 style, as some proxies
+	// do): the client cannot tell the end of the file from a dropped
+	// connection.
+	Unframed bool
+	// CutAfter, when > 0, closes the connection after this many bytes of
+	// the body: a connection dropped mid-transfer (with Unframed, one that
+	// looks like the end of the file).
+	CutAfter int64
 }
 
 // extraState is what files.go keeps on a Server (under Server.mu); the
@@ -168,9 +177,15 @@ func defaultFile(b Batch) File {
 	return File{Name: b.ResponsesFile, Seed: h.Sum64(), Size: max(b.RequestCount, 1) * LineSize}
 }
 
-// serveFile answers GET /v1beta/files/{id}:download?alt=media.
+// serveFile answers GET /v1beta/files/{id}:download?alt=media, and
+// files.get (GET /v1beta/files/{id}: the File resource's name, sizeBytes
+// and mimeType).
 func (s *Server) serveFile(w http.ResponseWriter, r *http.Request) {
 	id, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, "/v1beta/files/"), ":download")
+	if !ok && id != "" && !strings.Contains(id, "/") && !strings.Contains(id, ":") {
+		s.serveFileGet(w, r, "files/"+id)
+		return
+	}
 	if !ok || id == "" || strings.Contains(id, "/") {
 		writeError(w, http.StatusNotFound, "geminifake: no such path "+r.URL.Path+" (only files/{id}:download is served)")
 		return
@@ -211,6 +226,10 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request) {
 		body, size = bytes.NewReader(f.Data), int64(len(f.Data))
 	} else {
 		body = Content(f.Seed, f.Size)
+	}
+	if f.Unframed || f.CutAfter > 0 {
+		s.serveRaw(w, f, body, size)
+		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
@@ -268,6 +287,70 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// serveRaw writes a download on the hijacked connection: the head (with
+// Content-Length unless f.Unframed), then the body up to f.CutAfter bytes
+// (all of it when 0), then closes the connection.
+func (s *Server) serveRaw(w http.ResponseWriter, f File, body io.Reader, size int64) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		writeError(w, http.StatusInternalServerError, "geminifake: cannot hijack the connection")
+		return
+	}
+	conn, buf, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	head := "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n"
+	if !f.Unframed {
+		head += "Content-Length: " + strconv.FormatInt(size, 10) + "\r\n"
+	}
+	_, _ = buf.WriteString(head + "\r\n")
+	n := size
+	if f.CutAfter > 0 {
+		n = min(n, f.CutAfter)
+	}
+	_, _ = io.CopyN(buf, body, n)
+	_ = buf.Flush()
+}
+
+// serveFileGet answers files.get with the File resource's fields a client
+// of the results needs: name, sizeBytes (an int64, so a JSON string) and
+// mimeType.
+func (s *Server) serveFileGet(w http.ResponseWriter, r *http.Request, name string) {
+	if !s.checkKey(w, r, false) {
+		return
+	}
+	s.mu.Lock()
+	denied := s.extra.denied[name]
+	e, ok := s.extra.files[name]
+	if !ok {
+		for _, be := range s.byName {
+			if be.b.ResponsesFile == name {
+				e, ok = &fileEntry{f: defaultFile(be.b)}, true
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	switch {
+	case denied:
+		s.writeDenied(w, name)
+		return
+	case !ok:
+		writeError(w, http.StatusNotFound, "Requested entity was not found.")
+		return
+	}
+	size := e.f.Size
+	if e.f.Data != nil {
+		size = int64(len(e.f.Data))
+	}
+	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"name": name, "mimeType": "application/jsonl", "sizeBytes": strconv.FormatInt(size, 10), "state": "ACTIVE",
+	})
 }
 
 func sleepUntil(ctx context.Context, t time.Time) bool {

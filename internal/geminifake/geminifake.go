@@ -10,11 +10,13 @@
 // by time, as the API promises no order; or newest first, oldest first, or
 // two newest-first runs joined end to end), injectable faults (429 with
 // google.rpc.RetryInfo and/or Retry-After, 5xx, slow or malformed responses,
-// a repeating page token, the Vertex decoding traps) and a record of every
-// request. It does not import "testing", so `gemrecon demo` can run it too.
+// a repeating page token, the Vertex decoding traps; downloads that are
+// paced, stalled, cut short or sent without a length: files.go) and a
+// record of every request. It does not import "testing", so `gemrecon demo` can run it too.
 package geminifake
 
 import (
+	"bufio"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -507,6 +509,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type recorder struct {
 	http.ResponseWriter
 	status int
+}
+
+// Flush sends what is buffered (paced and stalled downloads, files.go):
+// without it the embedded ResponseWriter's http.Flusher would be hidden.
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Hijack hands over the connection (a download served raw, files.go).
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := r.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, http.ErrNotSupported
+	}
+	return h.Hijack()
 }
 
 func (r *recorder) WriteHeader(code int) {
