@@ -555,7 +555,7 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 		}
 		var apiErr genai.APIError
 		if errors.As(err, &apiErr) {
-			return nil, "", p.apiError(n, apiErr)
+			return nil, "", p.apiError(n, apiErr, trace.lastDelay)
 		}
 		if body == nil {
 			// A transport failure after the retry budget.
@@ -590,12 +590,17 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 	return ops, page.NextPageToken, nil
 }
 
-func (p *Poller) apiError(n int, e genai.APIError) error {
+// apiError is the error of a list page the API refused; delay is the
+// server's (RetryInfo, Retry-After) on that answer, 0 when it gave none.
+func (p *Poller) apiError(n int, e genai.APIError, delay time.Duration) error {
 	status := e.Status
 	if status == "" {
 		status = http.StatusText(e.Code)
 	}
 	what := fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
+	if delay > 0 {
+		what += fmt.Sprintf(" (the server asks to retry after %v)", delay)
+	}
 	auth := e.Code == http.StatusUnauthorized || e.Code == http.StatusForbidden ||
 		(e.Code == http.StatusBadRequest && (strings.Contains(e.Message, "API key not valid") ||
 			strings.Contains(fmt.Sprint(e.Details), "API_KEY_INVALID")))

@@ -298,6 +298,44 @@ func TestRetryHonoursServerDelay(t *testing.T) {
 	}
 }
 
+// A server delay longer than MaxServerWait is not waited for inside the
+// pass (it would hold the pass, and its lease, for hours): the pass fails
+// at once with the refusal, which says how long the server asked for. A
+// value beyond any duration (Retry-After: 10^20 seconds) is a very long
+// delay too, never a short one.
+func TestServerDelayBeyondMaxServerWait(t *testing.T) {
+	tests := []struct {
+		name  string
+		fault geminifake.Fault
+		want  time.Duration // the server's delay, as reported
+	}{
+		{"RetryInfo 2h", geminifake.Fault{Status: 429, RetryDelay: 2 * time.Hour}, 2 * time.Hour},
+		{"Retry-After 1h", geminifake.Fault{Status: 429, RetryAfter: "3600"}, time.Hour},
+		{"Retry-After overflow", geminifake.Fault{Status: 503, RetryAfter: "100000000000000000000"}, MaxServerDelay},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startFake(t, geminifake.Options{}, load(t, "batches-mixed.json")...)
+			s.InjectFault(tc.fault)
+			var sl sleeps
+			p := newPoller(t, testConfig(s, &sl))
+			_, st, err := collect(t, p)
+			if err == nil {
+				t.Fatal("the pass succeeded; want it to fail on the refusal")
+			}
+			if slept := sl.all(); len(slept) != 0 {
+				t.Errorf("the pass waited %v; want no wait longer than MaxServerWait (%v), so none", slept, MaxServerWait)
+			}
+			if st.Requests != 1 || st.Retries != 0 {
+				t.Errorf("stats %+v; want 1 request, no retry", st)
+			}
+			if want := fmt.Sprintf("retry after %v", tc.want); !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		})
+	}
+}
+
 // 500/503 are retried with backoff; a budget that runs out fails the pass.
 func TestRetry5xx(t *testing.T) {
 	bs := load(t, "batches-mixed.json")

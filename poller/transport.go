@@ -145,7 +145,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		d, source := serverDelay(resp.Header, body, time.Now())
-		if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries {
+		// A delay beyond MaxServerWait is not waited here: the refusal goes
+		// back to the caller, which says how long the server asked for.
+		if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries || d > MaxServerWait {
 			if trace != nil {
 				trace.lastDelay = max(d, 0)
 			}
@@ -181,23 +183,45 @@ func (t *transport) backoff(attempt int) time.Duration {
 	return half + rand.N(half+1)
 }
 
+// MaxServerWait is the longest server delay (RetryInfo, Retry-After) a
+// request waits for between its own retries. A longer one ends the request
+// with the refusal: a pass does not sit for hours holding its pass lease
+// (and a cron slot); the error says how long the server asked for, and the
+// next pass, or a confirmation's backoff, waits for it.
+const MaxServerWait = 5 * time.Minute
+
+// MaxServerDelay caps a server delay as read: a value beyond it (however
+// large, beyond any duration included) is read as MaxServerDelay, a very
+// long delay, never as a short one.
+const MaxServerDelay = 24 * time.Hour
+
 // serverDelay returns the longer of google.rpc.RetryInfo.retryDelay in the
 // error body and the Retry-After header (seconds or an HTTP date), 0 if
-// neither is present.
+// neither is present, at most MaxServerDelay.
 func serverDelay(h http.Header, body []byte, now time.Time) (time.Duration, string) {
 	var d time.Duration
 	source := ""
 	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
 		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 {
-			d, source = time.Duration(secs*float64(time.Second)), "Retry-After"
+			d, source = secondsDelay(secs), "Retry-After"
 		} else if t, err := http.ParseTime(v); err == nil {
-			d, source = t.Sub(now), "Retry-After"
+			d, source = t.Sub(now), "Retry-After" // Sub saturates
 		}
 	}
 	if ri := retryInfoDelay(body); ri > d {
 		d, source = ri, "RetryInfo"
 	}
-	return d, source
+	return min(d, MaxServerDelay), source
+}
+
+// secondsDelay converts a non-negative number of seconds to a duration,
+// capped at MaxServerDelay before the conversion (a float beyond int64's
+// range converts to whatever the CPU makes of it).
+func secondsDelay(secs float64) time.Duration {
+	if secs >= MaxServerDelay.Seconds() {
+		return MaxServerDelay
+	}
+	return time.Duration(secs * float64(time.Second))
 }
 
 func retryInfoDelay(body []byte) time.Duration {
@@ -227,10 +251,10 @@ func retryInfoDelay(body []byte) time.Duration {
 func parseProtoDuration(s string) (time.Duration, error) {
 	if num, ok := strings.CutSuffix(s, "s"); ok {
 		if f, err := strconv.ParseFloat(num, 64); err == nil {
-			if f < 0 {
+			if !(f >= 0) { // negative, or NaN
 				return 0, errors.New("negative duration")
 			}
-			return time.Duration(f * float64(time.Second)), nil
+			return secondsDelay(f), nil
 		}
 	}
 	return time.ParseDuration(s)
