@@ -369,6 +369,21 @@ func TestRetry5xx(t *testing.T) {
 	}
 }
 
+// 408 Request Timeout is retried on the listing as on Get: the server
+// gave up waiting for the request, nothing was done.
+func TestRetry408(t *testing.T) {
+	bs := load(t, "batches-mixed.json")
+	s := startFake(t, geminifake.Options{}, bs...)
+	s.InjectFault(geminifake.Fault{Status: http.StatusRequestTimeout})
+	ops, st, err := collect(t, newPoller(t, testConfig(s, &sleeps{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != len(terminalNames(bs)) || st.Retries != 1 {
+		t.Errorf("handed over %d, stats %+v; want %d and 1 retry", len(ops), st, len(terminalNames(bs)))
+	}
+}
+
 // A slow response is cut at RequestTimeout and retried.
 func TestSlowResponseRetried(t *testing.T) {
 	bs := load(t, "batches-mixed.json")

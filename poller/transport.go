@@ -78,7 +78,7 @@ const maxBody = 64 << 20
 
 func retryableStatus(code int) bool {
 	switch code {
-	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
