@@ -128,11 +128,17 @@ func conflictExpr(stored, seen string) string {
 // conflict), a pending key is due now, and a key dead as unknown to the API
 // is pending again, due now, with a fresh attempt budget. $1 key, $2
 // operation, $3 its SHA-256, $4 state, $5 now. No row: confirmed meanwhile.
+//
+// The row is locked FOR NO KEY UPDATE (what the UPDATE takes), not FOR
+// UPDATE: an insert of the key's extras row (NoteResults) takes FOR KEY
+// SHARE on it when its foreign key is checked, after its own row is in the
+// unique index, so a FOR UPDATE here, followed by wh's insert of the same
+// extras row, deadlocked with it (TestConfirmingSightingBesideAForeignKeyCheck).
 var confirmSightingSQL = `
 WITH old AS (
 	SELECT key, state, first_source, batch_state, dead_reason, payload,
 		state = 'dead' AND dead_reason = '` + sink.DeadUnknownToAPI + `' AS revive
-	FROM gemrecon_keys WHERE key = $1 AND NOT confirmed FOR UPDATE
+	FROM gemrecon_keys WHERE key = $1 AND NOT confirmed FOR NO KEY UPDATE
 ),
 upd AS (
 	UPDATE gemrecon_keys k SET
@@ -257,14 +263,19 @@ func (s *Sink) maybeFlush(ctx context.Context, buffered int) {
 // two flushes of overlapping keys from different processes (or a flush and
 // a purge) then wait for each other instead of deadlocking, which an
 // UPDATE … FROM in the join's order (no order is promised) did under load.
-// The webhook upserts touch only extras of keys locked here.
+// The webhook upserts touch only extras of keys locked here. The lock is
+// FOR NO KEY UPDATE (what the UPDATE takes): FOR UPDATE also blocks the
+// FOR KEY SHARE of a foreign-key check, so NoteResults' first insert of a
+// key's extras row, once in the unique index, waited for the flush while the
+// flush's webhook upsert of that row waited for it: a deadlock
+// (TestNoteResultsDuringAFlushOfItsKey).
 const flushSQL = `
 WITH d AS (
 	SELECT * FROM jsonb_to_recordset($1::jsonb)
 		AS d(k text, n bigint, last timestamptz, srcs jsonb, c bigint, w text, v boolean)
 ),
 lk AS MATERIALIZED (
-	SELECT k.key FROM gemrecon_keys k WHERE k.key IN (SELECT d.k FROM d) ORDER BY k.key FOR UPDATE
+	SELECT k.key FROM gemrecon_keys k WHERE k.key IN (SELECT d.k FROM d) ORDER BY k.key FOR NO KEY UPDATE
 ),
 upd AS (
 	UPDATE gemrecon_keys k SET
