@@ -3,11 +3,14 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -145,5 +148,67 @@ func TestConfirmingSightingBesideAForeignKeyCheck(t *testing.T) {
 	}
 	if !e.Confirmed || !bytes.Equal(e.Webhook, body) || !bytes.Equal(e.Payload, op) {
 		t.Fatalf("confirmed %v, webhook %q, payload %q; want true, %q, %q", e.Confirmed, e.Webhook, e.Payload, body, op)
+	}
+}
+
+// TestConfirmedMeanwhileIsNoUnknownOutcome: a sighting from the API whose
+// confirming statement finds the key confirmed by another process
+// meanwhile (it waited for that process's row lock) got a whole reply with
+// no row. That outcome is known: nothing was written. It must not be
+// settled as a lost reply, which logged a false alarm and ran settle: it
+// terminates the backend that ran the statement, by then an idle pooled
+// connection of the sink itself whenever settle's own connection is
+// another one (the next statement on it then fails).
+func TestConfirmedMeanwhileIsNoUnknownOutcome(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dsn, _ := testSchema(t)
+	app := "gemrecon/test-" + randomHex(4) // to find the sink's backends
+	var logs testkit.Buffer
+	s := openDSN(t, withParam(dsn, "application_name", app), sink.Options{},
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	k := orderKey(1)
+	if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminConn(t, dsn)
+
+	tx, err := adminConn(t, dsn).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE gemrecon_keys SET confirmed = true WHERE key = $1`, k); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		r   sink.RecordResult
+		err error
+	}
+	recorded := make(chan result, 1)
+	go func() {
+		r, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourcePoll, Payload: []byte(`{"name":"x"}`), FromAPI: true})
+		recorded <- result{r, err}
+	}()
+	for waiting := false; !waiting; {
+		select {
+		case r := <-recorded:
+			t.Fatalf("Record returned (%+v, %v) while the key's row was locked", r.r, r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock')`, app).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-recorded
+	if r.err != nil || r.r.Confirmed || r.r.State != sink.StatePending {
+		t.Fatalf("Record: %+v, %v; want a plain duplicate of the pending key", r.r, r.err)
+	}
+	if strings.Contains(logs.String(), "outcome is unknown") {
+		t.Errorf("a whole reply with no row was settled as a lost one:\n%s", logs.String())
 	}
 }

@@ -1274,7 +1274,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 				return err
 			}
 		}
-		return fmt.Errorf("key vanished under concurrent writes")
+		return fmt.Errorf("key vanished under concurrent writes: %w", pgx.ErrNoRows) // a known outcome
 	})
 	if unknownOutcome(err) {
 		got, rerr := s.readBackClaims(ctx, nc)

@@ -524,6 +524,11 @@ func unknownOutcome(err error) bool {
 	if errors.As(err, &nc) {
 		return false // raised inside a transaction before COMMIT was sent
 	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The whole reply came (the result, then ReadyForQuery after the
+		// implicit commit) and held no row: known, not lost.
+		return false
+	}
 	var ae acquireError
 	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
 		return false // nothing was sent
