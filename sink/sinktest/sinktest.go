@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -127,6 +128,7 @@ func Run(t *testing.T, open Opener) {
 		{"Complete", testComplete},
 		{"Fenced", testFenced},
 		{"LeaseBoundary", testLeaseBoundary},
+		{"LongestLease", testLongestLease},
 		{"Renew", testRenew},
 		{"Backoff", testBackoff},
 		{"AttemptsExhausted", testAttemptsExhausted},
@@ -352,6 +354,47 @@ func testLeaseBoundary(t *testing.T, open Opener) {
 	x, err := e.s.Claim(e.ctx, "k", "x", lease)
 	if err != nil || !x.Takeover || x.Token != c.Token+1 {
 		t.Fatalf("Claim at lease = %+v, %v; want a takeover with token %d", x, err, c.Token+1)
+	}
+}
+
+// testLongestLease: a lease as long as a time.Duration goes (what
+// "--lease 2562047h" asks for) is live until then, or until the end of the
+// backend's time range, never already over: now + lease must not wrap
+// around to a time in the past, which would let anyone take the key over
+// while its holder runs.
+func testLongestLease(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	const longest = time.Duration(math.MaxInt64)
+	for _, k := range []string{"claimed", "renewed", "recorded"} {
+		if k != "recorded" {
+			e.record(k, sink.SourcePoll, "p")
+		}
+	}
+	c := e.claim("claimed", longest)
+	r := e.claim("renewed", time.Minute)
+	if err := e.s.Renew(e.ctx, "renewed", r.Token, longest); err != nil {
+		t.Fatalf("Renew with the longest lease: %v", err)
+	}
+	keys := []string{"claimed", "renewed"}
+	if rc, ok := e.s.(sink.RecordClaimer); ok {
+		if _, _, err := rc.RecordAndClaim(e.ctx, sink.Sighting{Key: "recorded", Source: sink.SourcePoll}, "o", longest); err != nil {
+			t.Fatalf("RecordAndClaim with the longest lease: %v", err)
+		}
+		keys = append(keys, "recorded")
+	}
+	if !c.LeaseUntil.After(start().Add(100 * 365 * 24 * time.Hour)) {
+		t.Errorf("Claim with the longest lease: LeaseUntil %v, want a century away at least", c.LeaseUntil)
+	}
+	e.clk.Advance(time.Hour)
+	for _, k := range keys {
+		if en := e.get(k); !en.LeaseUntil.After(e.clk.Now()) {
+			t.Errorf("%s: LeaseUntil %v is not after now (%v)", k, en.LeaseUntil, e.clk.Now())
+		}
+		_, err := e.s.Claim(e.ctx, k, "x", time.Minute)
+		e.wantErr("Claim of "+k+" an hour into the longest lease", err, sink.ErrNotClaimable)
+	}
+	if got := e.due(0); len(got) != 0 {
+		t.Fatalf("Due an hour into the longest leases = %q, want none", got)
 	}
 }
 
