@@ -1131,10 +1131,23 @@ func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Conf
 }
 
 // noteResultsSQL is NoteResults, fenced on the token. $1 key, $2 token, $3 file.
+//
+// The fence reads the key row FOR KEY SHARE ("cur"): a locking read is
+// checked again against the row's latest version, and holds the row until
+// the write commits, so that a takeover (claims lock FOR UPDATE) either
+// commits first and is seen, or waits. A plain read was the statement's
+// snapshot, never checked again: when the upsert then waited for the
+// extras row and a takeover committed meanwhile, the stale holder's file
+// was written anyway (TestNoteResultsFencedAfterATakeover). FOR KEY SHARE
+// does not wait for the updates that leave the token alone (a renewal, a
+// flush), and is what the extras row's foreign-key check takes anyway.
 const noteResultsSQL = `
-WITH upd AS (
+WITH cur AS (
+	SELECT key FROM gemrecon_keys WHERE key = $1 AND state = 'claimed' AND token = $2 FOR KEY SHARE
+),
+upd AS (
 	INSERT INTO gemrecon_key_extras (key, results_file)
-	SELECT key, $3 FROM gemrecon_keys WHERE key = $1 AND state = 'claimed' AND token = $2
+	SELECT key, $3 FROM cur
 	ON CONFLICT (key) DO UPDATE SET results_file = excluded.results_file
 	RETURNING key
 ),
