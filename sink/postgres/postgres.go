@@ -521,6 +521,10 @@ func unknownOutcome(err error) bool {
 	if errors.As(err, &nc) {
 		return false // raised inside a transaction before COMMIT was sent
 	}
+	var ae acquireError
+	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
+		return false // nothing was sent (a FATAL error connecting included)
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		// An error reply: the autocommit statement (or COMMIT) rolled
@@ -539,10 +543,6 @@ func unknownOutcome(err error) bool {
 		// The whole reply came (the result, then ReadyForQuery after the
 		// implicit commit) and held no row: known, not lost.
 		return false
-	}
-	var ae acquireError
-	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
-		return false // nothing was sent
 	}
 	return true
 }
