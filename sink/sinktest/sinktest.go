@@ -30,6 +30,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -136,6 +137,7 @@ func Run(t *testing.T, open Opener) {
 		{"Permanent", testPermanent},
 		{"NotBefore", testNotBefore},
 		{"ErrorTruncated", testErrorTruncated},
+		{"ErrorNotText", testErrorNotText},
 		{"Retry", testRetry},
 		{"DueOrder", testDueOrder},
 		{"ClaimDue", testClaimDue},
@@ -563,6 +565,36 @@ func testErrorTruncated(t *testing.T, open Opener) {
 	en := e.get("k")
 	if len(en.LastError) > sink.MaxErrorLen || !strings.HasSuffix(en.LastError, "THE END") {
 		t.Fatalf("LastError has %d bytes ending %q, want <= %d ending THE END", len(en.LastError), en.LastError[len(en.LastError)-10:], sink.MaxErrorLen)
+	}
+}
+
+// testErrorNotText: a failure's cause is whatever the effect said (an
+// --exec effect's stderr may be any bytes, in any language). Fail stores it
+// as text whatever it holds — NUL, bytes that are not UTF-8, or a long
+// message in a script whose characters the bound would cut in half — and
+// the stored error is valid UTF-8 without NUL (invalid bytes become U+FFFD),
+// bounded and ending as the cause ends.
+func testErrorNotText(t *testing.T, open Opener) {
+	for name, cause := range map[string]string{
+		// 4093 bytes are kept after "…": this cut lands inside a character.
+		"cut": "a" + strings.Repeat("エラー", 700) + "THE END!",
+		"nul": "exit status 2: \x00\xff\xfe garbage\x00\nTHE END!",
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, open, nil)
+			e.record("k", sink.SourcePoll, "p")
+			c := e.claim("k", time.Minute)
+			st, err := e.s.Fail(e.ctx, "k", c.Token, sink.Failure{Cause: cause})
+			if err != nil || st != sink.StatePending {
+				t.Fatalf("Fail with a cause that is not clean text = %q, %v; want pending", st, err)
+			}
+			en := e.get("k")
+			if !utf8.ValidString(en.LastError) || strings.Contains(en.LastError, "\x00") ||
+				len(en.LastError) > sink.MaxErrorLen || !strings.HasSuffix(en.LastError, "THE END!") {
+				t.Fatalf("LastError (%d bytes) = %q; want valid UTF-8 without NUL, <= %d bytes, ending THE END!",
+					len(en.LastError), en.LastError[:min(len(en.LastError), 40)], sink.MaxErrorLen)
+			}
+		})
 	}
 }
 
