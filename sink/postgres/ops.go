@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -128,11 +130,17 @@ func conflictExpr(stored, seen string) string {
 // conflict), a pending key is due now, and a key dead as unknown to the API
 // is pending again, due now, with a fresh attempt budget. $1 key, $2
 // operation, $3 its SHA-256, $4 state, $5 now. No row: confirmed meanwhile.
+//
+// The row is locked FOR NO KEY UPDATE (what the UPDATE takes), not FOR
+// UPDATE: an insert of the key's extras row (NoteResults) takes FOR KEY
+// SHARE on it when its foreign key is checked, after its own row is in the
+// unique index, so a FOR UPDATE here, followed by wh's insert of the same
+// extras row, deadlocked with it (TestConfirmingSightingBesideAForeignKeyCheck).
 var confirmSightingSQL = `
 WITH old AS (
 	SELECT key, state, first_source, batch_state, dead_reason, payload,
 		state = 'dead' AND dead_reason = '` + sink.DeadUnknownToAPI + `' AS revive
-	FROM gemrecon_keys WHERE key = $1 AND NOT confirmed FOR UPDATE
+	FROM gemrecon_keys WHERE key = $1 AND NOT confirmed FOR NO KEY UPDATE
 ),
 upd AS (
 	UPDATE gemrecon_keys k SET
@@ -257,14 +265,19 @@ func (s *Sink) maybeFlush(ctx context.Context, buffered int) {
 // two flushes of overlapping keys from different processes (or a flush and
 // a purge) then wait for each other instead of deadlocking, which an
 // UPDATE … FROM in the join's order (no order is promised) did under load.
-// The webhook upserts touch only extras of keys locked here.
+// The webhook upserts touch only extras of keys locked here. The lock is
+// FOR NO KEY UPDATE (what the UPDATE takes): FOR UPDATE also blocks the
+// FOR KEY SHARE of a foreign-key check, so NoteResults' first insert of a
+// key's extras row, once in the unique index, waited for the flush while the
+// flush's webhook upsert of that row waited for it: a deadlock
+// (TestNoteResultsDuringAFlushOfItsKey).
 const flushSQL = `
 WITH d AS (
 	SELECT * FROM jsonb_to_recordset($1::jsonb)
 		AS d(k text, n bigint, last timestamptz, srcs jsonb, c bigint, w text, v boolean)
 ),
 lk AS MATERIALIZED (
-	SELECT k.key FROM gemrecon_keys k WHERE k.key IN (SELECT d.k FROM d) ORDER BY k.key FOR UPDATE
+	SELECT k.key FROM gemrecon_keys k WHERE k.key IN (SELECT d.k FROM d) ORDER BY k.key FOR NO KEY UPDATE
 ),
 upd AS (
 	UPDATE gemrecon_keys k SET
@@ -731,6 +744,26 @@ func (s *Sink) readBack(ctx context.Context, key string) (sink.Entry, error) {
 	return s.get(ctx, key)
 }
 
+// storedError is the text stored for a failure's cause: sink.TruncateError's
+// bound (its last sink.MaxErrorLen bytes, after "…"), as valid UTF-8
+// without NUL. A cause is whatever the effect said — an --exec effect's
+// stderr may hold any bytes — and PostgreSQL's text holds neither NUL nor
+// bytes that are not UTF-8 (the whole Fail was refused, and the key stayed
+// claimed), while a cut by bytes alone could halve a character. Invalid
+// bytes and NUL become U+FFFD; the cut moves forward to a character's start.
+// Both backends store the same (conformance ErrorNotText).
+func storedError(cause string) string {
+	s := strings.ReplaceAll(strings.ToValidUTF8(cause, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= sink.MaxErrorLen {
+		return s
+	}
+	i := len(s) - sink.MaxErrorLen + len("…")
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return "…" + s[i:]
+}
+
 // Fail ends an attempt: back to pending after backoff, or dead when
 // permanent or when attempts reached MaxAttempts. Fenced like Complete.
 func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure) (sink.State, error) {
@@ -748,7 +781,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	if !f.NotBefore.IsZero() {
 		notBefore = f.NotBefore
 	}
-	cause := sink.TruncateError(f.Cause)
+	cause := storedError(f.Cause)
 	var ok bool
 	var cur current
 	var state *string
@@ -1120,10 +1153,23 @@ func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Conf
 }
 
 // noteResultsSQL is NoteResults, fenced on the token. $1 key, $2 token, $3 file.
+//
+// The fence reads the key row FOR KEY SHARE ("cur"): a locking read is
+// checked again against the row's latest version, and holds the row until
+// the write commits, so that a takeover (claims lock FOR UPDATE) either
+// commits first and is seen, or waits. A plain read was the statement's
+// snapshot, never checked again: when the upsert then waited for the
+// extras row and a takeover committed meanwhile, the stale holder's file
+// was written anyway (TestNoteResultsFencedAfterATakeover). FOR KEY SHARE
+// does not wait for the updates that leave the token alone (a renewal, a
+// flush), and is what the extras row's foreign-key check takes anyway.
 const noteResultsSQL = `
-WITH upd AS (
+WITH cur AS (
+	SELECT key FROM gemrecon_keys WHERE key = $1 AND state = 'claimed' AND token = $2 FOR KEY SHARE
+),
+upd AS (
 	INSERT INTO gemrecon_key_extras (key, results_file)
-	SELECT key, $3 FROM gemrecon_keys WHERE key = $1 AND state = 'claimed' AND token = $2
+	SELECT key, $3 FROM cur
 	ON CONFLICT (key) DO UPDATE SET results_file = excluded.results_file
 	RETURNING key
 ),
@@ -1263,7 +1309,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 				return err
 			}
 		}
-		return fmt.Errorf("key vanished under concurrent writes")
+		return fmt.Errorf("key vanished under concurrent writes: %w", pgx.ErrNoRows) // a known outcome
 	})
 	if unknownOutcome(err) {
 		got, rerr := s.readBackClaims(ctx, nc)

@@ -511,14 +511,11 @@ func (e acquireError) Unwrap() error { return e.err }
 
 // unknownOutcome reports an error after which the statement may or may not
 // have committed: the request may have reached the server, and no reply
-// (neither success nor an error) came back.
+// (neither success nor an error) came back, or a FATAL error that ended the
+// connection came instead of one.
 func unknownOutcome(err error) bool {
 	if err == nil {
 		return false
-	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return false // an error reply: the autocommit statement rolled back
 	}
 	var nc notCommitted
 	if errors.As(err, &nc) {
@@ -526,7 +523,26 @@ func unknownOutcome(err error) bool {
 	}
 	var ae acquireError
 	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
-		return false // nothing was sent
+		return false // nothing was sent (a FATAL error connecting included)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// An error reply: the autocommit statement (or COMMIT) rolled
+		// back — unless it is FATAL or PANIC, which ends the connection,
+		// not necessarily the statement: a server that crashes after the
+		// commit record was flushed tells every client "terminating
+		// connection because of crash of another server process" in place
+		// of its reply, and the commit survives the crash.
+		sev := pe.SeverityUnlocalized
+		if sev == "" {
+			sev = pe.Severity
+		}
+		return sev == "FATAL" || sev == "PANIC"
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The whole reply came (the result, then ReadyForQuery after the
+		// implicit commit) and held no row: known, not lost.
+		return false
 	}
 	return true
 }

@@ -2,8 +2,11 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
@@ -89,5 +92,23 @@ func TestSearchPathSchemaIsCreated(t *testing.T) {
 	var where string
 	if err := admin.QueryRow(ctx, `SELECT table_schema FROM information_schema.tables WHERE table_name = 'gemrecon_keys' AND table_schema = $1`, schema).Scan(&where); err != nil {
 		t.Fatalf("gemrecon_keys is not in schema %s: %v", schema, err)
+	}
+}
+
+// TestUnknownOutcomeOfConnectFailures: a FATAL error while connecting (a
+// server starting up or out of connection slots), met while acquiring a
+// connection, is not a lost reply: nothing was sent, and settling it would
+// only wait for a server that refuses connections. A FATAL error in place
+// of a statement's reply is (TestCompleteCommittedThenFatal).
+func TestUnknownOutcomeOfConnectFailures(t *testing.T) {
+	fatal := &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P03", Message: "the database system is starting up"}
+	if unknownOutcome(acquireError{err: fatal}) {
+		t.Error("a FATAL error acquiring a connection counts as an unknown outcome; want known (nothing was sent)")
+	}
+	if !unknownOutcome(fmt.Errorf("complete: %w", fatal)) {
+		t.Error("a FATAL error in place of a reply counts as a known outcome; want unknown")
+	}
+	if unknownOutcome(&pgconn.PgError{Severity: "ERROR", Code: "40001"}) {
+		t.Error("an ERROR reply counts as an unknown outcome; want known (rolled back)")
 	}
 }

@@ -24,11 +24,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -127,6 +129,7 @@ func Run(t *testing.T, open Opener) {
 		{"Complete", testComplete},
 		{"Fenced", testFenced},
 		{"LeaseBoundary", testLeaseBoundary},
+		{"LongestLease", testLongestLease},
 		{"Renew", testRenew},
 		{"Backoff", testBackoff},
 		{"AttemptsExhausted", testAttemptsExhausted},
@@ -134,6 +137,7 @@ func Run(t *testing.T, open Opener) {
 		{"Permanent", testPermanent},
 		{"NotBefore", testNotBefore},
 		{"ErrorTruncated", testErrorTruncated},
+		{"ErrorNotText", testErrorNotText},
 		{"Retry", testRetry},
 		{"DueOrder", testDueOrder},
 		{"ClaimDue", testClaimDue},
@@ -355,6 +359,47 @@ func testLeaseBoundary(t *testing.T, open Opener) {
 	}
 }
 
+// testLongestLease: a lease as long as a time.Duration goes (what
+// "--lease 2562047h" asks for) is live until then, or until the end of the
+// backend's time range, never already over: now + lease must not wrap
+// around to a time in the past, which would let anyone take the key over
+// while its holder runs.
+func testLongestLease(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	const longest = time.Duration(math.MaxInt64)
+	for _, k := range []string{"claimed", "renewed", "recorded"} {
+		if k != "recorded" {
+			e.record(k, sink.SourcePoll, "p")
+		}
+	}
+	c := e.claim("claimed", longest)
+	r := e.claim("renewed", time.Minute)
+	if err := e.s.Renew(e.ctx, "renewed", r.Token, longest); err != nil {
+		t.Fatalf("Renew with the longest lease: %v", err)
+	}
+	keys := []string{"claimed", "renewed"}
+	if rc, ok := e.s.(sink.RecordClaimer); ok {
+		if _, _, err := rc.RecordAndClaim(e.ctx, sink.Sighting{Key: "recorded", Source: sink.SourcePoll}, "o", longest); err != nil {
+			t.Fatalf("RecordAndClaim with the longest lease: %v", err)
+		}
+		keys = append(keys, "recorded")
+	}
+	if !c.LeaseUntil.After(start().Add(100 * 365 * 24 * time.Hour)) {
+		t.Errorf("Claim with the longest lease: LeaseUntil %v, want a century away at least", c.LeaseUntil)
+	}
+	e.clk.Advance(time.Hour)
+	for _, k := range keys {
+		if en := e.get(k); !en.LeaseUntil.After(e.clk.Now()) {
+			t.Errorf("%s: LeaseUntil %v is not after now (%v)", k, en.LeaseUntil, e.clk.Now())
+		}
+		_, err := e.s.Claim(e.ctx, k, "x", time.Minute)
+		e.wantErr("Claim of "+k+" an hour into the longest lease", err, sink.ErrNotClaimable)
+	}
+	if got := e.due(0); len(got) != 0 {
+		t.Fatalf("Due an hour into the longest leases = %q, want none", got)
+	}
+}
+
 func testRenew(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
 	e.record("k", sink.SourcePoll, "p")
@@ -520,6 +565,36 @@ func testErrorTruncated(t *testing.T, open Opener) {
 	en := e.get("k")
 	if len(en.LastError) > sink.MaxErrorLen || !strings.HasSuffix(en.LastError, "THE END") {
 		t.Fatalf("LastError has %d bytes ending %q, want <= %d ending THE END", len(en.LastError), en.LastError[len(en.LastError)-10:], sink.MaxErrorLen)
+	}
+}
+
+// testErrorNotText: a failure's cause is whatever the effect said (an
+// --exec effect's stderr may be any bytes, in any language). Fail stores it
+// as text whatever it holds — NUL, bytes that are not UTF-8, or a long
+// message in a script whose characters the bound would cut in half — and
+// the stored error is valid UTF-8 without NUL (invalid bytes become U+FFFD),
+// bounded and ending as the cause ends.
+func testErrorNotText(t *testing.T, open Opener) {
+	for name, cause := range map[string]string{
+		// 4093 bytes are kept after "…": this cut lands inside a character.
+		"cut": "a" + strings.Repeat("エラー", 700) + "THE END!",
+		"nul": "exit status 2: \x00\xff\xfe garbage\x00\nTHE END!",
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, open, nil)
+			e.record("k", sink.SourcePoll, "p")
+			c := e.claim("k", time.Minute)
+			st, err := e.s.Fail(e.ctx, "k", c.Token, sink.Failure{Cause: cause})
+			if err != nil || st != sink.StatePending {
+				t.Fatalf("Fail with a cause that is not clean text = %q, %v; want pending", st, err)
+			}
+			en := e.get("k")
+			if !utf8.ValidString(en.LastError) || strings.Contains(en.LastError, "\x00") ||
+				len(en.LastError) > sink.MaxErrorLen || !strings.HasSuffix(en.LastError, "THE END!") {
+				t.Fatalf("LastError (%d bytes) = %q; want valid UTF-8 without NUL, <= %d bytes, ending THE END!",
+					len(en.LastError), en.LastError[:min(len(en.LastError), 40)], sink.MaxErrorLen)
+			}
+		})
 	}
 }
 

@@ -6,7 +6,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -52,6 +55,17 @@ func checkLease(what string, lease time.Duration) error {
 		return fmt.Errorf("sqlite sink: %s: lease %v must be positive", what, lease)
 	}
 	return nil
+}
+
+// leaseEnd is now + lease in Unix nanoseconds, the stored lease_until. A
+// sum past the int64 range ends at its last instant (in 2262) instead of
+// wrapping around to a time long past, at which the lease would already be
+// over and anyone could take the key over (TestConformance/LongestLease).
+func leaseEnd(now int64, lease time.Duration) int64 {
+	if int64(lease) > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + int64(lease)
 }
 
 func checkSighting(sg sink.Sighting) error {
@@ -357,7 +371,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 // inserted is false when the key exists (nothing written).
 func (s *Sink) insertClaimedTx(tx *sql.Conn, sg sink.Sighting, sha []byte, owner string, lease time.Duration) (recordClaim, bool, error) {
 	now := s.nowNS()
-	until := now + int64(lease)
+	until := leaseEnd(now, lease)
 	needs := sg.Dynamic && !sg.FromAPI
 	res, err := s.txExec(tx, qInsertClaimed, sg.Key, sg.Source, now, sg.FromAPI, sg.State, needs, until, owner)
 	if err != nil {
@@ -444,7 +458,7 @@ func (s *Sink) claimTx(tx *sql.Conn, key, owner string, lease time.Duration, o s
 	default:
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %s: %w", key, st, sink.ErrNotClaimable)
 	}
-	until := now + int64(lease)
+	until := leaseEnd(now, lease)
 	if _, err := s.txExec(tx, qClaim, token+1, attempts+1, owner, until, takeover, leaseExpired, key); err != nil {
 		return sink.Claim{}, err
 	}
@@ -537,7 +551,7 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 		return err
 	}
 	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
-		res, err := s.txExec(tx, qRenew, s.nowNS()+int64(lease), key, token)
+		res, err := s.txExec(tx, qRenew, leaseEnd(s.nowNS(), lease), key, token)
 		if err != nil {
 			return nil, err
 		}
@@ -565,6 +579,26 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	return err
 }
 
+// storedError is the text stored for a failure's cause: sink.TruncateError's
+// bound (its last sink.MaxErrorLen bytes, after "…"), as valid UTF-8
+// without NUL. A cause is whatever the effect said — an --exec effect's
+// stderr may hold any bytes — and PostgreSQL's text holds neither NUL nor
+// bytes that are not UTF-8 (the whole Fail was refused, and the key stayed
+// claimed), while a cut by bytes alone could halve a character. Invalid
+// bytes and NUL become U+FFFD; the cut moves forward to a character's start.
+// Both backends store the same (conformance ErrorNotText).
+func storedError(cause string) string {
+	s := strings.ReplaceAll(strings.ToValidUTF8(cause, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= sink.MaxErrorLen {
+		return s
+	}
+	i := len(s) - sink.MaxErrorLen + len("…")
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return "…" + s[i:]
+}
+
 // Fail ends a claimed attempt: back to pending after backoff (and not before
 // f.NotBefore), or dead when permanent or the attempts are exhausted.
 func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure) (sink.State, error) {
@@ -577,7 +611,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		if err != nil {
 			return nil, err
 		}
-		cause := sink.TruncateError(f.Cause)
+		cause := storedError(f.Cause)
 		if f.NoAttempt {
 			return s.failUncountedTx(tx, key, attempts, f, cause)
 		}
