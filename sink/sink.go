@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/canon"
 )
@@ -467,11 +469,23 @@ func Backoff(attempt int, base, max time.Duration, rnd func() float64) time.Dura
 	return time.Duration(rnd() * float64(ceiling))
 }
 
-// TruncateError keeps the tail of s within MaxErrorLen bytes (the end of an
-// error or of stderr says the most).
+// TruncateError is the text stored for a failure's cause: the tail of s
+// within MaxErrorLen bytes (the end of an error or of stderr says the
+// most), as valid UTF-8 without NUL. A cause is whatever the effect said —
+// an --exec effect's stderr may hold any bytes — and PostgreSQL's text
+// holds neither NUL nor bytes that are not UTF-8 (the whole Fail was
+// refused, and the key stayed claimed), while a cut by bytes alone could
+// halve a character. Invalid bytes and NUL become U+FFFD; the cut moves
+// forward to a character's start. Both backends store it (conformance
+// ErrorNotText).
 func TruncateError(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 	if len(s) <= MaxErrorLen {
 		return s
 	}
-	return "…" + s[len(s)-MaxErrorLen+len("…"):]
+	i := len(s) - MaxErrorLen + len("…")
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return "…" + s[i:]
 }

@@ -9,9 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -744,26 +742,6 @@ func (s *Sink) readBack(ctx context.Context, key string) (sink.Entry, error) {
 	return s.get(ctx, key)
 }
 
-// storedError is the text stored for a failure's cause: sink.TruncateError's
-// bound (its last sink.MaxErrorLen bytes, after "…"), as valid UTF-8
-// without NUL. A cause is whatever the effect said — an --exec effect's
-// stderr may hold any bytes — and PostgreSQL's text holds neither NUL nor
-// bytes that are not UTF-8 (the whole Fail was refused, and the key stayed
-// claimed), while a cut by bytes alone could halve a character. Invalid
-// bytes and NUL become U+FFFD; the cut moves forward to a character's start.
-// Both backends store the same (conformance ErrorNotText).
-func storedError(cause string) string {
-	s := strings.ReplaceAll(strings.ToValidUTF8(cause, "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) <= sink.MaxErrorLen {
-		return s
-	}
-	i := len(s) - sink.MaxErrorLen + len("…")
-	for i < len(s) && !utf8.RuneStart(s[i]) {
-		i++
-	}
-	return "…" + s[i:]
-}
-
 // Fail ends an attempt: back to pending after backoff, or dead when
 // permanent or when attempts reached MaxAttempts. Fenced like Complete.
 func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure) (sink.State, error) {
@@ -781,7 +759,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	if !f.NotBefore.IsZero() {
 		notBefore = f.NotBefore
 	}
-	cause := storedError(f.Cause)
+	cause := sink.TruncateError(f.Cause)
 	var ok bool
 	var cur current
 	var state *string

@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -579,26 +577,6 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	return err
 }
 
-// storedError is the text stored for a failure's cause: sink.TruncateError's
-// bound (its last sink.MaxErrorLen bytes, after "…"), as valid UTF-8
-// without NUL. A cause is whatever the effect said — an --exec effect's
-// stderr may hold any bytes — and PostgreSQL's text holds neither NUL nor
-// bytes that are not UTF-8 (the whole Fail was refused, and the key stayed
-// claimed), while a cut by bytes alone could halve a character. Invalid
-// bytes and NUL become U+FFFD; the cut moves forward to a character's start.
-// Both backends store the same (conformance ErrorNotText).
-func storedError(cause string) string {
-	s := strings.ReplaceAll(strings.ToValidUTF8(cause, "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) <= sink.MaxErrorLen {
-		return s
-	}
-	i := len(s) - sink.MaxErrorLen + len("…")
-	for i < len(s) && !utf8.RuneStart(s[i]) {
-		i++
-	}
-	return "…" + s[i:]
-}
-
 // Fail ends a claimed attempt: back to pending after backoff (and not before
 // f.NotBefore), or dead when permanent or the attempts are exhausted.
 func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure) (sink.State, error) {
@@ -611,7 +589,7 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		if err != nil {
 			return nil, err
 		}
-		cause := storedError(f.Cause)
+		cause := sink.TruncateError(f.Cause)
 		if f.NoAttempt {
 			return s.failUncountedTx(tx, key, attempts, f, cause)
 		}
