@@ -198,25 +198,8 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := "files/" + id
-	s.mu.Lock()
-	denied := s.extra.denied[name]
-	e, ok := s.extra.files[name]
+	e, ok := s.fileFor(w, name)
 	if !ok {
-		// A file a batch names that the test did not add: a small default.
-		for _, be := range s.byName {
-			if be.b.ResponsesFile == name {
-				e, ok = &fileEntry{f: defaultFile(be.b), release: make(chan struct{})}, true
-				break
-			}
-		}
-	}
-	s.mu.Unlock()
-	switch {
-	case denied:
-		s.writeDenied(w, name)
-		return
-	case !ok:
-		writeError(w, http.StatusNotFound, "Requested entity was not found.")
 		return
 	}
 	f := e.f
@@ -316,20 +299,18 @@ func (s *Server) serveRaw(w http.ResponseWriter, f File, body io.Reader, size in
 	_ = buf.Flush()
 }
 
-// serveFileGet answers files.get with the File resource's fields a client
-// of the results needs: name, sizeBytes (an int64, so a JSON string) and
-// mimeType.
-func (s *Server) serveFileGet(w http.ResponseWriter, r *http.Request, name string) {
-	if !s.checkKey(w, r, false) {
-		return
-	}
+// fileFor looks up the file name for a download or files.get: an added
+// file, else, for a file a batch names that the test did not add, a small
+// default. It answers the request itself (403 for a denied file, 404 for an
+// unknown one) and returns false when it did.
+func (s *Server) fileFor(w http.ResponseWriter, name string) (*fileEntry, bool) {
 	s.mu.Lock()
 	denied := s.extra.denied[name]
 	e, ok := s.extra.files[name]
 	if !ok {
 		for _, be := range s.byName {
 			if be.b.ResponsesFile == name {
-				e, ok = &fileEntry{f: defaultFile(be.b)}, true
+				e, ok = &fileEntry{f: defaultFile(be.b), release: make(chan struct{})}, true
 				break
 			}
 		}
@@ -338,9 +319,23 @@ func (s *Server) serveFileGet(w http.ResponseWriter, r *http.Request, name strin
 	switch {
 	case denied:
 		s.writeDenied(w, name)
-		return
+		return nil, false
 	case !ok:
 		writeError(w, http.StatusNotFound, "Requested entity was not found.")
+		return nil, false
+	}
+	return e, true
+}
+
+// serveFileGet answers files.get with the File resource's fields a client
+// of the results needs: name, sizeBytes (an int64, so a JSON string) and
+// mimeType.
+func (s *Server) serveFileGet(w http.ResponseWriter, r *http.Request, name string) {
+	if !s.checkKey(w, r, false) {
+		return
+	}
+	e, ok := s.fileFor(w, name)
+	if !ok {
 		return
 	}
 	size := e.f.Size

@@ -184,18 +184,7 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 	s, p, _ := lostReplySink(t)
 	ctx := context.Background()
 	key := "gemini:batches/unknown"
-	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Prepare the statement on the one connection, so that the cut-off call
-	// sends Bind/Execute at once instead of waiting for a Describe reply.
-	if err := s.Complete(ctx, key, c.Token+100); !errors.Is(err, sink.ErrFenced) {
-		t.Fatalf("warm-up Complete = %v, want ErrFenced", err)
-	}
+	c := claimedForComplete(ctx, t, s, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)})
 	cctx, dropped := lostReply(t, p)
 	if err := s.Complete(cctx, key, c.Token); err != nil {
 		t.Fatalf("Complete with a lost reply = %v, want nil (read back: done)", err)

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"io"
 	"net"
 	"net/url"
@@ -135,17 +134,7 @@ func TestCompleteCommittedThenFatal(t *testing.T) {
 	r, rdsn := startFatalRelay(t, dsn)
 	s := openDSN(t, rdsn, sink.Options{}, WithMaxConns(1))
 	key := "gemini:batches/fatal"
-	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
-	if err := s.Complete(ctx, key, c.Token+100); !errors.Is(err, sink.ErrFenced) {
-		t.Fatalf("warm-up Complete = %v, want ErrFenced", err)
-	}
+	c := claimedForComplete(ctx, t, s, sink.Sighting{Key: key, Source: sink.SourcePoll})
 	r.swallowReplies()
 	completed := make(chan error, 1)
 	go func() { completed <- s.Complete(ctx, key, c.Token) }()

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -100,4 +101,23 @@ func lostReply(t *testing.T, p *tcpproxy.Proxy) (ctx context.Context, dropped fu
 			t.Fatal("no reply bytes were dropped: the test did not exercise a lost reply")
 		}
 	}
+}
+
+// claimedForComplete records sg, claims its key and prepares Complete's
+// statement on the sink's one connection (a Complete with a stale token,
+// fenced), so that a later Complete whose reply is cut off sends
+// Bind/Execute at once instead of waiting for a Describe reply.
+func claimedForComplete(ctx context.Context, t *testing.T, s *Sink, sg sink.Sighting) sink.Claim {
+	t.Helper()
+	if _, err := s.Record(ctx, sg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, sg.Key, "w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, sg.Key, c.Token+100); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("warm-up Complete = %v, want ErrFenced", err)
+	}
+	return c
 }
