@@ -82,18 +82,7 @@ func checkLockOrder(ctx context.Context, t *testing.T, dsn, like string, op func
 	done := make(chan error, 1)
 	go func() { done <- op() }()
 
-	watcher := adminConn(t, dsn)
-	for waiting := false; !waiting; {
-		select {
-		case err := <-done:
-			t.Fatalf("the statement returned (%v) while a row it must change was locked", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0)`, like).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-	}
+	waitForLockWait(ctx, t, adminConn(t, dsn), like, done)
 	free := func(cmp string) (n int) {
 		t.Helper()
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT key FROM gemrecon_keys
