@@ -696,20 +696,12 @@ func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return Operation{}, "", err
 	}
-	name, valid := canon.StrictString(r.Name)
+	name, valid := listedName(r.Name)
 	listedAs = name
-	if !valid {
-		// The SDK decoded it with encoding/json: replaced, as here.
-		_ = json.Unmarshal(r.Name, &listedAs)
-		name = listedAs
-	}
 	state, ct, et, ut := r.State, r.CreateTime, r.EndTime, r.UpdateTime
 	if m := r.Metadata; m != nil {
 		if name == "" {
-			name, valid = canon.StrictString(m.Name)
-			if !valid {
-				_ = json.Unmarshal(m.Name, &name)
-			}
+			name, valid = listedName(m.Name)
 		}
 		state = cmpOr(state, m.State)
 		ct = cmpOr(ct, m.CreateTime)
@@ -721,6 +713,18 @@ func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
 	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
 	return op, listedAs, nil
+}
+
+// listedName reads a listed name strictly (canon.StrictString). One that
+// is not valid (ok false) is returned as encoding/json decodes it, with
+// U+FFFD for what it could not read: the form the SDK's item carries, for
+// pairing and logs only.
+func listedName(raw json.RawMessage) (name string, ok bool) {
+	if name, ok = canon.StrictString(raw); ok {
+		return name, true
+	}
+	_ = json.Unmarshal(raw, &name)
+	return name, false
 }
 
 func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {

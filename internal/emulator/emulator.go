@@ -427,11 +427,17 @@ func shellWord(v string) string {
 
 // Stats returns the counters.
 func (e *Emulator) Stats() Stats {
+	st := e.ownStats()
+	st.Deliveries = e.api.Webhooks().Stats()
+	return st
+}
+
+// ownStats is Stats without the delivery counters.
+func (e *Emulator) ownStats() Stats {
 	e.mu.Lock()
 	st := e.stats
 	e.mu.Unlock()
 	st.Faults = e.faults.count()
-	st.Deliveries = e.api.Webhooks().Stats()
 	return st
 }
 

@@ -56,7 +56,7 @@ func (e *Emulator) Status() Status {
 	// status holds every count (a finished duplicate send could otherwise
 	// fall between two separate reads).
 	pending := e.pendingSteps()
-	st := e.Stats()
+	st := e.ownStats()
 	deliveries, active := e.api.Webhooks().StatsActive()
 	s := Status{
 		URL: e.URL(), Seed: e.cfg.Seed, PendingChanges: pending, ActiveDeliveries: active,

@@ -84,18 +84,11 @@ func (ws *WebhookService) sendDynamic(b Batch, ev Event) bool {
 	return true
 }
 
-// Active returns how many messages are being delivered (queued, in an
-// attempt, or waiting to be redelivered).
-func (ws *WebhookService) Active() int {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	return ws.active
-}
-
-// StatsActive returns the delivery counters and the number of messages
-// being delivered, read together: when active is 0, every attempt of every
-// queued message is in the counters (reading Stats and Active one after the
-// other, a duplicate send could finish in between and be in neither).
+// StatsActive returns the delivery counters and how many messages are
+// being delivered (queued, in an attempt, or waiting to be redelivered),
+// read together: when none is, every attempt of every queued message is in
+// the counters (two separate reads could miss a duplicate send that
+// finished in between).
 func (ws *WebhookService) StatsActive() (DeliveryStats, int) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
