@@ -831,7 +831,7 @@ func (s *Sink) Due(ctx context.Context, limit int, opts ...sink.ClaimOption) ([]
 		if err != nil {
 			return err
 		}
-		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		keys, err = pgx.AppendRows([]string(nil), rows, pgx.RowTo[string]) // nil when none, as before
 		return err
 	})
 	if err != nil {
@@ -914,20 +914,12 @@ func (s *Sink) List(ctx context.Context, opt sink.ListOptions) ([]sink.Entry, er
 	}
 	var out []sink.Entry
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		out = out[:0]
 		rows, err := c.Query(ctx, q, args...)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			e, err := scanEntry(rows)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-		}
-		return rows.Err()
+		out, err = pgx.AppendRows([]sink.Entry(nil), rows, func(r pgx.CollectableRow) (sink.Entry, error) { return scanEntry(r) })
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("postgres: list: %w", err)
@@ -941,16 +933,10 @@ func countBy(ctx context.Context, tx pgx.Tx, q string, m map[string]int64) error
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var k string
-		var n int64
-		if err := rows.Scan(&k, &n); err != nil {
-			return err
-		}
-		m[k] = n
-	}
-	return rows.Err()
+	var k string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&k, &n}, func() error { m[k] = n; return nil })
+	return err
 }
 
 // Stats summarises the sink from one snapshot. Latency percentiles are
