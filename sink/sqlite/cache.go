@@ -187,3 +187,49 @@ func (b *statBuffer) len() int {
 	defer b.mu.Unlock()
 	return len(b.m)
 }
+
+// rowCacheSize bounds rowCache: the keys not done that were read since the
+// last commit to the database.
+const rowCacheSize = 10_000
+
+// rowCache holds key rows as a read found them, each valid only while the
+// WAL-index header still has the version it had when the row was read (see
+// walIndex): as long as no connection of any process has committed since,
+// the row is what a read would return now, exactly — not a guess about a
+// state another process may have changed. So a duplicate of a key that is
+// not done (a webhook redelivery, a poll pass seeing a pending key again)
+// costs no read transaction until the next commit. It holds the rows of
+// one version: the first look with a newer version empties it.
+type rowCache struct {
+	mu  sync.Mutex
+	ver walVersion
+	m   map[string]keyRow
+}
+
+func newRowCache() *rowCache { return &rowCache{m: make(map[string]keyRow)} }
+
+// get returns key's row if it was read at version v (the header just read).
+func (c *rowCache) get(key string, v walVersion) (keyRow, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v != c.ver {
+		clear(c.m)
+		c.ver = v
+		return keyRow{}, false
+	}
+	r, ok := c.m[key]
+	return r, ok
+}
+
+// put keeps r, read after the header had version v (see lookupKeyRow).
+func (c *rowCache) put(key string, r keyRow, v walVersion) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v != c.ver {
+		clear(c.m)
+		c.ver = v
+	}
+	if len(c.m) < rowCacheSize {
+		c.m[key] = r
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -158,4 +159,57 @@ func scanKeyValues(v []driver.Value, r *keyRow) error {
 	n, err := num(6)
 	r.needsConfirm = n != 0
 	return err
+}
+
+// walNow returns the WAL-index header's version when rows may be cached by
+// it (see rowCache).
+func (s *Sink) walNow() (walVersion, bool) {
+	if s.wal == nil || !s.walArmed.Load() {
+		return walVersion{}, false
+	}
+	return s.wal.version()
+}
+
+// lookupKeyRow is readKeyRow answered from rowCache while no commit has
+// happened since the row was read. A row is kept by the version the header
+// had before the read began: while the header still has that version, no
+// commit has happened since, so the read saw the database as it is now. A
+// commit between the header's read and the row's leaves a row newer than
+// its version, which is never answered: the header has moved on, and a
+// version never comes back.
+func (s *Sink) lookupKeyRow(ctx context.Context, key string) (keyRow, bool, error) {
+	v, ok := s.walNow()
+	if ok {
+		if r, hit := s.rows.get(key, v); hit {
+			s.rowHits.Add(1)
+			return r, true, nil
+		}
+	}
+	r, found, err := s.readKeyRow(ctx, key)
+	if err == nil && found && ok {
+		s.rows.put(key, r, v)
+	}
+	return r, found, err
+}
+
+// shmBase is the database path SQLite names its -shm file after: SQLite
+// follows symbolic links to the database file.
+func shmBase(path string) string {
+	if p, err := filepath.EvalSymlinks(path); err == nil {
+		return p
+	}
+	return path
+}
+
+// cachedRow is key's row from rowCache when one is valid now.
+func (s *Sink) cachedRow(key string) (keyRow, bool) {
+	v, ok := s.walNow()
+	if !ok {
+		return keyRow{}, false
+	}
+	r, hit := s.rows.get(key, v)
+	if hit {
+		s.rowHits.Add(1)
+	}
+	return r, hit
 }

@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 		}),
 		"sqlite-start":             onPath(startChild),
 		"sqlite-crash":             onPath(crashChild),
+		"sqlite-complete":          onPath(completeChild),
 		sqlitetest.HoldLockCommand: sqlitetest.HoldLockMain,
 	})
 }

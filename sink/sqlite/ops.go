@@ -131,7 +131,7 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 		c := s.noteDuplicate(sg, doneRow(info))
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, nil
 	}
-	r, found, err := s.readKeyRow(ctx, sg.Key)
+	r, found, err := s.lookupKeyRow(ctx, sg.Key)
 	if err != nil {
 		return sink.RecordResult{}, s.fail(err)
 	}
@@ -308,7 +308,13 @@ type recordClaim struct {
 }
 
 // RecordAndClaim records a sighting and claims the key in the same commit when
-// it can be claimed now (see sink.RecordClaimer).
+// it can be claimed now (see sink.RecordClaimer). It is the path of a sighting
+// that is likely new, so it does not read the key first — a read transaction
+// before the write cost about a sixth of a new completion's time — unless
+// the row cache answers without one (rowCache): the INSERT in the writer's
+// transaction finds a known key. A duplicate that the row cache does not
+// answer therefore meets the writer, and its sighting's statistics go into
+// that commit.
 func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner string, lease time.Duration) (sink.RecordResult, sink.Claim, error) {
 	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
@@ -324,10 +330,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
 	}
-	r, found, err := s.readKeyRow(ctx, sg.Key)
-	if err != nil {
-		return sink.RecordResult{}, sink.Claim{}, s.fail(err)
-	}
+	r, found := s.cachedRow(sg.Key)
 	if found && !r.claimable(s.nowNS()) && (r.confirmed || !sg.FromAPI) {
 		c := s.knownRow(sg, r)
 		return sink.RecordResult{State: r.state, Conflict: c}, sink.Claim{},

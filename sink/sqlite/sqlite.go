@@ -90,6 +90,16 @@ type Sink struct {
 	done  *doneCache
 	stats *statBuffer
 
+	// wal reads the WAL-index header (nil when it cannot be read); rows
+	// holds key rows by its version, used once walArmed: a commit of this
+	// sink's writer was seen to change the header, so the file read is the
+	// one SQLite uses (see rowCache). rowHits counts the rows answered from
+	// it.
+	wal      *walIndex
+	walArmed atomic.Bool
+	rows     *rowCache
+	rowHits  atomic.Int64
+
 	// wmu is held by whoever runs a write transaction: the writer
 	// goroutine, or a caller running its own (see submit). lastBatch is
 	// the size of the writer goroutine's last batch.
@@ -182,6 +192,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		migrations: ms,
 		done:       newDoneCache(cfg.doneCacheSize),
 		stats:      newStatBuffer(),
+		rows:       newRowCache(),
 	}
 	if opt.ReadOnly {
 		s.rdb, err = openDB(path, opt.BusyTimeout, true)
@@ -274,6 +285,12 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if err := s.checkIdentity(); err != nil {
 		closeAll()
 		return nil, err
+	}
+	// The connections are in WAL mode and have read: SQLite has opened
+	// the -shm file. Without it every duplicate is read from the database.
+	if s.wal, err = openWALIndex(shmBase(path)); err != nil {
+		s.log.Debug("sqlite sink: the WAL-index header cannot be read; duplicates of keys not done are read from the database", "db", path, "err", err)
+		s.wal = nil
 	}
 	s.ops = make(chan *op, maxBatch)
 	s.quit = make(chan struct{})

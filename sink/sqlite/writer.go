@@ -184,6 +184,13 @@ func (s *Sink) runBatch(batch []*op) error {
 	// writer connection): database/sql's Tx would start a goroutine per
 	// transaction to watch a context the batch does not have.
 	tx := s.wconn
+	// Until one of this writer's commits is seen to change the WAL-index
+	// header, no row is cached by its version (see rowCache).
+	var v0 walVersion
+	arming := false
+	if s.wal != nil && !s.walArmed.Load() {
+		v0, arming = s.wal.version()
+	}
 	if err := retryBusy(ctx, s.opt.BusyTimeout, func() error {
 		_, err := s.txExec(tx, qBegin)
 		return s.fail(err)
@@ -244,6 +251,11 @@ func (s *Sink) runBatch(batch []*op) error {
 		return answerAll(s.fail(err))
 	}
 	s.commits.Add(1)
+	if arming {
+		if v1, ok := s.wal.version(); ok && v1 != v0 {
+			s.walArmed.Store(true)
+		}
+	}
 	// The commit counts only if it went to the file the path names: after
 	// the file was deleted or replaced it went to a file nobody can find.
 	if err := s.checkIdentity(); err != nil {

@@ -1,0 +1,105 @@
+package sqlite
+
+import (
+	"context"
+	"encoding/binary"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// The header read from a real database's -shm is valid, moves with every
+// commit, and any copy of it that SQLite itself would not accept (copies that
+// differ, as while a writer is between them; not initialised; a wrong
+// checksum or version) is no version at all, so that nothing is answered
+// from the row cache by it.
+func TestWALHeader(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "walindex.db")
+	s, err := Open(ctx, path, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.wal == nil {
+		t.Fatal("no WAL-index for a sink on a local file")
+	}
+	v0, ok := s.wal.version()
+	if !ok {
+		t.Fatal("the header of a new database is not valid")
+	}
+	if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/w", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	v1, ok := s.wal.version()
+	if !ok || v1 == v0 {
+		t.Fatalf("after a commit: valid %v, changed %v", ok, v1 != v0)
+	}
+	if !s.walArmed.Load() {
+		t.Fatal("a commit changed the header, but the row cache is not armed")
+	}
+	if v, _ := s.walNow(); v != v1 {
+		t.Fatal("walNow differs from the header just read")
+	}
+
+	raw := make([]byte, 2*walHdrSize)
+	if n, err := syscall.Pread(s.wal.fd, raw, 0); err != nil || n != len(raw) {
+		t.Fatalf("pread: %d, %v", n, err)
+	}
+	if v, ok := parseWALHeader(raw); !ok || v != v1 {
+		t.Fatalf("parseWALHeader of the header read again: %v, same %v", ok, v == v1)
+	}
+	bad := map[string]func(b []byte){
+		"copies differ": func(b []byte) { b[walHdrSize+8]++ },
+		"not initialised": func(b []byte) {
+			b[walHdrInitAt], b[walHdrSize+walHdrInitAt] = 0, 0
+		},
+		"checksum": func(b []byte) {
+			b[walHdrCksumAt]++
+			b[walHdrSize+walHdrCksumAt]++
+		},
+		"content under the checksum": func(b []byte) {
+			b[16]++ // mxFrame
+			b[walHdrSize+16]++
+		},
+		"version": func(b []byte) {
+			binary.NativeEndian.PutUint32(b[0:], 3007001)
+			binary.NativeEndian.PutUint32(b[walHdrSize:], 3007001)
+		},
+		"short": nil,
+	}
+	for name, spoil := range bad {
+		b := append([]byte(nil), raw...)
+		if spoil == nil {
+			b = b[:2*walHdrSize-1]
+		} else {
+			spoil(b)
+		}
+		if _, ok := parseWALHeader(b); ok {
+			t.Errorf("%s: parseWALHeader accepted it", name)
+		}
+	}
+}
+
+// A second sink on the same file in this process shares the one descriptor
+// of its -shm (none is ever closed: that would drop SQLite's POSIX locks on
+// it, see walIndex).
+func TestWALIndexOneDescriptorPerFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "shared.db")
+	a, err := Open(ctx, path, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(ctx, path, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if a.wal == nil || a.wal != b.wal {
+		t.Fatalf("two sinks on one file: walIndex %p and %p", a.wal, b.wal)
+	}
+}
