@@ -571,6 +571,9 @@ func (s *Sink) Close() error {
 		errs = append(errs, s.wprep.close(), s.wconn.Close(), s.wdb.Close())
 	}
 	errs = append(errs, s.closeKeyReaders(), s.rprep.close(), s.rdb.Close())
+	if s.wal != nil {
+		s.wal.release() // after the connections: see walIndex
+	}
 	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)
 }
