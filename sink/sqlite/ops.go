@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
@@ -314,7 +315,9 @@ type recordClaim struct {
 // the row cache answers without one (rowCache): the INSERT in the writer's
 // transaction finds a known key. A duplicate that the row cache does not
 // answer therefore meets the writer, and its sighting's statistics go into
-// that commit.
+// that commit; when the writer cannot begin because another process holds
+// the lock past the busy timeout, a read decides, as it did before: a key
+// that cannot be claimed is refused and its sighting buffered.
 func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner string, lease time.Duration) (sink.RecordResult, sink.Claim, error) {
 	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
@@ -338,7 +341,9 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	}
 	sha := hashPayload(sg.Payload)
 	var done *doneInfo
+	var ran atomic.Bool
 	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
+		ran.Store(true)
 		if !found {
 			rc, inserted, err := s.insertClaimedTx(tx, sg, sha, owner, lease)
 			if err != nil || inserted {
@@ -363,6 +368,20 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 			s.done.update(sg.Key, *done)
 		}
 	})
+	var le *lockedError
+	if err != nil && !ran.Load() && errors.As(err, &le) {
+		// The writer could not begin (another process holds the lock): a
+		// duplicate that cannot be claimed needs no write, and what a
+		// read says of it is the answer it had before RecordAndClaim
+		// stopped reading first (sink.RecordClaimer: ErrNotClaimable, the
+		// sighting recorded).
+		r, found, rerr := s.readKeyRow(ctx, sg.Key)
+		if rerr == nil && found && !r.claimable(s.nowNS()) && (r.confirmed || !sg.FromAPI) {
+			c := s.knownRow(sg, r)
+			return sink.RecordResult{State: r.state, Conflict: c}, sink.Claim{},
+				fmt.Errorf("sqlite sink: %s is %s: %w", sg.Key, r.state, sink.ErrNotClaimable)
+		}
+	}
 	rc, _ := v.(recordClaim)
 	return rc.rr, rc.c, err
 }

@@ -560,12 +560,20 @@ func (s *Sink) Close() error {
 	if s.wdb != nil {
 		close(s.quit)
 		<-s.exited
+		// No duplicate is answered from the row cache any more: a read
+		// now fails, and a last flush that failed committed nothing to
+		// end what the cache knew (nothing would write the sighting).
+		// The writer has exited: no commit of this sink arms it again.
+		s.walArmed.Store(false)
 		if err := s.flushErr(); err != nil {
 			errs = append(errs, err)
 		}
 		errs = append(errs, s.wprep.close(), s.wconn.Close(), s.wdb.Close())
 	}
 	errs = append(errs, s.closeKeyReaders(), s.rprep.close(), s.rdb.Close())
+	if s.wal != nil {
+		s.wal.release() // after the connections: see walIndex
+	}
 	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)
 }

@@ -3,6 +3,8 @@ package sqlite
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"syscall"
 )
@@ -32,15 +34,18 @@ const (
 type walVersion [walHdrSize]byte
 
 // walIndex reads the WAL-index header of one database through a descriptor
-// of its -shm file that this process never closes: SQLite's locks on -shm
-// are POSIX record locks (modernc's OFD locking covers the database file
-// only), and a close(2) of any descriptor of the file would drop every one
-// of them that this process holds. shmFiles keeps one descriptor per -shm
-// file (device and inode) for the life of the process.
+// of its -shm file. SQLite's locks on -shm are POSIX record locks (modernc's
+// OFD locking covers the database file only), and a close(2) of any
+// descriptor of the file drops every one of them that this process holds:
+// shmFiles keeps one descriptor per -shm file (device and inode), shared by
+// the sinks that use it, and closes it only when it cannot hold up such a
+// lock (see release).
 type walIndex struct {
-	fd  int
-	buf [2 * walHdrSize]byte
-	mu  sync.Mutex
+	id    [2]uint64
+	users int // sinks using it, guarded by shmFiles
+	mu    sync.Mutex
+	fd    int // -1 once released
+	buf   [2 * walHdrSize]byte
 }
 
 var shmFiles = struct {
@@ -49,7 +54,8 @@ var shmFiles = struct {
 }{m: map[[2]uint64]*walIndex{}}
 
 // openWALIndex returns the walIndex of the database at path, whose -shm file
-// SQLite has opened already (the sink's connections are in WAL mode).
+// SQLite has opened already (the sink's connections are in WAL mode). Each
+// walIndex it returns is released once (release).
 func openWALIndex(path string) (*walIndex, error) {
 	name := path + "-shm"
 	shmFiles.Lock()
@@ -59,9 +65,12 @@ func openWALIndex(path string) (*walIndex, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if w := shmFiles.m[[2]uint64{uint64(st.Dev), uint64(st.Ino)}]; w != nil {
+		w.users++
 		return w, nil
 	}
-	fd, err := syscall.Open(name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	// As SQLite opens it (no symbolic link), and never waiting: a FIFO
+	// put in its place would block an open for reading forever.
+	fd, err := syscall.Open(name, syscall.O_RDONLY|syscall.O_CLOEXEC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -70,13 +79,62 @@ func openWALIndex(path string) (*walIndex, error) {
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err) // fd stays open (see walIndex)
 	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, fmt.Errorf("%s: not a regular file", name) // fd stays open (see walIndex)
+	}
 	id := [2]uint64{uint64(st.Dev), uint64(st.Ino)}
 	if w := shmFiles.m[id]; w != nil {
+		w.users++
 		return w, nil // fd stays open (see walIndex)
 	}
-	w := &walIndex{fd: fd}
+	w := &walIndex{id: id, fd: fd, users: 1}
 	shmFiles.m[id] = w
 	return w, nil
+}
+
+// release ends one sink's use of w, after that sink's connections are
+// closed. The last user closes the descriptor when the -shm file is deleted
+// (SQLite deletes it when the database's last connection closes) and no
+// other descriptor of the process refers to it: no SQLite connection can
+// then hold a lock on it, nor open it again by its name. Otherwise the
+// descriptor stays open, as it did before: each Open and Close of a sink
+// would keep one deleted -shm file, and a descriptor, for the process's life.
+func (w *walIndex) release() {
+	shmFiles.Lock()
+	defer shmFiles.Unlock()
+	if w.users--; w.users > 0 {
+		return
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(w.fd, &st); err != nil || st.Nlink != 0 || otherDescriptor(w.fd, w.id) {
+		return
+	}
+	w.mu.Lock()
+	syscall.Close(w.fd)
+	w.fd = -1
+	w.mu.Unlock()
+	delete(shmFiles.m, w.id)
+}
+
+// otherDescriptor reports whether a descriptor of this process other than
+// fd refers to the file id (device and inode), or whether that cannot be
+// known (no /proc).
+func otherDescriptor(fd int, id [2]uint64) bool {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || n == fd {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Fstat(n, &st) == nil && uint64(st.Dev) == id[0] && uint64(st.Ino) == id[1] {
+			return true
+		}
+	}
+	return false
 }
 
 // version reads the header; ok is false when it is not a valid, settled
@@ -84,6 +142,9 @@ func openWALIndex(path string) (*walIndex, error) {
 func (w *walIndex) version() (v walVersion, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.fd < 0 {
+		return v, false
+	}
 	n, err := syscall.Pread(w.fd, w.buf[:], 0)
 	if err != nil || n != len(w.buf) {
 		return v, false

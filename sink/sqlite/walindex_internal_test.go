@@ -3,9 +3,11 @@ package sqlite
 import (
 	"context"
 	"encoding/binary"
+	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -101,5 +103,84 @@ func TestWALIndexOneDescriptorPerFile(t *testing.T) {
 	defer b.Close()
 	if a.wal == nil || a.wal != b.wal {
 		t.Fatalf("two sinks on one file: walIndex %p and %p", a.wal, b.wal)
+	}
+}
+
+// Opening and closing sinks does not keep descriptors: once the last
+// connection is closed and SQLite has deleted the -shm file, nothing can hold
+// a lock on it, and its descriptor is closed (each Open and Close used to
+// keep one, with the deleted file, for the process's life). A -shm file
+// still in use by another sink keeps its one descriptor.
+func TestWALIndexReleasedWithTheFile(t *testing.T) {
+	ctx := context.Background()
+	if _, err := os.ReadDir("/proc/self/fd"); err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	path := filepath.Join(t.TempDir(), "reopen.db")
+	descriptors := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	cycle := func() {
+		s, err := Open(ctx, path, sink.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/reopen", Source: sink.SourcePoll}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	before := descriptors()
+	for range 10 {
+		cycle()
+	}
+	if n := descriptors(); n > before {
+		t.Fatalf("10 Opens and Closes of one file: %d descriptors, %d before", n, before)
+	}
+
+	a, err := Open(ctx, path, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(ctx, path, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := a.wal
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.version(); !ok {
+		t.Fatal("closing one of two sinks on a file released the other's WAL-index")
+	}
+}
+
+// A FIFO in place of the -shm file is no WAL-index, and opening it does not
+// wait for a writer (an Open that met one would never return).
+func TestWALIndexNotAFIFO(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fifo.db")
+	if err := syscall.Mkfifo(path+"-shm", 0o600); err != nil {
+		t.Skip("mkfifo:", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := openWALIndex(path)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("openWALIndex accepted a FIFO")
+		}
+	case <-time.After(time.Second):
+		t.Fatal("openWALIndex of a FIFO did not return within a second")
 	}
 }
