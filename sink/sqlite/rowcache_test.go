@@ -223,3 +223,62 @@ func TestRowCacheUnderConcurrentCommits(t *testing.T) {
 	// the done cache; the pending ones were all completed).
 	t.Logf("row-cache hits while the other sink committed: %d", s.RowCacheHits()-hits)
 }
+
+// A duplicate of a key that cannot be claimed is answered ErrNotClaimable and
+// recorded (sink.RecordClaimer) while another process holds the write lock,
+// as it was when RecordAndClaim read the key first: a write transaction is
+// not needed to refuse it.
+func TestRecordAndClaimDuplicateUnderAnotherProcessLock(t *testing.T) {
+	ctx := context.Background()
+	path := sqlitetest.Path(t)
+	s := sqlitetest.Open(t, path, sink.Options{BusyTimeout: 200 * time.Millisecond})
+	key := "gemini:batches/rac-locked"
+	sg := webhookSighting(key)
+	if res, _, err := s.RecordAndClaim(ctx, sg, "me", time.Hour); err != nil || !res.New {
+		t.Fatalf("first RecordAndClaim = %+v, %v", res, err)
+	}
+	release := sqlitetest.HoldLock(t, path)
+	res, _, err := s.RecordAndClaim(ctx, sg, "other", time.Hour)
+	if !errors.Is(err, sink.ErrNotClaimable) || res.State != sink.StateClaimed {
+		t.Fatalf("RecordAndClaim of a claimed key while another process holds the write lock = %+v, %v; want claimed, ErrNotClaimable", res, err)
+	}
+	release()
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := storedSeen(t, path, key); n != 2 {
+		t.Fatalf("seen_count = %d, want 2 (the refused sighting is recorded)", n)
+	}
+}
+
+// A closed sink answers no duplicate from the row cache. Close's last flush
+// is a commit that ends what the cache knew, but a flush that fails (another
+// process holds the write lock past the busy timeout) commits nothing: the
+// header keeps its version, and a Record after Close would be answered from
+// memory — its sighting buffered where nothing will ever write it — where a
+// read fails on the closed connections.
+func TestRowCacheNotUsedAfterClose(t *testing.T) {
+	ctx := context.Background()
+	path := sqlitetest.Path(t)
+	s, err := sqlite.Open(ctx, path, sink.Options{BusyTimeout: 200 * time.Millisecond}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "gemini:batches/rowcache-closed"
+	sg := webhookSighting(key)
+	if _, err := s.Record(ctx, sg); err != nil {
+		t.Fatal(err)
+	}
+	warmRowCache(t, s, sg, sink.StatePending)
+	release := sqlitetest.HoldLock(t, path)
+	if err := s.Close(); err == nil {
+		t.Fatal("Close flushed while another process held the write lock")
+	}
+	release()
+	if res, err := s.Record(ctx, sg); err == nil {
+		t.Fatalf("Record of a duplicate after Close = %+v, nil error; want an error", res)
+	}
+	if _, _, err := s.RecordAndClaim(ctx, sg, "me", time.Minute); err == nil {
+		t.Fatal("RecordAndClaim after Close: nil error")
+	}
+}

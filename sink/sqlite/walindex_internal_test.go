@@ -20,10 +20,7 @@ import (
 func TestWALHeader(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "walindex.db")
-	s, err := Open(ctx, path, sink.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustOpen(t, path)
 	defer s.Close()
 	if s.wal == nil {
 		t.Fatal("no WAL-index for a sink on a local file")
@@ -86,20 +83,13 @@ func TestWALHeader(t *testing.T) {
 }
 
 // A second sink on the same file in this process shares the one descriptor
-// of its -shm (none is ever closed: that would drop SQLite's POSIX locks on
-// it, see walIndex).
+// of its -shm (closing it while SQLite may hold locks on the file would drop
+// them, see walIndex).
 func TestWALIndexOneDescriptorPerFile(t *testing.T) {
-	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "shared.db")
-	a, err := Open(ctx, path, sink.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustOpen(t, path)
 	defer a.Close()
-	b, err := Open(ctx, path, sink.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := mustOpen(t, path)
 	defer b.Close()
 	if a.wal == nil || a.wal != b.wal {
 		t.Fatalf("two sinks on one file: walIndex %p and %p", a.wal, b.wal)
@@ -125,10 +115,7 @@ func TestWALIndexReleasedWithTheFile(t *testing.T) {
 		return len(ents)
 	}
 	cycle := func() {
-		s, err := Open(ctx, path, sink.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := mustOpen(t, path)
 		if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/reopen", Source: sink.SourcePoll}); err != nil {
 			t.Fatal(err)
 		}
@@ -145,15 +132,9 @@ func TestWALIndexReleasedWithTheFile(t *testing.T) {
 		t.Fatalf("10 Opens and Closes of one file: %d descriptors, %d before", n, before)
 	}
 
-	a, err := Open(ctx, path, sink.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustOpen(t, path)
 	defer a.Close()
-	b, err := Open(ctx, path, sink.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := mustOpen(t, path)
 	w := a.wal
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -183,4 +164,14 @@ func TestWALIndexNotAFIFO(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("openWALIndex of a FIFO did not return within a second")
 	}
+}
+
+// mustOpen opens the sink at path with default options; the caller closes it.
+func mustOpen(t *testing.T, path string) *Sink {
+	t.Helper()
+	s, err := Open(context.Background(), path, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
