@@ -585,7 +585,7 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 
 // Complete marks a claimed key done when token is current.
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
-	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
+	_, err := s.submitOp(&op{ctx: ctx, fn: func(tx *sql.Conn) (any, error) {
 		var info doneInfo
 		err := s.txQueryRow(tx, qComplete, s.nowNS(), key, token).Scan(&info.firstSource, &info.confirmed, &info.batchState)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -595,7 +595,20 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 			return nil, err
 		}
 		return info, nil
-	}, func(v any) { s.done.add(key, v.(doneInfo)) })
+	}, alone: func(tx *sql.Conn) (any, bool, error) {
+		// Without RETURNING: the commit's outcome is the step's, not a
+		// reset's. The done cache learns the key from its next read.
+		res, err := s.txExec(tx, qCompleteAlone, s.nowNS(), key, token)
+		if err != nil {
+			return nil, false, err
+		}
+		n, err := res.RowsAffected()
+		return nil, err == nil && n == 1, err
+	}, onCommit: func(v any) {
+		if info, ok := v.(doneInfo); ok {
+			s.done.add(key, info)
+		}
+	}})
 	return err
 }
 

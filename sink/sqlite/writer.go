@@ -24,6 +24,12 @@ type op struct {
 	fn       func(tx *sql.Conn) (any, error) // nil: only commit (Flush, Ping)
 	onCommit func(v any)                     // after a successful commit, when fn returned no error
 	res      chan opResult
+	// alone, when set, is the op as one statement in SQLite's autocommit
+	// mode, for when it is alone in its batch and no statistics wait: it
+	// returns done=false when it wrote nothing, and fn then decides in an
+	// ordinary transaction. It saves BEGIN, COMMIT and the statement
+	// journal of a statement inside a transaction.
+	alone func(tx *sql.Conn) (v any, done bool, err error)
 }
 
 type opResult struct {
@@ -35,10 +41,16 @@ type opResult struct {
 // bounds the wait, not the transaction: a write the caller stopped waiting for
 // may still commit (treat its outcome as unknown).
 func (s *Sink) submit(ctx context.Context, fn func(tx *sql.Conn) (any, error), onCommit func(v any)) (any, error) {
+	return s.submitOp(&op{ctx: ctx, fn: fn, onCommit: onCommit})
+}
+
+// submitOp is submit of a whole op (see op.alone).
+func (s *Sink) submitOp(o *op) (any, error) {
+	ctx := o.ctx
 	if err := s.writable(); err != nil {
 		return nil, err
 	}
-	o := &op{ctx: ctx, fn: fn, onCommit: onCommit, res: make(chan opResult, 1)}
+	o.res = make(chan opResult, 1)
 	s.mu.RLock()
 	if s.closed {
 		s.mu.RUnlock()
@@ -191,6 +203,24 @@ func (s *Sink) runBatch(batch []*op) error {
 	if s.wal != nil && !s.walArmed.Load() {
 		v0, arming = s.wal.version()
 	}
+	// An op alone, with no statistics waiting, may run as one autocommit
+	// statement (op.alone).
+	if len(batch) == 1 && batch[0].alone != nil && batch[0].ctx.Err() == nil && s.stats.len() == 0 {
+		o := batch[0]
+		var v any
+		done := false
+		if err := retryBusy(ctx, s.opt.BusyTimeout, func() error {
+			var err error
+			v, done, err = o.alone(tx)
+			return s.fail(err)
+		}); err != nil {
+			return answerAll(err) // SQLite rolled the statement back
+		}
+		if done {
+			return s.committed(batch, []opResult{{v: v}}, arming, v0)
+		}
+		// It wrote nothing: the ordinary transaction decides.
+	}
 	if err := retryBusy(ctx, s.opt.BusyTimeout, func() error {
 		_, err := s.txExec(tx, qBegin)
 		return s.fail(err)
@@ -250,6 +280,14 @@ func (s *Sink) runBatch(batch []*op) error {
 		}
 		return answerAll(s.fail(err))
 	}
+	return s.committed(batch, results, arming, v0)
+}
+
+// committed answers a batch whose commit succeeded: it counts the commit,
+// arms the row cache when the commit was seen to move the WAL-index header
+// from v0 (arming), checks that the path still names the file, and runs
+// each op's onCommit.
+func (s *Sink) committed(batch []*op, results []opResult, arming bool, v0 walVersion) error {
 	s.commits.Add(1)
 	if arming {
 		if v1, ok := s.wal.version(); ok && v1 != v0 {
@@ -260,7 +298,10 @@ func (s *Sink) runBatch(batch []*op) error {
 	// the file was deleted or replaced it went to a file nobody can find.
 	if err := s.checkIdentity(); err != nil {
 		s.markBroken(err)
-		return answerAll(err)
+		for _, o := range batch {
+			o.res <- opResult{err: err}
+		}
+		return err
 	}
 	for i, o := range batch {
 		r := results[i]
