@@ -12,7 +12,8 @@ import (
 
 // A Complete alone runs as one autocommit statement, unless statistics
 // wait to be written: those go into the same commit, in a transaction, as
-// with every other write ("written with the next commit").
+// with every other write ("written with the next commit"); that
+// transaction's UPDATE … RETURNING tells the done cache.
 func TestCompleteAloneWritesWaitingStatistics(t *testing.T) {
 	ctx := context.Background()
 	path := sqlitetest.Path(t)
@@ -39,11 +40,14 @@ func TestCompleteAloneWritesWaitingStatistics(t *testing.T) {
 	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StateDone {
 		t.Fatalf("Get after Complete = %+v, %v", e, err)
 	}
-	// Done, answered as done afterwards (from a read: the autocommit
-	// statement returns nothing for the done cache).
+	// The done cache knows it: a duplicate needs no read.
+	if !s.InDoneCache(key) {
+		t.Fatal("after Complete the done cache does not know the key")
+	}
 	if st := recordState(t, s, sg); st != sink.StateDone {
 		t.Fatalf("a duplicate after Complete says %s", st)
 	}
+
 }
 
 // A Complete alone under another process's write lock waits for it, as a
@@ -72,6 +76,14 @@ func TestCompleteAloneUnderAnotherProcessLock(t *testing.T) {
 	}
 	if e, err := s.Get(ctx, key); err != nil || e.State != sink.StateDone || e.Token != c.Token {
 		t.Fatalf("Get after Complete = %+v, %v", e, err)
+	}
+	// The autocommit UPDATE returns nothing for the done cache: the key's
+	// first duplicate reads it, and the cache knows it from then on.
+	if st := recordState(t, s, webhookSighting(key)); st != sink.StateDone {
+		t.Fatalf("a duplicate after Complete says %s", st)
+	}
+	if !s.InDoneCache(key) {
+		t.Fatal("a done key read for a duplicate is not in the done cache")
 	}
 	if err := s.Complete(ctx, key, c.Token+1); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("Complete with a token that is not current: %v, want ErrFenced", err)
