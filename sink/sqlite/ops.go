@@ -596,14 +596,28 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		}
 		return info, nil
 	}, alone: func(tx *sql.Conn) (any, bool, error) {
-		// Without RETURNING: the commit's outcome is the step's, not a
-		// reset's. The done cache learns the key from its next read.
-		res, err := s.txExec(tx, qCompleteAlone, s.nowNS(), key, token)
+		// The rows are read to their end: in autocommit mode the commit
+		// happens in the step after the last row, and that step reports
+		// its outcome (a reset, which ends a statement read only in part,
+		// is not documented to).
+		rows, err := s.txQuery(tx, qComplete, s.nowNS(), key, token)
 		if err != nil {
 			return nil, false, err
 		}
-		n, err := res.RowsAffected()
-		return nil, err == nil && n == 1, err
+		var info doneInfo
+		var scanErr error
+		found := false
+		for rows.Next() {
+			found = true
+			scanErr = rows.Scan(&info.firstSource, &info.confirmed, &info.batchState)
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return nil, false, err
+		}
+		if scanErr != nil {
+			return nil, found, nil // done, but nothing for the done cache
+		}
+		return info, found, nil
 	}, onCommit: func(v any) {
 		if info, ok := v.(doneInfo); ok {
 			s.done.add(key, info)

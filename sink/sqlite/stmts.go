@@ -93,12 +93,6 @@ const (
 		WHERE key = ?2 AND state = 'claimed' AND token = ?3
 		RETURNING first_source, confirmed, batch_state`
 
-	// qCompleteAlone is qComplete without RETURNING, run in autocommit
-	// mode (op.alone).
-	qCompleteAlone = `UPDATE gemrecon_keys SET state = 'done', done_at = ?1, due_at = ?1,
-		lease_owner = '', lease_until = 0, next_attempt_at = 0
-		WHERE key = ?2 AND state = 'claimed' AND token = ?3`
-
 	qFailRow  = `SELECT attempts FROM gemrecon_keys WHERE key = ? AND state = 'claimed' AND token = ?`
 	qFailDead = `UPDATE gemrecon_keys SET state = 'dead', lease_owner = '', lease_until = 0,
 		next_attempt_at = 0, due_at = 0, last_error = ?, dead_reason = ? WHERE key = ?`
@@ -155,7 +149,7 @@ func writerQueries() []string {
 		qSavepointStats, qRollbackToStats, qReleaseStats,
 		qKeyRow, qInsertKey, qInsertPayload, qInsertClaimed,
 		qClaimRow, qDeadExpired, qClaim, qDueKeys, qDueConfirmable,
-		qFencedRow, qFencedInc, qRenew, qComplete, qCompleteAlone,
+		qFencedRow, qFencedInc, qRenew, qComplete,
 		qFailRow, qFailDead, qFailPending, qFailUncounted,
 		qStatsSeen, qStatsSource, qStatsWebhook, qStatsVerified,
 		qConfirmRow, qConfirmPayload, qConfirmKey, qConfirmDue, qConfirmRevive, qConflictInc, qNoteResults,
