@@ -178,12 +178,9 @@ func (s *Sink) walNow() (walVersion, bool) {
 // its version, which is never answered: the header has moved on, and a
 // version never comes back.
 func (s *Sink) lookupKeyRow(ctx context.Context, key string) (keyRow, bool, error) {
-	v, ok := s.walNow()
-	if ok {
-		if r, hit := s.rows.get(key, v); hit {
-			s.rowHits.Add(1)
-			return r, true, nil
-		}
+	r, hit, v, ok := s.cachedRow(key)
+	if hit {
+		return r, true, nil
 	}
 	r, found, err := s.readKeyRow(ctx, key)
 	if err == nil && found && ok {
@@ -201,15 +198,15 @@ func shmBase(path string) string {
 	return path
 }
 
-// cachedRow is key's row from rowCache when one is valid now.
-func (s *Sink) cachedRow(key string) (keyRow, bool) {
-	v, ok := s.walNow()
-	if !ok {
-		return keyRow{}, false
+// cachedRow is key's row from rowCache when one is valid now (hit), and the
+// header's version it looked at (ok is false when there is none to cache
+// by).
+func (s *Sink) cachedRow(key string) (r keyRow, hit bool, v walVersion, ok bool) {
+	if v, ok = s.walNow(); !ok {
+		return keyRow{}, false, v, false
 	}
-	r, hit := s.rows.get(key, v)
-	if hit {
+	if r, hit = s.rows.get(key, v); hit {
 		s.rowHits.Add(1)
 	}
-	return r, hit
+	return r, hit, v, true
 }

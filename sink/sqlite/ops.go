@@ -333,7 +333,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, sink.Claim{},
 			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
 	}
-	r, found := s.cachedRow(sg.Key)
+	r, found, _, _ := s.cachedRow(sg.Key)
 	if found && !r.claimable(s.nowNS()) && (r.confirmed || !sg.FromAPI) {
 		c := s.knownRow(sg, r)
 		return sink.RecordResult{State: r.state, Conflict: c}, sink.Claim{},
@@ -586,36 +586,20 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 // Complete marks a claimed key done when token is current.
 func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 	_, err := s.submitOp(&op{ctx: ctx, fn: func(tx *sql.Conn) (any, error) {
-		var info doneInfo
-		err := s.txQueryRow(tx, qComplete, s.nowNS(), key, token).Scan(&info.firstSource, &info.confirmed, &info.batchState)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, s.fencedTx(tx, "complete", key, token)
-		}
-		if err != nil {
+		info, found, scanErr, err := s.completeTx(tx, key, token)
+		switch {
+		case err != nil:
 			return nil, err
+		case !found:
+			return nil, s.fencedTx(tx, "complete", key, token)
+		case scanErr != nil:
+			return nil, scanErr
 		}
 		return info, nil
 	}, alone: func(tx *sql.Conn) (any, bool, error) {
-		// The rows are read to their end: in autocommit mode the commit
-		// happens in the step after the last row, and that step reports
-		// its outcome (a reset, which ends a statement read only in part,
-		// is not documented to).
-		rows, err := s.txQuery(tx, qComplete, s.nowNS(), key, token)
-		if err != nil {
-			return nil, false, err
-		}
-		var info doneInfo
-		var scanErr error
-		found := false
-		for rows.Next() {
-			found = true
-			scanErr = rows.Scan(&info.firstSource, &info.confirmed, &info.batchState)
-		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-			return nil, false, err
-		}
-		if scanErr != nil {
-			return nil, found, nil // done, but nothing for the done cache
+		info, found, scanErr, err := s.completeTx(tx, key, token)
+		if err != nil || scanErr != nil {
+			return nil, found && err == nil, err // done or not, nothing for the done cache
 		}
 		return info, found, nil
 	}, onCommit: func(v any) {
@@ -624,6 +608,27 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		}
 	}})
 	return err
+}
+
+// completeTx runs qComplete and reads its rows to their end: found says
+// whether it changed the key, info is what it returned unless scanErr says
+// that could not be read. Read to the end, because in autocommit mode
+// (op.alone) the commit happens in the step after the last row, and that
+// step reports its outcome (a reset, which ends a statement read only in
+// part, is not documented to).
+func (s *Sink) completeTx(tx *sql.Conn, key string, token int64) (info doneInfo, found bool, scanErr, err error) {
+	rows, err := s.txQuery(tx, qComplete, s.nowNS(), key, token)
+	if err != nil {
+		return info, false, nil, err
+	}
+	for rows.Next() {
+		found = true
+		scanErr = rows.Scan(&info.firstSource, &info.confirmed, &info.batchState)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return info, false, nil, err
+	}
+	return info, found, scanErr, nil
 }
 
 // Fail ends a claimed attempt: back to pending after backoff (and not before
