@@ -17,14 +17,16 @@ import (
 // and, when the writer can, flushed (Flush) or synced (Sync). It is safe for
 // concurrent use: lines never interleave.
 //
-// A writer that fails (stdout's reader went away: EPIPE) or that does not
-// take the line before Run's context ends (a reader that stopped reading)
-// breaks the effect for good: that Run and every later one return an error
-// marked Broken, so the dispatcher stops claiming and the command exits. The
-// write itself happens on a goroutine, so that a stalled writer cannot hold
-// Run past its context (the effect timeout, shutdown's grace); a write
-// abandoned that way may still complete if the reader resumes before the
-// process exits. For a signal-free EPIPE on stdout, the process must handle
+// A writer that fails (stdout's reader went away: EPIPE; a line cut off
+// part-way: ENOSPC, EFBIG) or that does not take the line before Run's
+// context ends (a reader that stopped reading) breaks the effect for good:
+// that Run and every later one return an error marked Broken, so the
+// dispatcher stops claiming and the command exits. A failed write breaks it
+// before the next line gets its turn, so that no line of the same process
+// continues a fragment. The write itself happens on a goroutine, so that a
+// stalled writer cannot hold Run past its context (the effect timeout,
+// shutdown's grace); a write abandoned that way may still complete if the
+// reader resumes before the process exits. For a signal-free EPIPE on stdout, the process must handle
 // SIGPIPE (os/signal.Notify; cmd/gemrecon does).
 //
 // A write cut off part-way (disk full, a file-size limit) leaves the file
@@ -103,7 +105,14 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 	done := make(chan error, 1)
 	go func() {
 		defer func() { <-p.turn }() // only once the write returned: lines never interleave
-		done <- p.write(line)
+		err := p.write(line)
+		if err != nil {
+			// Broken before the next line gets its turn: after a line
+			// cut off part-way, a line written in this process would
+			// continue the fragment.
+			err = p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", err))
+		}
+		done <- err
 	}()
 	if p.beforeWait != nil {
 		p.beforeWait(done)
@@ -121,10 +130,7 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 			return p.breakWith(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
 		}
 	}
-	if werr != nil {
-		return p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", werr))
-	}
-	return nil
+	return werr // nil, or Broken already
 }
 
 // write writes one line and flushes or syncs it; before the first line, it

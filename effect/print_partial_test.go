@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // testLine is what Print writes for testEvent().
@@ -211,5 +212,64 @@ func TestPrintFailingToEndThePartialLineBreaks(t *testing.T) {
 	}
 	if got := readFile(t, path); got != fragment {
 		t.Errorf("file holds %q, want the fragment alone", got)
+	}
+}
+
+// cutOffWriter writes to a real file and cuts its first write off after
+// room bytes with ENOSPC, as a disk that filled up mid-line does; later
+// writes succeed (space was freed meanwhile).
+type cutOffWriter struct {
+	f    *os.File
+	room int
+	cut  bool
+}
+
+func (c *cutOffWriter) Write(p []byte) (int, error) {
+	if c.cut {
+		return c.f.Write(p)
+	}
+	c.cut = true
+	n, err := c.f.Write(p[:min(c.room, len(p))])
+	if err == nil && n < len(p) {
+		err = syscall.ENOSPC
+	}
+	return n, err
+}
+
+// TestPrintCutOffLineBreaksBeforeTheNextLine: within one process, a line
+// cut off part-way (a short write with an error) breaks the effect before
+// the next line may be written: a Run waiting for its turn behind it fails
+// as Broken and writes nothing, so no line continues the fragment, even
+// when the writer would take it. (The fragment is ended by the next
+// process's Print: TestPrintEndsAPartialLineFirst.)
+func TestPrintCutOffLineBreaksBeforeTheNextLine(t *testing.T) {
+	f, path := appendTo(t, "")
+	p := NewPrint(&cutOffWriter{f: f, room: len(fragment)})
+	next := make(chan error, 1)
+	p.beforeWait = func(done <-chan error) {
+		for deadline := time.Now().Add(10 * time.Second); len(done) == 0; time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the first write did not finish within 10s")
+			}
+		}
+		// The cut-off write returned and its Run has not looked yet: the
+		// next line's Run gets its turn now.
+		p.beforeWait = nil
+		go func() { next <- p.Run(context.Background(), testEvent()) }()
+		select {
+		case err := <-next:
+			if !IsBroken(err) {
+				t.Errorf("the next Run() = %v, want Broken", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the next Run did not return within 10s")
+		}
+	}
+	err := p.Run(context.Background(), testEvent())
+	if !IsBroken(err) || !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("Run() = %v, want a Broken error wrapping ENOSPC", err)
+	}
+	if got, want := readFile(t, path), testLine(t)[:len(fragment)]; got != want {
+		t.Errorf("file holds\n%q\nwant the cut-off line's first %d bytes alone\n%q", got, len(fragment), want)
 	}
 }
