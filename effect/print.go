@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"sync"
 	"syscall"
 )
@@ -15,18 +17,36 @@ import (
 // and, when the writer can, flushed (Flush) or synced (Sync). It is safe for
 // concurrent use: lines never interleave.
 //
-// A writer that fails (stdout's reader went away: EPIPE) or that does not
-// take the line before Run's context ends (a reader that stopped reading)
-// breaks the effect for good: that Run and every later one return an error
-// marked Broken, so the dispatcher stops claiming and the command exits. The
-// write itself happens on a goroutine, so that a stalled writer cannot hold
-// Run past its context (the effect timeout, shutdown's grace); a write
-// abandoned that way may still complete if the reader resumes before the
-// process exits. For a signal-free EPIPE on stdout, the process must handle
+// A writer that fails (stdout's reader went away: EPIPE; a line cut off
+// part-way: ENOSPC, EFBIG) or that does not take the line before Run's
+// context ends (a reader that stopped reading) breaks the effect for good:
+// that Run and every later one return an error marked Broken, so the
+// dispatcher stops claiming and the command exits. A failed write breaks it
+// before the next line gets its turn, so that no line of the same process
+// continues a fragment. The write itself happens on a goroutine, so that a
+// stalled writer cannot hold Run past its context (the effect timeout,
+// shutdown's grace); a write abandoned that way may still complete if the
+// reader resumes before the process exits. For a signal-free EPIPE on stdout, the process must handle
 // SIGPIPE (os/signal.Notify; cmd/gemrecon does).
+//
+// A write cut off part-way (disk full, a file-size limit) leaves the file
+// ending in a partial line, and the key is retried by a later process.
+// So that its line does not continue the fragment, the first line a Print
+// writes is preceded by a '\n' when the writer is an *os.File that is a
+// regular file whose byte before the next write's position (its end when it
+// was opened O_APPEND, as the shell's >> does; its offset otherwise) is not
+// '\n': the fragment ends as a malformed line of its own and every new line
+// is whole. Print logs nothing; PrintOnPartialLine says when it happened. To
+// read that byte from a file opened write-only, Print reopens it read-only
+// through /proc/self/fd (Linux); where it can read the byte neither way
+// (another system, a file it may not read), it skips the check. Pipes,
+// terminals, devices and other writers are left alone. The check assumes
+// that no other process appends to the file at the same moment.
 type Print struct {
-	w    io.Writer
-	turn chan struct{} // one token: whose line is being written
+	w         io.Writer
+	turn      chan struct{} // one token: whose line is being written
+	onPartial func()        // PrintOnPartialLine's, or nil
+	started   bool          // the first line's check was made; guarded by turn
 
 	mu     sync.Mutex
 	broken error         // set once; every later Run returns it
@@ -39,9 +59,24 @@ type Print struct {
 	beforeWait func(done <-chan error)
 }
 
+// PrintOption configures a Print effect.
+type PrintOption func(*Print)
+
+// PrintOnPartialLine makes Print call fn when the file it writes to ended in
+// a partial line and Print has just ended it with a '\n' (see Print), at
+// most once per Print, before its first line is written. fn runs on the
+// goroutine that writes; the caller logs it (cmd/gemrecon: a warning).
+func PrintOnPartialLine(fn func()) PrintOption {
+	return func(p *Print) { p.onPartial = fn }
+}
+
 // NewPrint returns a Print effect writing to w (usually os.Stdout).
-func NewPrint(w io.Writer) *Print {
-	return &Print{w: w, turn: make(chan struct{}, 1), gone: make(chan struct{})}
+func NewPrint(w io.Writer, opts ...PrintOption) *Print {
+	p := &Print{w: w, turn: make(chan struct{}, 1), gone: make(chan struct{})}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
 }
 
 // Run writes ev as one line.
@@ -70,7 +105,14 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 	done := make(chan error, 1)
 	go func() {
 		defer func() { <-p.turn }() // only once the write returned: lines never interleave
-		done <- p.write(line)
+		err := p.write(line)
+		if err != nil {
+			// Broken before the next line gets its turn: after a line
+			// cut off part-way, a line written in this process would
+			// continue the fragment.
+			err = p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", err))
+		}
+		done <- err
 	}()
 	if p.beforeWait != nil {
 		p.beforeWait(done)
@@ -88,14 +130,23 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 			return p.breakWith(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
 		}
 	}
-	if werr != nil {
-		return p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", werr))
-	}
-	return nil
+	return werr // nil, or Broken already
 }
 
-// write writes one line and flushes or syncs it.
+// write writes one line and flushes or syncs it; before the first line, it
+// ends a partial line the file ended in (Print).
 func (p *Print) write(line []byte) error {
+	if !p.started {
+		p.started = true
+		if f, ok := p.w.(*os.File); ok && endsInPartialLine(f) {
+			if _, err := f.Write([]byte{'\n'}); err != nil {
+				return fmt.Errorf("end the partial line it ended in: %w", err)
+			}
+			if p.onPartial != nil {
+				p.onPartial()
+			}
+		}
+	}
 	if _, err := p.w.Write(line); err != nil {
 		return err
 	}
@@ -132,4 +183,47 @@ func (p *Print) brokenErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.broken
+}
+
+// endsInPartialLine reports whether f is a regular file whose byte before
+// the position its next write lands at is not '\n'. It is false when that
+// cannot be told (Print: the check is skipped).
+func endsInPartialLine(f *os.File) bool {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var fd, flags uintptr
+	var errno syscall.Errno
+	if err := rc.Control(func(d uintptr) {
+		fd = d
+		flags, _, errno = syscall.Syscall(syscall.SYS_FCNTL, d, syscall.F_GETFL, 0)
+	}); err != nil || errno != 0 {
+		return false
+	}
+	at := fi.Size() // O_APPEND: every write lands at the end
+	if flags&syscall.O_APPEND == 0 {
+		if at, err = f.Seek(0, io.SeekCurrent); err != nil {
+			return false
+		}
+	}
+	if at <= 0 {
+		return false // nothing before: an empty file, or the start of one
+	}
+	var b [1]byte
+	_, err = f.ReadAt(b[:], at-1)
+	if errors.Is(err, syscall.EBADF) {
+		// Opened write-only (the shell's > and >>): read it through a
+		// second, read-only descriptor of the same file (Linux).
+		var r *os.File
+		if r, err = os.Open("/proc/self/fd/" + strconv.Itoa(int(fd))); err == nil {
+			_, err = r.ReadAt(b[:], at-1)
+			r.Close()
+		}
+	}
+	return err == nil && b[0] != '\n'
 }

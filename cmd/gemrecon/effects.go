@@ -117,7 +117,11 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 		// cleanly (issue 12 item 6). Notify, not Ignore: an ignored
 		// signal would be inherited by --exec commands.
 		handleSIGPIPE()
-		return effect.NewPrint(a.stdout), nil
+		// Appended to a file whose last line an earlier run's cut-off
+		// write left partial, the first line starts a new one.
+		return effect.NewPrint(a.stdout, effect.PrintOnPartialLine(func() {
+			a.logger.Warn("stdout ended in a partial line (an earlier write was cut off); started a new line")
+		})), nil
 	}
 }
 

@@ -25,12 +25,24 @@ import (
 )
 
 // TestMain makes this test binary the real gemrecon when it is started as
-// "gemrecon" (a script's `exec gemrecon`, child) or as "gemrecon-as-nobody"
+// "gemrecon" (a script's `exec gemrecon`, child), as "gemrecon-as-nobody"
 // (the same, dropped to the nobody user first when it runs as root, for
-// scripts that need file modes to count).
+// scripts that need file modes to count) or as "gemrecon-fsize-limited"
+// (the same under a file-size limit, withFileSizeLimit).
 func TestMain(m *testing.M) {
 	testkit.Main(m, map[string]func() int{
 		"gemrecon": func() int { return run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr) },
+		"gemrecon-fsize-limited": func() int {
+			if len(os.Args) < 2 {
+				os.Stderr.WriteString("usage: gemrecon-fsize-limited BYTES [gemrecon arguments]\n")
+				return 125
+			}
+			if err := withFileSizeLimit(os.Args[1]); err != nil {
+				os.Stderr.WriteString("gemrecon-fsize-limited: " + err.Error() + "\n")
+				return 125
+			}
+			return run(os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+		},
 		"gemrecon-as-nobody": func() int {
 			if err := testkit.DropToNobody(); err != nil {
 				os.Stderr.WriteString("gemrecon-as-nobody: " + err.Error() + "\n")
