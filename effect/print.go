@@ -110,7 +110,7 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 			// Broken before the next line gets its turn: after a line
 			// cut off part-way, a line written in this process would
 			// continue the fragment.
-			err = p.breakWith(fmt.Errorf("print: stdout is broken (no reader any more?): %w", err))
+			err = p.breakWith(fmt.Errorf("print: stdout is broken%s: %w", writeHint(err), err))
 		}
 		done <- err
 	}()
@@ -183,6 +183,21 @@ func (p *Print) brokenErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.broken
+}
+
+// writeHint names the likely cause of a failed write of stdout, or nothing.
+func writeHint(err error) string {
+	switch {
+	case errors.Is(err, syscall.EPIPE):
+		return " (no reader any more?)"
+	case errors.Is(err, syscall.ENOSPC):
+		return " (disk full?)"
+	case errors.Is(err, syscall.EDQUOT):
+		return " (disk quota exceeded?)"
+	case errors.Is(err, syscall.EFBIG):
+		return " (a file-size limit?)"
+	}
+	return ""
 }
 
 // endsInPartialLine reports whether f is a regular file whose byte before

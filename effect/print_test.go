@@ -105,8 +105,29 @@ func TestPrintBrokenPipeBreaksTheEffect(t *testing.T) {
 	if !IsBroken(err) || !errors.Is(err, syscall.EPIPE) {
 		t.Fatalf("Run() = %v, want a Broken error wrapping EPIPE", err)
 	}
+	if !strings.Contains(err.Error(), "no reader any more?") {
+		t.Errorf("Run() = %q, want the no-reader hint", err)
+	}
 	if err := p.Run(context.Background(), testEvent()); !IsBroken(err) {
 		t.Errorf("second Run() = %v, want Broken at once", err)
+	}
+}
+
+// TestPrintFullDiskSaysSo: a write refused with ENOSPC (the kernel's
+// /dev/full) breaks the effect with a message that points at the disk, not
+// at a reader that went away.
+func TestPrintFullDiskSaysSo(t *testing.T) {
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full here: %v", err)
+	}
+	defer f.Close()
+	err = NewPrint(f).Run(context.Background(), testEvent())
+	if !IsBroken(err) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Run() = %v, want a Broken error wrapping ENOSPC", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "disk full?") || strings.Contains(msg, "no reader") {
+		t.Errorf("Run() = %q, want the disk-full hint and not the no-reader one", msg)
 	}
 }
 
