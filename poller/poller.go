@@ -64,7 +64,8 @@ var (
 	// ErrRepeatedPageToken: the API handed back a page token it had already
 	// given in this pass; paging stops instead of looping.
 	ErrRepeatedPageToken = errors.New("repeated page token")
-	// ErrMalformedPage: a list response that could not be decoded.
+	// ErrMalformedPage: a list response that could not be decoded. (One
+	// larger than MaxResponseBody is not read at all: ErrBodyTooLarge.)
 	ErrMalformedPage = errors.New("malformed list page")
 )
 
@@ -116,6 +117,10 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Logger receives retry warnings (default: discard).
 	Logger *slog.Logger
+
+	// maxBody replaces MaxResponseBody when non-zero: for tests, whose
+	// pages at the limit would otherwise be 64 MiB for the SDK to decode.
+	maxBody int64
 }
 
 // DefaultConfig returns the defaults of `gemrecon poll`.
@@ -321,9 +326,13 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if cfg.RequestTimeout > 0 {
 		base = timeoutTransport{base: base, timeout: cfg.RequestTimeout}
 	}
+	if cfg.maxBody <= 0 {
+		cfg.maxBody = MaxResponseBody
+	}
 	t := &transport{
 		base: base, limiter: rate.NewLimiter(limit, burst), maxRetries: cfg.MaxRetries,
 		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, sleep: cfg.Sleep, log: cfg.Logger,
+		maxBody: cfg.maxBody,
 	}
 	cc := &genai.ClientConfig{
 		APIKey:     cfg.APIKey,
@@ -556,6 +565,12 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 		var apiErr genai.APIError
 		if errors.As(err, &apiErr) {
 			return nil, "", p.apiError(n, apiErr, trace.lastDelay)
+		}
+		var big *BodyTooLargeError
+		if errors.As(err, &big) {
+			// Not malformed, and not transient: the transport read no more
+			// of it than the limit and did not retry.
+			return nil, "", fmt.Errorf("poller: page %d: %w", n, big)
 		}
 		if body == nil {
 			// A transport failure after the retry budget.
