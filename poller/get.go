@@ -136,7 +136,7 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 		}
 		// The SDK could not decode a 2xx body (the Vertex traps): read it raw.
 		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a batch; read it raw",
-			slog.String("name", truncate(name, 120)), slog.String("error", err.Error()))
+			slog.String("name", truncate(name, 120)), slog.String("error", sdkError(err)))
 		job = nil
 	}
 	var o Operation

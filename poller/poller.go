@@ -581,10 +581,10 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 		// counter sent as a number): fall back to reading the raw page.
 		ops, next, rerr := p.rawPage(body, nil)
 		if rerr != nil {
-			return nil, "", fmt.Errorf("poller: page %d: %w: %v (SDK: %v)", n, ErrMalformedPage, rerr, err)
+			return nil, "", fmt.Errorf("poller: page %d: %w: %v (SDK: %s)", n, ErrMalformedPage, rerr, sdkError(err))
 		}
 		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a list page; read it raw",
-			slog.Int("page", n), slog.String("error", err.Error()))
+			slog.Int("page", n), slog.String("error", sdkError(err)))
 		return ops, next, nil
 	}
 	if body == nil {
@@ -754,6 +754,11 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
+
+// sdkError is the text of an error the SDK gave for a body it could not
+// decode, cut short: the SDK appends the whole body (up to
+// MaxResponseBody), which is no message for a log line or a terminal.
+func sdkError(err error) string { return truncate(err.Error(), 500) }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {
