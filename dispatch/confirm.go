@@ -41,7 +41,9 @@ import (
 //     sent and the effect runs unconfirmed ("confirmed": false) — unless
 //     the key needs confirmation (seen only through a dynamic signature),
 //     which never runs unconfirmed: it goes dead as unknown to the API.
-//   - any other answer (poller.ErrUnexpected): a counted failure.
+//   - any other answer (poller.ErrUnexpected: another 4xx, a body that is
+//     not the batch, or one larger than poller.MaxResponseBody, which the
+//     poller asked for once): a counted failure.
 //
 // A process that does not confirm (Config.Confirm false: no credentials
 // with --confirm auto, or --confirm never) runs unconfirmed keys on what

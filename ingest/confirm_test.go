@@ -443,6 +443,33 @@ func TestConfirmationStormUsesNoAttempts(t *testing.T) {
 	}
 }
 
+// An operation larger than the 64 MiB the poller reads of one answer
+// decides nothing, and asking again gets the same answer: the Batches.Get is
+// sent once (no transport retry), and the confirmation is a failed attempt
+// whose last error says why — not "the API did not answer", rechecked
+// without end at no cost of attempts, nor a malformed body.
+func TestConfirmationAnswerTooLarge(t *testing.T) {
+	w := newWorld(t, worldOptions{})
+	w.api.Add(geminifake.Batch{Name: "batches/huge", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
+	w.hook("huge", "batch.succeeded", VerifiedStatic)
+	const head, tail = `{"name":"batches/huge","done":true,"metadata":{"displayName":"`, `"}}`
+	w.api.InjectFault(geminifake.Fault{Body: head + strings.Repeat("x", poller.MaxResponseBody+1-len(head)-len(tail)) + tail})
+	if sum := w.drain(); sum.Failed != 1 || sum.OK != 0 || sum.Unconfirmed != 0 {
+		t.Fatalf("drain = %+v, want one failed attempt", sum)
+	}
+	e := w.entry("gemini:batches/huge")
+	if e.Attempts != 1 || e.State != sink.StatePending || !strings.Contains(e.LastError, "larger than 64 MiB") ||
+		strings.Contains(e.LastError, "did not answer") || strings.Contains(e.LastError, "not an operation") {
+		t.Fatalf("entry: %d attempts, %s, last error %q; want one attempt that says the answer is larger than 64 MiB", e.Attempts, e.State, e.LastError)
+	}
+	if n := w.gets("huge"); n != 1 {
+		t.Fatalf("%d Batches.Get, want 1", n)
+	}
+	if len(w.docs.of("gemini:batches/huge")) != 0 {
+		t.Fatal("the effect ran unconfirmed")
+	}
+}
+
 // Requests counted: poll-first keys cost none, webhook-first keys one
 // Batches.Get each — checked against the stand-in's request log.
 func TestConfirmationRequestsCounted(t *testing.T) {

@@ -23,7 +23,8 @@ import (
 //   - ErrTransient (*TransientError): no answer yet — try again later.
 //   - ErrInvalidName: no request was sent; the name cannot be fetched.
 //   - ErrUnexpected: an answer that decides nothing (another 4xx, a body
-//     that is not the operation asked for).
+//     that is not the operation asked for, one larger than
+//     MaxResponseBody: also an ErrBodyTooLarge).
 var (
 	// ErrNotFound: the API does not know the batch (or file): a 404, or a
 	// 403 while the credential itself works — checked by one list request of
@@ -40,7 +41,9 @@ var (
 	ErrInvalidName = errors.New("not a name the API can fetch")
 	// ErrUnexpected: the API answered, but the answer decides nothing: a 4xx
 	// other than 401/403/404/408/429, a body that could not be read as an
-	// operation, or an operation with another name than the one asked for.
+	// operation or was larger than MaxResponseBody (then also an
+	// ErrBodyTooLarge, not retried), or an operation with another name than
+	// the one asked for.
 	ErrUnexpected = errors.New("unexpected answer from the API")
 )
 
@@ -121,6 +124,11 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 		if errors.As(err, &apiErr) {
 			return Operation{}, p.classify(ctx, op, apiErr, trace.lastDelay)
 		}
+		var big *BodyTooLargeError
+		if errors.As(err, &big) {
+			// An answer, too large to read: asking again gets the same one.
+			return Operation{}, fmt.Errorf("poller: %s: %w: %w", op, ErrUnexpected, big)
+		}
 		if body == nil {
 			// A transport failure (or a per-attempt timeout) after the
 			// retry budget.
@@ -128,7 +136,7 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 		}
 		// The SDK could not decode a 2xx body (the Vertex traps): read it raw.
 		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a batch; read it raw",
-			slog.String("name", truncate(name, 120)), slog.String("error", err.Error()))
+			slog.String("name", truncate(name, 120)), slog.String("error", sdkError(err)))
 		job = nil
 	}
 	var o Operation
@@ -280,9 +288,9 @@ func (p *Poller) probe(ctx context.Context, op, what string) error {
 	case errors.As(err, &pe):
 		return &TransientError{Op: op, Status: pe.Code, RetryAfter: trace.lastDelay,
 			Err: fmt.Errorf("%s; the credential probe got %s", what, describe(pe))}
-	case trace.lastBody != nil:
+	case trace.lastBody != nil, errors.Is(err, ErrBodyTooLarge):
 		// The probe's page came back but the SDK could not decode it (the
-		// Vertex traps): the credential works.
+		// Vertex traps), or it was too large to read: the credential works.
 		return fmt.Errorf("poller: %s: %w (%s, while the same credential lists batches: a batch of another project)",
 			op, ErrNotFound, what)
 	}

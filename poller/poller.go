@@ -64,7 +64,8 @@ var (
 	// ErrRepeatedPageToken: the API handed back a page token it had already
 	// given in this pass; paging stops instead of looping.
 	ErrRepeatedPageToken = errors.New("repeated page token")
-	// ErrMalformedPage: a list response that could not be decoded.
+	// ErrMalformedPage: a list response that could not be decoded. (One
+	// larger than MaxResponseBody is not read at all: ErrBodyTooLarge.)
 	ErrMalformedPage = errors.New("malformed list page")
 )
 
@@ -116,6 +117,10 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Logger receives retry warnings (default: discard).
 	Logger *slog.Logger
+
+	// maxBody replaces MaxResponseBody when non-zero: for tests, whose
+	// pages at the limit would otherwise be 64 MiB for the SDK to decode.
+	maxBody int64
 }
 
 // DefaultConfig returns the defaults of `gemrecon poll`.
@@ -321,9 +326,13 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if cfg.RequestTimeout > 0 {
 		base = timeoutTransport{base: base, timeout: cfg.RequestTimeout}
 	}
+	if cfg.maxBody <= 0 {
+		cfg.maxBody = MaxResponseBody
+	}
 	t := &transport{
 		base: base, limiter: rate.NewLimiter(limit, burst), maxRetries: cfg.MaxRetries,
 		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, sleep: cfg.Sleep, log: cfg.Logger,
+		maxBody: cfg.maxBody,
 	}
 	cc := &genai.ClientConfig{
 		APIKey:     cfg.APIKey,
@@ -557,6 +566,12 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 		if errors.As(err, &apiErr) {
 			return nil, "", p.apiError(n, apiErr, trace.lastDelay)
 		}
+		var big *BodyTooLargeError
+		if errors.As(err, &big) {
+			// Not malformed, and not transient: the transport read no more
+			// of it than the limit and did not retry.
+			return nil, "", fmt.Errorf("poller: page %d: %w", n, big)
+		}
 		if body == nil {
 			// A transport failure after the retry budget.
 			return nil, "", fmt.Errorf("poller: listing page %d: %w", n, err)
@@ -566,10 +581,10 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 		// counter sent as a number): fall back to reading the raw page.
 		ops, next, rerr := p.rawPage(body, nil)
 		if rerr != nil {
-			return nil, "", fmt.Errorf("poller: page %d: %w: %v (SDK: %v)", n, ErrMalformedPage, rerr, err)
+			return nil, "", fmt.Errorf("poller: page %d: %w: %v (SDK: %s)", n, ErrMalformedPage, rerr, sdkError(err))
 		}
 		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a list page; read it raw",
-			slog.Int("page", n), slog.String("error", err.Error()))
+			slog.Int("page", n), slog.String("error", sdkError(err)))
 		return ops, next, nil
 	}
 	if body == nil {
@@ -739,6 +754,11 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
+
+// sdkError is the text of an error the SDK gave for a body it could not
+// decode, cut short: the SDK appends the whole body (up to
+// MaxResponseBody), which is no message for a log line or a terminal.
+func sdkError(err error) string { return truncate(err.Error(), 500) }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

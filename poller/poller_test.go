@@ -634,6 +634,12 @@ func TestMalformedPage(t *testing.T) {
 	if st.Requests != 2 {
 		t.Errorf("%d requests, want 2", st.Requests)
 	}
+	// The SDK's error carries the whole body; the message does not.
+	s.InjectFault(geminifake.Fault{Body: `{"operations":[{"name":"` + strings.Repeat("x", 1<<20)})
+	_, _, err = collect(t, newPoller(t, testConfig(s, &sleeps{})))
+	if !errors.Is(err, ErrMalformedPage) || len(err.Error()) > 2000 {
+		t.Errorf("a malformed page of 1 MiB: ErrMalformedPage %v, a message of %d bytes; want at most 2000", errors.Is(err, ErrMalformedPage), len(err.Error()))
+	}
 }
 
 // The Vertex traps (counters as numbers, error.details as objects) make

@@ -58,7 +58,8 @@ func traceFrom(ctx context.Context) *passTrace {
 // transport is the one place every HTTP request of the SDK passes through:
 // it waits on the rate limiter, retries 429/5xx/transport errors with a
 // bounded budget (honouring google.rpc.RetryInfo and Retry-After, else
-// exponential backoff with jitter) and captures the raw body.
+// exponential backoff with jitter) and captures the raw body (at most
+// maxBody of it: a longer successful answer is a *BodyTooLargeError).
 type transport struct {
 	base       http.RoundTripper
 	limiter    *rate.Limiter
@@ -71,10 +72,88 @@ type transport struct {
 	// the same attempts by what they were for.
 	total  atomic.Int64
 	byKind [numKinds]atomic.Int64
+	// maxBody bounds how much of one response the transport buffers:
+	// MaxResponseBody, except in tests (Config.maxBody), which would
+	// otherwise need a 64 MiB page whose decoding by the SDK takes seconds.
+	maxBody int64
 }
 
-// maxBody bounds how much of one response the transport buffers.
-const maxBody = 64 << 20
+// MaxResponseBody is the most the poller reads of one API response (a list
+// page, an operation): a successful answer any longer fails with a
+// *BodyTooLargeError, never retried. A refused answer (an error status)
+// is cut at this length instead: its status decides.
+const MaxResponseBody = 64 << 20
+
+// ErrBodyTooLarge: a successful answer was larger than MaxResponseBody
+// (match with errors.Is; errors.As gives the *BodyTooLargeError). The same
+// request would get the same answer, so it is never retried.
+var ErrBodyTooLarge = errors.New("API response larger than the poller reads")
+
+// BodyTooLargeError is an ErrBodyTooLarge.
+type BodyTooLargeError struct {
+	// Kind is what the request was for: "list page", "get operation",
+	// "credential probe (list page)", "files.get" ("response" when unknown).
+	Kind string
+	// Status is the answer's HTTP status (2xx).
+	Status int
+	// Limit is the most the poller reads of one response, in bytes.
+	Limit int64
+	// Length is the answer's Content-Length when it gave one beyond Limit,
+	// else 0 (more than Limit bytes arrived).
+	Length int64
+	// PageSize is the page size a list page asked for (0 for other kinds).
+	PageSize int
+}
+
+func (e *BodyTooLargeError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the %s answer (HTTP %d) is larger than %s, the most gemrecon reads of one API response",
+		e.Kind, e.Status, byteSize(e.Limit))
+	if e.Length > 0 {
+		fmt.Fprintf(&b, " (Content-Length %d)", e.Length)
+	}
+	switch {
+	case e.PageSize > 1:
+		fmt.Fprintf(&b, "; lower --page-size (now %d) so that each page holds fewer operations", e.PageSize)
+	case e.PageSize == 1:
+		b.WriteString("; --page-size is already 1: one operation alone is larger than that")
+	}
+	return b.String()
+}
+
+// Unwrap makes errors.Is match ErrBodyTooLarge.
+func (e *BodyTooLargeError) Unwrap() error { return ErrBodyTooLarge }
+
+// byteSize writes n in MiB or KiB when it is a whole number of them, else
+// in bytes.
+func byteSize(n int64) string {
+	switch {
+	case n > 0 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n > 0 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// tooLarge is the error of a 2xx answer beyond the limit.
+func (t *transport) tooLarge(req *http.Request, trace *passTrace, status int, length int64) error {
+	e := &BodyTooLargeError{Kind: "response", Status: status, Limit: t.maxBody, Length: length}
+	if trace != nil {
+		switch trace.kind {
+		case kindList:
+			e.Kind = "list page"
+			e.PageSize, _ = strconv.Atoi(req.URL.Query().Get("pageSize"))
+		case kindGet:
+			e.Kind = "get operation"
+		case kindProbe:
+			e.Kind = "credential probe (list page)"
+		case kindDownload:
+			e.Kind = "files.get"
+		}
+	}
+	return e
+}
 
 func retryableStatus(code int) bool {
 	switch code {
@@ -109,15 +188,29 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.byKind[trace.kind].Add(1)
 		}
 		resp, err := t.base.RoundTrip(r)
-		if err == nil && trace != nil && trace.stream && resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		ok := err == nil && resp.StatusCode >= 200 && resp.StatusCode < 300
+		if ok && trace != nil && trace.stream {
 			return resp, nil // a download: the caller streams the body
+		}
+		if ok && resp.ContentLength > t.maxBody {
+			resp.Body.Close()
+			return nil, t.tooLarge(req, trace, resp.StatusCode, resp.ContentLength)
 		}
 		var body []byte
 		if err == nil {
-			body, err = io.ReadAll(io.LimitReader(resp.Body, maxBody))
+			// One byte more than the limit tells a body of exactly the
+			// limit from a longer one.
+			body, err = io.ReadAll(io.LimitReader(resp.Body, t.maxBody+1))
 			resp.Body.Close()
 			if err != nil {
 				err = fmt.Errorf("reading response body: %w", err)
+			} else if int64(len(body)) > t.maxBody {
+				if ok {
+					// Not a transient failure: the same request gets the
+					// same answer, so it is not retried.
+					return nil, t.tooLarge(req, trace, resp.StatusCode, 0)
+				}
+				body = body[:t.maxBody] // a refusal: its status decides
 			}
 		}
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/internal/testkit"
+	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
@@ -197,7 +198,9 @@ type scriptAPI struct{ srv *geminifake.Server }
 // fakeapi STATE... starts a fresh one.
 // fakeapi add ID STATE adds a batch created a minute ago;
 // fakeapi fault repeat-token makes the second and third pages repeat their
-// page token.
+// page token; fakeapi fault oversize-page answers the next list request
+// with a page one byte larger than poller.MaxResponseBody (an empty list,
+// padded).
 func cmdFakeAPI(ts *testscript.TestScript, neg bool, args []string) {
 	if neg {
 		ts.Fatalf("unsupported: ! fakeapi")
@@ -212,8 +215,11 @@ func cmdFakeAPI(ts *testscript.TestScript, neg bool, args []string) {
 			h.srv.Add(geminifake.Batch{Name: geminifake.GeminiName(args[1]), State: args[2], CreateTime: time.Now().Add(-time.Minute)})
 		case args[0] == "fault" && len(args) == 2 && args[1] == "repeat-token":
 			h.srv.InjectFault(geminifake.Fault{}, geminifake.Fault{RepeatToken: true}, geminifake.Fault{RepeatToken: true})
+		case args[0] == "fault" && len(args) == 2 && args[1] == "oversize-page":
+			const head, tail = `{"operations":[]`, `}`
+			h.srv.InjectFault(geminifake.Fault{Body: head + strings.Repeat(" ", poller.MaxResponseBody+1-len(head)-len(tail)) + tail})
 		default:
-			ts.Fatalf("usage: fakeapi add ID STATE | fakeapi fault repeat-token")
+			ts.Fatalf("usage: fakeapi add ID STATE | fakeapi fault repeat-token|oversize-page")
 		}
 		return
 	}
