@@ -220,6 +220,8 @@ func report(ctx context.Context, c config, out io.Writer) error {
 		add("new/raw128", q["sqlite new"][r]/raw[r])
 		add("new/rawEqual", q["sqlite new"][r]/q[probes(equal)[1].String()][r])
 		add("new/overwriteEqual", q["sqlite new"][r]/q[probes(equal)[2].String()][r])
+		// Two commits a completion: at most half the overwrite syncs.
+		add("new/ceiling", q["sqlite new"][r]/(q[probes(equal)[2].String()][r]/2))
 		if c.pg != "" {
 			add("pg new/seed", q["pg new"][len(q["pg new"])-1]/q["seed new"][r])
 			add("pg dup/seed", q["pg dup done=false"][len(q["pg dup done=false"])-1]/q["seed dup"][r])
@@ -250,6 +252,7 @@ func report(ctx context.Context, c config, out io.Writer) error {
 		key := []string{"new/raw128", "new/rawEqual", "new/overwriteEqual"}[i]
 		w("| completions per raw sync (%s)%s | %s |\n", p, map[int]string{0: " (≥ 0.4 wanted)"}[i], q[key].cell("%.3f"))
 	}
+	w("| **new completions ÷ the two-sync ceiling** (overwrite syncs/s ÷ 2: what two commits of a completion allow on this disk; a disk-relative measure) | **%s** |\n", q["new/ceiling"].cell("%.2f"))
 	if c.pg != "" {
 		w("| PostgreSQL sink, sequential new completions/s | %s |\n", q["pg new"].cell("%.0f"))
 		w("| new completions: PostgreSQL ÷ seed | %s |\n", q["pg new/seed"].cell("%.2f"))
