@@ -3,13 +3,13 @@ package dispatch
 import (
 	"context"
 	"fmt"
-	"github.com/gemrecon/gemrecon/internal/disksync"
 	"io"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/internal/disksync"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
