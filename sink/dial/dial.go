@@ -25,9 +25,19 @@ import (
 )
 
 // ErrInvalidDSN is wrapped by Parse and Open for a string that names no
-// database: empty, or URL-like but not a PostgreSQL URL. It is the user's
-// wrong words, not a failure to reach a database.
+// database: empty, or URL-like but not a PostgreSQL URL; and by Open for a
+// PostgreSQL connection string that cannot be used as written
+// (postgres.ErrInvalidDSN: sslmode=bogus, a bad port, an unterminated
+// quote). It is the user's wrong words, not a failure to reach a database.
 var ErrInvalidDSN = errors.New("not a database name")
+
+// invalidDSN is a backend's refusal of a connection string, which is
+// ErrInvalidDSN too; its text is the backend's alone.
+type invalidDSN struct{ err error }
+
+func (e invalidDSN) Error() string        { return e.err.Error() }
+func (e invalidDSN) Unwrap() error        { return e.err }
+func (e invalidDSN) Is(target error) bool { return target == ErrInvalidDSN }
 
 // Backend says which sink a --db string names.
 type Backend int
@@ -134,6 +144,9 @@ func OpenWithLogger(ctx context.Context, dsn string, opt sink.Options, logger *s
 	// Return a nil interface, not a typed nil, on error.
 	if t.Backend == Postgres {
 		s, err := postgres.Open(ctx, t.DSN, opt, postgres.WithLogger(logger))
+		if errors.Is(err, postgres.ErrInvalidDSN) {
+			return nil, invalidDSN{err}
+		}
 		if err != nil {
 			return nil, err
 		}
