@@ -531,6 +531,12 @@ func classify(path string, err error, waited, busy time.Duration) error {
 		case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
 			return corruptError(path, err)
 		case sqlite3.SQLITE_READONLY:
+			if se.Code() == sqlite3.SQLITE_READONLY_DIRECTORY {
+				// A read of a WAL database whose -wal and -shm files do
+				// not exist, in a directory this user may not write.
+				return fmt.Errorf("sqlite sink %s: cannot read it: its directory %s is not writable by this user, and SQLite must create the database's -wal and -shm files there even to read it (WAL mode): let this user write the directory, or run as one who may: %w",
+					path, filepath.Dir(path), err)
+			}
 			return fmt.Errorf("sqlite sink %s: database is read-only: %w", path, err)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("sqlite sink %s: cannot open the database file: %w", path, err)
