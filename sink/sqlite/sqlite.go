@@ -312,6 +312,9 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		}
 		dir := filepath.Dir(path)
 		if err := syscall.Access(dir, 2|1); err != nil { // W_OK|X_OK
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("sqlite sink %s: cannot create the database: directory %s does not exist (gemrecon creates the file, not its directory: create it, or check --db)", path, dir)
+			}
 			return fmt.Errorf("sqlite sink %s: cannot create the database: directory %s is not writable: %v", path, dir, err)
 		}
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
