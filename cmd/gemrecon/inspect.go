@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -148,7 +149,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
 		}
 		if hint := meantKeys(ctx, s, key); hint != "" {
-			fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
+			a.stderrLine(slog.LevelWarn, hint)
 		}
 		return withCode(exitUnknownKey, nil)
 	}

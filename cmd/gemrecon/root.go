@@ -54,13 +54,43 @@ func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		}
 		var ee *exitError
 		if !errors.As(err, &ee) || ee.err != nil {
-			fmt.Fprintf(stderr, "gemrecon: %v\n", err)
-			if exitCode(err) == exitUsage {
-				fmt.Fprintln(stderr, "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage.")
+			code := exitCode(err)
+			if code == exitUsage {
+				a.errorLine(err.Error(), "exit", code, "hint", usageHint)
+			} else {
+				a.errorLine(err.Error(), "exit", code)
 			}
 		}
 	}
 	return exitCode(err)
+}
+
+const usageHint = "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage."
+
+// errorLine writes one of gemrecon's own error lines on stderr: "gemrecon:
+// MSG" (and, with a "hint" attribute, the hint on a line of its own) in text;
+// under --log-format json an ERROR record with MSG and attrs, so that every
+// line on stderr stays one JSON object — a failing command's last word
+// included (a locked database, a refused retry). Before the flags were
+// parsed (an unknown flag) a valid --log-format value still decides.
+func (a *app) errorLine(msg string, attrs ...any) { a.stderrLine(slog.LevelError, msg, attrs...) }
+
+// stderrLine is errorLine at another level (a hint is a WARN record).
+func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
+	if a.logFormat == "json" {
+		l := a.logger
+		if l == nil {
+			l = slog.New(slog.NewJSONHandler(a.stderr, nil))
+		}
+		l.Log(context.Background(), level, msg, attrs...)
+		return
+	}
+	fmt.Fprintf(a.stderr, "gemrecon: %s\n", msg)
+	for i := 0; i+1 < len(attrs); i += 2 {
+		if attrs[i] == "hint" {
+			fmt.Fprintln(a.stderr, attrs[i+1])
+		}
+	}
 }
 
 // isCobraUsageError recognises the errors cobra itself returns for wrong

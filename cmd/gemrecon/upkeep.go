@@ -102,7 +102,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 			failed++
 			// sink.KeyText: quoted and cut short when the key is one
 			// spec §12 refuses (the sink's text names it again).
-			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", sink.KeyText(k), err)
+			a.errorLine(fmt.Sprintf("%s: %v", sink.KeyText(k), err))
 		default:
 			return err
 		}
@@ -200,7 +200,7 @@ func (a *app) removeResults(dir *results.Dir, keys []string) error {
 			failed++
 			// sink.KeyText: quoted and cut short when the key is one
 			// spec §12 refuses (the sink's text names it again).
-			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", sink.KeyText(k), err)
+			a.errorLine(fmt.Sprintf("%s: %v", sink.KeyText(k), err))
 		case gone:
 			removed++
 		}
