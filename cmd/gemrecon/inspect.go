@@ -18,6 +18,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/dial"
 )
 
 // statusJSON is the stable --json shape of `gemrecon status`: sink.Entry's
@@ -146,7 +147,8 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 		if o.asJSON {
 			writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
 		} else {
-			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
+			// dial.Describe: a PostgreSQL --db may hold a password.
+			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), printable(dial.Describe(a.db)))
 		}
 		if hint := meantKeys(ctx, s, key); hint != "" {
 			a.stderrLine(slog.LevelWarn, hint)

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -73,5 +75,31 @@ func TestStatusSaysWhatIsOverdue(t *testing.T) {
 		if got := strings.HasSuffix(line, note); got != tc.expired {
 			t.Errorf("status %s: %q; want the note %q: %v", tc.name, line, note, tc.expired)
 		}
+	}
+}
+
+// TestStatusUnknownKeepsThePasswordOut: status of an unknown key names the
+// database it looked in — a PostgreSQL one by database, host and
+// search_path, not by the --db string, whose password would go to stdout
+// (and to whatever log collects it).
+func TestStatusUnknownKeepsThePasswordOut(t *testing.T) {
+	dsn, schema := pgtest.NewSchema(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(u.User.Username(), "hunter2") // the test server trusts, so any password does
+	withPassword := u.String()
+	wantCode(t, gemrecon(t, "--db", withPassword, "drain"), exitOK) // creates the tables
+
+	r := gemrecon(t, "--db", withPassword, "status", "batches/nope")
+	wantCode(t, r, exitUnknownKey)
+	if strings.Contains(r.stdout+r.stderr, "hunter2") {
+		t.Errorf("status printed the password:\n%v", r)
+	}
+	want := "gemini:batches/nope: unknown (never recorded in PostgreSQL database " + strings.TrimPrefix(u.Path, "/") +
+		" on " + u.Host + ", search_path " + schema + ")\n"
+	if r.stdout != want {
+		t.Errorf("status printed %q, want %q", r.stdout, want)
 	}
 }

@@ -17,7 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/postgres"
@@ -127,6 +131,31 @@ func isKeywordValue(s string) bool {
 	}
 	rest := strings.TrimLeft(s[i:], " \t")
 	return strings.HasPrefix(rest, "=")
+}
+
+// Describe names the database dsn names for a message on stdout or in a
+// log, without what may be a secret: for SQLite the file's path; for
+// PostgreSQL the database, host and port (and search_path, if set) that pgx
+// reads from it — never the string itself, whose password (in the URL's
+// user info, a password= word or parameter) would go along. A string that
+// names no database, or that pgx cannot parse, is described as such.
+func Describe(dsn string) string {
+	t, err := Parse(dsn)
+	switch {
+	case err != nil:
+		return "no database (an invalid --db)"
+	case t.Backend == SQLite:
+		return t.DSN
+	}
+	cfg, err := pgconn.ParseConfig(t.DSN)
+	if err != nil {
+		return "a PostgreSQL database"
+	}
+	d := fmt.Sprintf("PostgreSQL database %s on %s", cfg.Database, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	if sp := cfg.RuntimeParams["search_path"]; sp != "" {
+		d += ", search_path " + sp
+	}
+	return d
 }
 
 // Open opens the sink named by dsn; the backend logs to slog.Default().

@@ -92,3 +92,27 @@ func TestOpenUnusablePostgresString(t *testing.T) {
 		}
 	}
 }
+
+// TestDescribe: what a message may say of a --db string: a SQLite file's
+// path, or a PostgreSQL database, host, port and search_path, and never a
+// password, wherever the string holds one.
+func TestDescribe(t *testing.T) {
+	for _, v := range []string{"PGHOST", "PGPORT", "PGDATABASE", "PGSERVICE"} {
+		t.Setenv(v, "") // pgx reads them for what the string leaves out
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"gemrecon.db", "gemrecon.db"},
+		{"sqlite:host=x.db", "host=x.db"},
+		{"postgres://app:secret@db.internal:5433/app?sslmode=disable&search_path=gemrecon,public",
+			"PostgreSQL database app on db.internal:5433, search_path gemrecon,public"},
+		{"postgres://app@db/app?password=secret", "PostgreSQL database app on db:5432"},
+		{"host=db user=app password=secret dbname=app", "PostgreSQL database app on db:5432"},
+		{"host=db password='sec ret' dbname=app", "PostgreSQL database app on db:5432"},
+		{"host=db password='sec ret dbname=app", "a PostgreSQL database"}, // pgx cannot parse it
+		{"mysql://u:secret@h/db", "no database (an invalid --db)"},
+	} {
+		if got := Describe(tc.in); got != tc.want {
+			t.Errorf("Describe(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
