@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -72,17 +73,16 @@ const usageHint = "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usag
 // under --log-format json an ERROR record with MSG and attrs, so that every
 // line on stderr stays one JSON object — a failing command's last word
 // included (a locked database, a refused retry). Before the flags were
-// parsed (an unknown flag) a valid --log-format value still decides.
+// parsed (an unknown flag) a valid --log-format value still decides. Like
+// the text line, the record is written whatever --log-level says (it may be
+// above ERROR: "ERROR+4").
 func (a *app) errorLine(msg string, attrs ...any) { a.stderrLine(slog.LevelError, msg, attrs...) }
 
 // stderrLine is errorLine at another level (a hint is a WARN record).
 func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
 	if a.logFormat == "json" {
-		l := a.logger
-		if l == nil {
-			l = slog.New(slog.NewJSONHandler(a.stderr, nil))
-		}
-		l.Log(context.Background(), level, msg, attrs...)
+		h := slog.NewJSONHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(math.MinInt)})
+		slog.New(h).Log(context.Background(), level, msg, attrs...)
 		return
 	}
 	fmt.Fprintf(a.stderr, "gemrecon: %s\n", msg)
