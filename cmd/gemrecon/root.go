@@ -127,7 +127,7 @@ line) runs until it succeeds, and never again once it is done.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			return a.setup()
+			return a.setup(cmd)
 		},
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return withCode(exitUsage, err) })
@@ -173,8 +173,15 @@ func envOr(name, def string) string {
 	return def
 }
 
-// setup validates the global flags and builds the logger.
-func (a *app) setup() error {
+// opensDB names the commands that open the --db database; the others
+// (version, completion, emulator, webhooks, demo with its own database) run
+// whatever --db or GEMRECON_DB says.
+var opensDB = map[string]bool{"status": true, "list": true, "stats": true, "retry": true,
+	"purge": true, "drain": true, "poll": true, "serve": true}
+
+// setup validates the global flags and builds the logger. --db is checked
+// only for a command that opens it.
+func (a *app) setup(cmd *cobra.Command) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
 		return usageError("--log-level %q: want debug, info, warn or error", a.logLevel)
@@ -188,7 +195,8 @@ func (a *app) setup() error {
 	default:
 		return usageError("--log-format %q: want text or json", a.logFormat)
 	}
-	if _, err := dial.Parse(a.db); err != nil { // sink/dial decides what --db names
+	usesDB := cmd.HasParent() && !cmd.Parent().HasParent() && opensDB[cmd.Name()]
+	if _, err := dial.Parse(a.db); err != nil && usesDB { // sink/dial decides what --db names
 		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
 	}
 	return nil
