@@ -1,6 +1,10 @@
 package sink
 
-import "github.com/gemrecon/gemrecon/canon"
+import (
+	"strconv"
+
+	"github.com/gemrecon/gemrecon/canon"
+)
 
 // CheckKey refuses a key that may not be recorded for a new sighting (spec
 // §12: invalid UTF-8, a control character, over canon.MaxKeyLen bytes, empty,
@@ -12,3 +16,21 @@ import "github.com/gemrecon/gemrecon/canon"
 // which a receiver would answer with a 503 forever). Keys already stored are
 // not checked: Get, List, Retry and Purge take any stored key exactly.
 func CheckKey(key string) error { return canon.CheckKey(key) }
+
+// KeyText renders a key for an error text: as it is when spec §12 accepts
+// it and every character of it prints as itself (strconv.IsPrint), and
+// otherwise canon.Quote'd — at most canon.MaxQuoted bytes, control
+// characters and invalid bytes escaped — so that a key stored before §12 (an
+// escape sequence, a NUL, 100 KB of it) cannot rewrite the terminal or flood
+// the log of whoever reads the error (status, retry, drain).
+func KeyText(key string) string {
+	if canon.CheckKey(key) != nil {
+		return canon.Quote(key)
+	}
+	for _, r := range key { // valid UTF-8: CheckKey said so
+		if !strconv.IsPrint(r) {
+			return canon.Quote(key)
+		}
+	}
+	return key
+}

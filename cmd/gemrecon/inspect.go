@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/dial"
 )
 
 // statusJSON is the stable --json shape of `gemrecon status`: sink.Entry's
@@ -101,9 +103,11 @@ func (a *app) statusCommand() *cobra.Command {
 }
 
 const statusLong = `Show one completion: its canonical key, state, attempts, fencing token, first
-and last sighting with their sources, lease, next attempt, done time, last
-error and payload conflicts. The argument may be a key (gemini:batches/x) or
-any operation name canon understands (batches/x, a full resource path or URL).
+and last sighting with their sources, lease (and whether it has expired:
+then the next drain, poll or serve takes the key over), next attempt (and
+whether it is due now), done time, last error and payload conflicts. The
+argument may be a key (gemini:batches/x) or any operation name canon
+understands (batches/x, a full resource path or URL).
 A bare id (x) is a key of its own, gemini:x; when that is unknown but
 batches/x, batchPredictionJobs/x or operations/x is recorded, status says so
 on stderr ("did you mean batches/x?").
@@ -143,10 +147,11 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 		if o.asJSON {
 			writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
 		} else {
-			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), a.db)
+			// dial.Describe: a PostgreSQL --db may hold a password.
+			fmt.Fprintf(a.stdout, "%s: unknown (never recorded in %s)\n", printable(key), printable(dial.Describe(a.db)))
 		}
 		if hint := meantKeys(ctx, s, key); hint != "" {
-			fmt.Fprintf(a.stderr, "gemrecon: %s\n", hint)
+			a.stderrLine(slog.LevelWarn, hint)
 		}
 		return withCode(exitUnknownKey, nil)
 	}
@@ -156,7 +161,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 	if o.asJSON {
 		writeJSON(a.stdout, entryJSON(e, true))
 	} else {
-		printStatus(a.stdout, e)
+		printStatus(a.stdout, e, time.Now())
 	}
 	switch e.State {
 	case sink.StateDone:
@@ -222,7 +227,9 @@ func rawOrNil(b []byte) json.RawMessage {
 	return json.RawMessage(b)
 }
 
-func printStatus(w io.Writer, e sink.Entry) {
+// printStatus writes e as aligned text; now only says whether a lease has
+// expired or a next attempt is due (as this machine's clock sees it).
+func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("key", printable(e.Key))
@@ -247,10 +254,19 @@ func printStatus(w io.Writer, e sink.Entry) {
 	}
 	row("seen", fmt.Sprintf("%d× from %s", e.SeenCount, strings.Join(sources, ", ")))
 	if e.State == sink.StateClaimed {
-		row("lease", fmt.Sprintf("held by %s until %s", printable(e.LeaseOwner), fmtTime(e.LeaseUntil)))
+		lease := fmt.Sprintf("held by %s until %s", printable(e.LeaseOwner), fmtTime(e.LeaseUntil))
+		if !now.Before(e.LeaseUntil) {
+			// Its holder stopped renewing it (it died, or is paused).
+			lease += " (expired: the next drain, poll or serve takes the key over, counting that attempt as failed)"
+		}
+		row("lease", lease)
 	}
 	if e.State == sink.StatePending {
-		row("next attempt", fmtTime(e.NextAttemptAt))
+		next := fmtTime(e.NextAttemptAt)
+		if !now.Before(e.NextAttemptAt) {
+			next += " (due now)"
+		}
+		row("next attempt", next)
 	}
 	if !e.DoneAt.IsZero() {
 		row("done at", fmtTime(e.DoneAt))

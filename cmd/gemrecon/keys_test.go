@@ -105,3 +105,37 @@ func TestStoredKeysStayReadable(t *testing.T) {
 		t.Errorf("retry of an unknown over-long name: stderr %q, want it to say no such key could be recorded", r.stderr)
 	}
 }
+
+// TestRetryEscapesStoredKeysInErrors: retry's refusals quote a stored key
+// with a control character (spec §12: error texts escape them) — the
+// sink's error text included, which names the key again — and quote at most
+// canon.MaxQuoted bytes of a name over the limit, instead of printing it
+// whole, twice.
+func TestRetryEscapesStoredKeysInErrors(t *testing.T) {
+	db := newDB(t)
+	esc := "gemini:batches/t\x1b[31mred"
+	storeRaw(t, db, esc, "pending", "")
+	nul := "gemini:batches/nul\x00x"
+	storeRaw(t, db, nul, "done", "")
+
+	r := gemrecon(t, "--db", db, "retry", esc, nul, "batches/un\x07known")
+	wantCode(t, r, exitFatal)
+	if strings.ContainsAny(r.stderr, "\x1b\x00\x07") {
+		t.Errorf("retry printed raw control characters:\n%q", r.stderr)
+	}
+	for _, want := range []string{
+		`sqlite sink: retry "gemini:batches/t\x1b[31mred": state is pending: key is not dead`,
+		`sqlite sink: retry "gemini:batches/nul\x00x": state is done: key is not dead`,
+		`sqlite sink: retry "gemini:batches/un\aknown": key not found`,
+	} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("retry's stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+
+	r = gemrecon(t, "--db", db, "retry", "batches/"+strings.Repeat("n", 100_000))
+	wantCode(t, r, exitFatal)
+	if len(r.stderr) > 1000 || !strings.Contains(r.stderr, "none could be") {
+		t.Errorf("retry of an unknown 100 KB name: stderr of %d bytes %.300q…, want a short one that says no such key could be recorded", len(r.stderr), r.stderr)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -54,13 +55,42 @@ func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		}
 		var ee *exitError
 		if !errors.As(err, &ee) || ee.err != nil {
-			fmt.Fprintf(stderr, "gemrecon: %v\n", err)
-			if exitCode(err) == exitUsage {
-				fmt.Fprintln(stderr, "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage.")
+			code := exitCode(err)
+			if code == exitUsage {
+				a.errorLine(err.Error(), "exit", code, "hint", usageHint)
+			} else {
+				a.errorLine(err.Error(), "exit", code)
 			}
 		}
 	}
 	return exitCode(err)
+}
+
+const usageHint = "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage."
+
+// errorLine writes one of gemrecon's own error lines on stderr: "gemrecon:
+// MSG" (and, with a "hint" attribute, the hint on a line of its own) in text;
+// under --log-format json an ERROR record with MSG and attrs, so that every
+// line on stderr stays one JSON object — a failing command's last word
+// included (a locked database, a refused retry). Before the flags were
+// parsed (an unknown flag) a valid --log-format value still decides. Like
+// the text line, the record is written whatever --log-level says (it may be
+// above ERROR: "ERROR+4").
+func (a *app) errorLine(msg string, attrs ...any) { a.stderrLine(slog.LevelError, msg, attrs...) }
+
+// stderrLine is errorLine at another level (a hint is a WARN record).
+func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
+	if a.logFormat == "json" {
+		h := slog.NewJSONHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(math.MinInt)})
+		slog.New(h).Log(context.Background(), level, msg, attrs...)
+		return
+	}
+	fmt.Fprintf(a.stderr, "gemrecon: %s\n", msg)
+	for i := 0; i+1 < len(attrs); i += 2 {
+		if attrs[i] == "hint" {
+			fmt.Fprintln(a.stderr, attrs[i+1])
+		}
+	}
 }
 
 // isCobraUsageError recognises the errors cobra itself returns for wrong
@@ -97,7 +127,7 @@ line) runs until it succeeds, and never again once it is done.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			return a.setup()
+			return a.setup(cmd)
 		},
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return withCode(exitUsage, err) })
@@ -143,8 +173,15 @@ func envOr(name, def string) string {
 	return def
 }
 
-// setup validates the global flags and builds the logger.
-func (a *app) setup() error {
+// opensDB names the commands that open the --db database; the others
+// (version, completion, emulator, webhooks, demo with its own database) run
+// whatever --db or GEMRECON_DB says.
+var opensDB = map[string]bool{"status": true, "list": true, "stats": true, "retry": true,
+	"purge": true, "drain": true, "poll": true, "serve": true}
+
+// setup validates the global flags and builds the logger. --db is checked
+// only for a command that opens it.
+func (a *app) setup(cmd *cobra.Command) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
 		return usageError("--log-level %q: want debug, info, warn or error", a.logLevel)
@@ -158,7 +195,8 @@ func (a *app) setup() error {
 	default:
 		return usageError("--log-format %q: want text or json", a.logFormat)
 	}
-	if _, err := dial.Parse(a.db); err != nil { // sink/dial decides what --db names
+	usesDB := cmd.HasParent() && !cmd.Parent().HasParent() && opensDB[cmd.Name()]
+	if _, err := dial.Parse(a.db); err != nil && usesDB { // sink/dial decides what --db names
 		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
 	}
 	return nil

@@ -100,7 +100,9 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 			fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
 		case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
 			failed++
-			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+			// sink.KeyText: quoted and cut short when the key is one
+			// spec §12 refuses (the sink's text names it again).
+			a.errorLine(fmt.Sprintf("%s: %v", sink.KeyText(k), err))
 		default:
 			return err
 		}
@@ -196,7 +198,9 @@ func (a *app) removeResults(dir *results.Dir, keys []string) error {
 		switch {
 		case err != nil:
 			failed++
-			fmt.Fprintf(a.stderr, "gemrecon: %s: %v\n", printable(k), err)
+			// sink.KeyText: quoted and cut short when the key is one
+			// spec §12 refuses (the sink's text names it again).
+			a.errorLine(fmt.Sprintf("%s: %v", sink.KeyText(k), err))
 		case gone:
 			removed++
 		}

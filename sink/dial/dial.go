@@ -17,7 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/postgres"
@@ -25,9 +29,19 @@ import (
 )
 
 // ErrInvalidDSN is wrapped by Parse and Open for a string that names no
-// database: empty, or URL-like but not a PostgreSQL URL. It is the user's
-// wrong words, not a failure to reach a database.
+// database: empty, or URL-like but not a PostgreSQL URL; and by Open for a
+// PostgreSQL connection string that cannot be used as written
+// (postgres.ErrInvalidDSN: sslmode=bogus, a bad port, an unterminated
+// quote). It is the user's wrong words, not a failure to reach a database.
 var ErrInvalidDSN = errors.New("not a database name")
+
+// invalidDSN is a backend's refusal of a connection string, which is
+// ErrInvalidDSN too; its text is the backend's alone.
+type invalidDSN struct{ err error }
+
+func (e invalidDSN) Error() string        { return e.err.Error() }
+func (e invalidDSN) Unwrap() error        { return e.err }
+func (e invalidDSN) Is(target error) bool { return target == ErrInvalidDSN }
 
 // Backend says which sink a --db string names.
 type Backend int
@@ -119,6 +133,31 @@ func isKeywordValue(s string) bool {
 	return strings.HasPrefix(rest, "=")
 }
 
+// Describe names the database dsn names for a message on stdout or in a
+// log, without what may be a secret: for SQLite the file's path; for
+// PostgreSQL the database, host and port (and search_path, if set) that pgx
+// reads from it — never the string itself, whose password (in the URL's
+// user info, a password= word or parameter) would go along. A string that
+// names no database, or that pgx cannot parse, is described as such.
+func Describe(dsn string) string {
+	t, err := Parse(dsn)
+	switch {
+	case err != nil:
+		return "no database (an invalid --db)"
+	case t.Backend == SQLite:
+		return t.DSN
+	}
+	cfg, err := pgconn.ParseConfig(t.DSN)
+	if err != nil {
+		return "a PostgreSQL database"
+	}
+	d := fmt.Sprintf("PostgreSQL database %s on %s", cfg.Database, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	if sp := cfg.RuntimeParams["search_path"]; sp != "" {
+		d += ", search_path " + sp
+	}
+	return d
+}
+
 // Open opens the sink named by dsn; the backend logs to slog.Default().
 func Open(ctx context.Context, dsn string, opt sink.Options) (sink.Sink, error) {
 	return OpenWithLogger(ctx, dsn, opt, slog.Default())
@@ -134,6 +173,9 @@ func OpenWithLogger(ctx context.Context, dsn string, opt sink.Options, logger *s
 	// Return a nil interface, not a typed nil, on error.
 	if t.Backend == Postgres {
 		s, err := postgres.Open(ctx, t.DSN, opt, postgres.WithLogger(logger))
+		if errors.Is(err, postgres.ErrInvalidDSN) {
+			return nil, invalidDSN{err}
+		}
 		if err != nil {
 			return nil, err
 		}

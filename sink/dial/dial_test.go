@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/gemrecon/gemrecon/sink"
 )
 
 // TestParse: what a --db string names (issue 16's newcomer traps: a libpq
@@ -60,6 +62,57 @@ func TestParse(t *testing.T) {
 		}
 		if IsPostgres(tc.in) {
 			t.Errorf("IsPostgres(%q) = true for a refused string", tc.in)
+		}
+	}
+}
+
+// TestOpenUnusablePostgresString: a PostgreSQL connection string pgx cannot
+// parse is ErrInvalidDSN (the user's wrong words: exit 2), not a failure to
+// reach a server, and its error quotes none of the string — pgx's own text
+// masks passwords on a best-effort basis only (a malformed keyword/value
+// string leaves part of one).
+func TestOpenUnusablePostgresString(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://app:secret@127.0.0.1:1/app?sslmode=bogus", "failed to configure TLS (sslmode is invalid)"},
+		{"postgres://app:secret@127.0.0.1:99999/app", "invalid port"},
+		{"postgres://app:secret@127.0.0.1:1/app?pool_max_conns=abc", "pool_max_conns"},
+		{"host=127.0.0.1 port=1 password='sec ret dbname=app", "unterminated quoted string"},
+	} {
+		s, err := Open(t.Context(), tc.dsn, sink.Options{})
+		if err == nil {
+			s.Close()
+			t.Errorf("Open(%q) succeeded", tc.dsn)
+			continue
+		}
+		if !errors.Is(err, ErrInvalidDSN) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open(%q) = %v; want ErrInvalidDSN saying %q", tc.dsn, err, tc.want)
+		}
+		if strings.Contains(err.Error(), "secret") || strings.Contains(err.Error(), "ret dbname") || strings.Contains(err.Error(), "127.0.0.1") {
+			t.Errorf("Open(%q): the error %q quotes the connection string", tc.dsn, err)
+		}
+	}
+}
+
+// TestDescribe: what a message may say of a --db string: a SQLite file's
+// path, or a PostgreSQL database, host, port and search_path, and never a
+// password, wherever the string holds one.
+func TestDescribe(t *testing.T) {
+	for _, v := range []string{"PGHOST", "PGPORT", "PGDATABASE", "PGSERVICE"} {
+		t.Setenv(v, "") // pgx reads them for what the string leaves out
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"gemrecon.db", "gemrecon.db"},
+		{"sqlite:host=x.db", "host=x.db"},
+		{"postgres://app:secret@db.internal:5433/app?sslmode=disable&search_path=gemrecon,public",
+			"PostgreSQL database app on db.internal:5433, search_path gemrecon,public"},
+		{"postgres://app@db/app?password=secret", "PostgreSQL database app on db:5432"},
+		{"host=db user=app password=secret dbname=app", "PostgreSQL database app on db:5432"},
+		{"host=db password='sec ret' dbname=app", "PostgreSQL database app on db:5432"},
+		{"host=db password='sec ret dbname=app", "a PostgreSQL database"}, // pgx cannot parse it
+		{"mysql://u:secret@h/db", "no database (an invalid --db)"},
+	} {
+		if got := Describe(tc.in); got != tc.want {
+			t.Errorf("Describe(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

@@ -150,6 +150,32 @@ type doneInfo struct {
 
 var _ sink.Sink = (*Sink)(nil)
 
+// ErrInvalidDSN is wrapped by Open's error for a connection string that
+// pgx cannot parse (a bad URL, an unknown sslmode, pool_max_conns=abc, a TLS
+// file it cannot read): the caller's wrong words, not a server that cannot
+// be reached. The error text does not quote the string, which may hold a
+// password.
+var ErrInvalidDSN = errors.New("the connection string cannot be used")
+
+// dsnError is Open's error for a connection string pgx.ParseConfig refused.
+// pgx's text quotes the string with its password masked on a best-effort
+// basis only (a malformed string can leave part of one), so only what it
+// says after the string is kept: "cannot parse `…`: failed to configure TLS
+// (sslmode is invalid)" becomes "failed to configure TLS (sslmode is
+// invalid)".
+func dsnError(err error) error {
+	cause := "pgx cannot parse it"
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		if msg := pe.Error(); strings.HasPrefix(msg, "cannot parse `") {
+			if i := strings.LastIndex(msg, "`: "); i >= 0 && i+3 < len(msg) {
+				cause = msg[i+3:]
+			}
+		}
+	}
+	return fmt.Errorf("postgres: %w: %s", ErrInvalidDSN, cause)
+}
+
 // Open connects to the database named by dsn (postgres://, postgresql:// or
 // key=value; a search_path parameter is passed to the server, and pgxpool's
 // pool_* parameters such as pool_max_conns configure the pool), applies
@@ -173,7 +199,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	// server as run-time parameters.
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: parse DSN: %w", err)
+		return nil, dsnError(err)
 	}
 	// pool_max_conns in the DSN wins over WithMaxConns; ParseConfig does not
 	// say whether it was there, so look at the unparsed parameters.

@@ -49,7 +49,7 @@ func TestOpenBadDSN(t *testing.T) {
 	}{
 		{"postgres://u@127.0.0.1:1/db?pool_max_conns=zero", "pool_max_conns"},
 		{"postgres://u@127.0.0.1:1/db?pool_max_conns=0", "pool_max_conns"},
-		{"postgres://%zz", "parse DSN"},
+		{"postgres://%zz", "the connection string cannot be used"},
 	}
 	for _, tt := range tests {
 		_, err := Open(context.Background(), tt.dsn, sink.Options{})

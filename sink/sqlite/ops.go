@@ -48,9 +48,13 @@ func hashPayload(p []byte) []byte {
 	return h[:]
 }
 
-// checkLease refuses a lease that would be expired when granted.
-func checkLease(what string, lease time.Duration) error {
+// checkLease refuses a lease that would be expired when granted; what and
+// key (if any) say of what.
+func checkLease(what, key string, lease time.Duration) error {
 	if lease <= 0 {
+		if key != "" {
+			what += " " + sink.KeyText(key)
+		}
 		return fmt.Errorf("sqlite sink: %s: lease %v must be positive", what, lease)
 	}
 	return nil
@@ -75,7 +79,7 @@ func checkSighting(sg sink.Sighting) error {
 		return err
 	}
 	if sg.Source == "" {
-		return fmt.Errorf("sqlite sink: record %s: empty source", sg.Key)
+		return fmt.Errorf("sqlite sink: record %s: empty source", sink.KeyText(sg.Key))
 	}
 	return nil
 }
@@ -260,7 +264,7 @@ func (s *Sink) confirmSightingTx(tx *sql.Conn, sg sink.Sighting, sha []byte) (si
 		return sink.RecordResult{}, keyRow{}, err
 	}
 	if !found { // purged meanwhile: nothing to confirm
-		return sink.RecordResult{}, keyRow{}, fmt.Errorf("sqlite sink: record %s: %w", sg.Key, sink.ErrNotFound)
+		return sink.RecordResult{}, keyRow{}, fmt.Errorf("sqlite sink: record %s: %w", sink.KeyText(sg.Key), sink.ErrNotFound)
 	}
 	kr := keyRow{state: r.state, firstSource: r.firstSource, confirmed: true, batchState: r.batchState}
 	if r.confirmed {
@@ -322,7 +326,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	if err := checkSighting(sg); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
-	if err := checkLease("record and claim "+sg.Key, lease); err != nil {
+	if err := checkLease("record and claim", sg.Key, lease); err != nil {
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
 	if err := s.writable(); err != nil {
@@ -331,13 +335,13 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	if info, ok := s.done.get(sg.Key); ok && (info.confirmed || !sg.FromAPI) {
 		c := s.noteDuplicate(sg, doneRow(info))
 		return sink.RecordResult{State: sink.StateDone, Conflict: c}, sink.Claim{},
-			fmt.Errorf("sqlite sink: %s is done: %w", sg.Key, sink.ErrNotClaimable)
+			fmt.Errorf("sqlite sink: %s is done: %w", sink.KeyText(sg.Key), sink.ErrNotClaimable)
 	}
 	r, found, _, _ := s.cachedRow(sg.Key)
 	if found && !r.claimable(s.nowNS()) && (r.confirmed || !sg.FromAPI) {
 		c := s.knownRow(sg, r)
 		return sink.RecordResult{State: r.state, Conflict: c}, sink.Claim{},
-			fmt.Errorf("sqlite sink: %s is %s: %w", sg.Key, r.state, sink.ErrNotClaimable)
+			fmt.Errorf("sqlite sink: %s is %s: %w", sink.KeyText(sg.Key), r.state, sink.ErrNotClaimable)
 	}
 	sha := hashPayload(sg.Payload)
 	var done *doneInfo
@@ -379,7 +383,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		if rerr == nil && found && !r.claimable(s.nowNS()) && (r.confirmed || !sg.FromAPI) {
 			c := s.knownRow(sg, r)
 			return sink.RecordResult{State: r.state, Conflict: c}, sink.Claim{},
-				fmt.Errorf("sqlite sink: %s is %s: %w", sg.Key, r.state, sink.ErrNotClaimable)
+				fmt.Errorf("sqlite sink: %s is %s: %w", sink.KeyText(sg.Key), r.state, sink.ErrNotClaimable)
 		}
 	}
 	rc, _ := v.(recordClaim)
@@ -416,7 +420,7 @@ func (s *Sink) insertClaimedTx(tx *sql.Conn, sg sink.Sighting, sha []byte, owner
 
 // Claim takes the key for one attempt.
 func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...sink.ClaimOption) (sink.Claim, error) {
-	if err := checkLease("claim "+key, lease); err != nil {
+	if err := checkLease("claim", key, lease); err != nil {
 		return sink.Claim{}, err
 	}
 	o := sink.ClaimOptionsOf(opts)
@@ -448,13 +452,13 @@ func (s *Sink) claimTx(tx *sql.Conn, key, owner string, lease time.Duration, o s
 	err := s.txQueryRow(tx, qClaimRow, key).Scan(&st, &attempts, &token, &leaseUntil, &nextAt, &payload, &firstSource,
 		&firstSeen, &c.Confirmed, &c.BatchState, &c.NeedsConfirm, &c.Webhook, &c.ResultsFile)
 	if errors.Is(err, sql.ErrNoRows) {
-		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %w", key, sink.ErrNotFound)
+		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %w", sink.KeyText(key), sink.ErrNotFound)
 	}
 	if err != nil {
 		return sink.Claim{}, err
 	}
 	if o.SkipNeedsConfirm && c.NeedsConfirm {
-		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: needs confirmation, which this claimer cannot give: %w", key, sink.ErrNotClaimable)
+		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: needs confirmation, which this claimer cannot give: %w", sink.KeyText(key), sink.ErrNotClaimable)
 	}
 	takeover := false
 	switch {
@@ -467,16 +471,16 @@ func (s *Sink) claimTx(tx *sql.Conn, key, owner string, lease time.Duration, o s
 			}
 			s.log.Warn("sqlite sink: lease expired on the last attempt; key is dead", "db", s.path, "key", key, "attempts", attempts)
 			return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: attempt %d of %d outlived its lease, key is now dead: %w",
-				key, attempts, s.opt.MaxAttempts, sink.ErrNotClaimable)
+				sink.KeyText(key), attempts, s.opt.MaxAttempts, sink.ErrNotClaimable)
 		}
 	case st == string(sink.StatePending):
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: pending, next attempt at %s: %w",
-			key, fromNS(nextAt).Format(time.RFC3339Nano), sink.ErrNotClaimable)
+			sink.KeyText(key), fromNS(nextAt).Format(time.RFC3339Nano), sink.ErrNotClaimable)
 	case st == string(sink.StateClaimed):
 		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: claimed under a live lease until %s: %w",
-			key, fromNS(leaseUntil).Format(time.RFC3339Nano), sink.ErrNotClaimable)
+			sink.KeyText(key), fromNS(leaseUntil).Format(time.RFC3339Nano), sink.ErrNotClaimable)
 	default:
-		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %s: %w", key, st, sink.ErrNotClaimable)
+		return sink.Claim{}, fmt.Errorf("sqlite sink: claim %s: %s: %w", sink.KeyText(key), st, sink.ErrNotClaimable)
 	}
 	until := leaseEnd(now, lease)
 	if _, err := s.txExec(tx, qClaim, token+1, attempts+1, owner, until, takeover, leaseExpired, key); err != nil {
@@ -490,7 +494,7 @@ func (s *Sink) claimTx(tx *sql.Conn, key, owner string, lease time.Duration, o s
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
 func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...sink.ClaimOption) ([]sink.Claim, error) {
-	if err := checkLease("claim due", lease); err != nil {
+	if err := checkLease("claim due", "", lease); err != nil {
 		return nil, err
 	}
 	o := sink.ClaimOptionsOf(opts)
@@ -552,7 +556,7 @@ func (s *Sink) fencedTx(tx *sql.Conn, what, key string, token int64) error {
 	var cur int64
 	err := s.txQueryRow(tx, qFencedRow, key).Scan(&st, &cur)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("sqlite sink: %s %s: %w", what, key, sink.ErrNotFound)
+		return fmt.Errorf("sqlite sink: %s %s: %w", what, sink.KeyText(key), sink.ErrNotFound)
 	}
 	if err != nil {
 		return err
@@ -562,12 +566,12 @@ func (s *Sink) fencedTx(tx *sql.Conn, what, key string, token int64) error {
 	}
 	s.log.Error("sqlite sink: fenced outcome discarded: the claim's token is no longer current",
 		"db", s.path, "op", what, "key", key, "token", token, "current_token", cur, "state", st)
-	return fmt.Errorf("sqlite sink: %s %s with token %d (current token %d, state %s): %w", what, key, token, cur, st, sink.ErrFenced)
+	return fmt.Errorf("sqlite sink: %s %s with token %d (current token %d, state %s): %w", what, sink.KeyText(key), token, cur, st, sink.ErrFenced)
 }
 
 // Renew extends a claim's lease to now+lease while its token is current.
 func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Duration) error {
-	if err := checkLease("renew "+key, lease); err != nil {
+	if err := checkLease("renew", key, lease); err != nil {
 		return err
 	}
 	_, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
@@ -743,12 +747,12 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 		var st string
 		err = tx.QueryRowContext(context.Background(), `SELECT state FROM gemrecon_keys WHERE key = ?`, key).Scan(&st)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("sqlite sink: retry %s: %w", key, sink.ErrNotFound)
+			return nil, fmt.Errorf("sqlite sink: retry %s: %w", sink.KeyText(key), sink.ErrNotFound)
 		}
 		if err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("sqlite sink: retry %s: state is %s: %w", key, st, sink.ErrNotDead)
+		return nil, fmt.Errorf("sqlite sink: retry %s: state is %s: %w", sink.KeyText(key), st, sink.ErrNotDead)
 	}, nil)
 	return err
 }

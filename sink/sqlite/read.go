@@ -84,7 +84,7 @@ func splitSources(s string) []string {
 func (s *Sink) Get(ctx context.Context, key string) (sink.Entry, error) {
 	e, err := scanEntry(s.readQueryRow(ctx, qGet, key))
 	if errors.Is(err, sql.ErrNoRows) {
-		return sink.Entry{}, fmt.Errorf("sqlite sink: %s: %w", key, sink.ErrNotFound)
+		return sink.Entry{}, fmt.Errorf("sqlite sink: %s: %w", sink.KeyText(key), sink.ErrNotFound)
 	}
 	if err != nil {
 		return sink.Entry{}, s.fail(err)

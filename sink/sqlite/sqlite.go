@@ -312,6 +312,9 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		}
 		dir := filepath.Dir(path)
 		if err := syscall.Access(dir, 2|1); err != nil { // W_OK|X_OK
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("sqlite sink %s: cannot create the database: directory %s does not exist (gemrecon creates the file, not its directory: create it, or check --db)", path, dir)
+			}
 			return fmt.Errorf("sqlite sink %s: cannot create the database: directory %s is not writable: %v", path, dir, err)
 		}
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -531,6 +534,12 @@ func classify(path string, err error, waited, busy time.Duration) error {
 		case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
 			return corruptError(path, err)
 		case sqlite3.SQLITE_READONLY:
+			if se.Code() == sqlite3.SQLITE_READONLY_DIRECTORY {
+				// A read of a WAL database whose -wal and -shm files do
+				// not exist, in a directory this user may not write.
+				return fmt.Errorf("sqlite sink %s: cannot read it: its directory %s is not writable by this user, and SQLite must create the database's -wal and -shm files there even to read it (WAL mode): let this user write the directory, or run as one who may: %w",
+					path, filepath.Dir(path), err)
+			}
 			return fmt.Errorf("sqlite sink %s: database is read-only: %w", path, err)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("sqlite sink %s: cannot open the database file: %w", path, err)
