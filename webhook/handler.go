@@ -377,7 +377,11 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	switch a.Kind {
 	case ingest.Ignored:
 		if a.Key == "" {
-			h.log.Debug("webhook ignored: not a batch event", "type", clip(a.Type))
+			// At info, unlike a completion's line: such events are rare on
+			// gemrecon's endpoint, and `webhooks ping` tells the user to
+			// look for its test event in this log.
+			h.log.Info("webhook ignored: not a batch event; answered 200, nothing recorded",
+				"type", clip(a.Type), "webhook_id", clip(r.Header.Get("webhook-id")))
 			writeJSON(w, http.StatusOK, response{Status: StatusIgnored, Type: clip(a.Type)})
 			return
 		}

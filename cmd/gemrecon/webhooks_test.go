@@ -542,6 +542,10 @@ func TestWebhooksWithServe(t *testing.T) {
 	if strings.Contains(m, `outcome="accepted"`) {
 		t.Errorf("the ping was recorded as a completion")
 	}
+	// The README's "look for it in serve's log": at serve's default level.
+	if line := grepLines(stderr.String(), "type=webhook.ping"); !strings.Contains(line, "level=INFO") {
+		t.Errorf("serve's log at its default level does not show the ping: %q\n%s", line, stderr)
+	}
 
 	api.Add(geminifake.Batch{Name: "batches/e2e1", State: "SUCCEEDED"})
 	if code := lastStatus(); code != http.StatusAccepted {
