@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -126,7 +127,45 @@ type handler struct {
 	metrics  *metrics.Metrics
 	metricsH http.Handler
 	log      *slog.Logger
+	syncRuns runCounter // --sync requests running their key
 }
+
+// runCounter counts running --sync requests, so that Serve can wait for
+// them after a forced drain. (A sync.WaitGroup may not be Added to while
+// Wait runs from zero; a request can reach runSync during the drain.)
+type runCounter struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0 while someone waits
+}
+
+func (c *runCounter) add(d int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += d
+	if c.n == 0 && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+}
+
+func (c *runCounter) wait() {
+	c.mu.Lock()
+	if c.n == 0 {
+		c.mu.Unlock()
+		return
+	}
+	if c.idle == nil {
+		c.idle = make(chan struct{})
+	}
+	idle := c.idle
+	c.mu.Unlock()
+	<-idle
+}
+
+// waitSyncRuns waits until no --sync request runs its key (Serve, after a
+// drain that timed out).
+func (h *handler) waitSyncRuns() { h.syncRuns.wait() }
 
 // NewHandler validates cfg and returns the receiver: POST cfg.Path, GET
 // /healthz, GET /readyz (the sink answers Ping), GET /metrics. It refuses a
@@ -462,15 +501,31 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 // effect failed (the sender retries), 202 when another live holder has it
 // past SyncWait.
 func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
+	h.syncRuns.add(1)
+	defer h.syncRuns.add(-1)
 	ctx := r.Context()
 	// The effect is not cancelled when the sender hangs up (its own request
 	// timeout): a half-run effect is worse than an unread answer, and the
 	// sender's retry finds the key done. dispatch's effect timeout bounds it.
-	runCtx := context.WithoutCancel(ctx)
+	// The server's shutdown does end it: runCtx is done once it begins, and
+	// dispatch gives the effect its grace, then kills it and records a
+	// retryable failure, as for the background workers' effects, so the
+	// key is not left claimed behind an effect nothing supervises.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	if stopping := stoppingFrom(ctx); stopping != nil {
+		defer context.AfterFunc(stopping, stop)()
+	}
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
 	for {
 		out, err := h.cfg.Dispatcher.RunKeyWithin(runCtx, key, max(time.Until(deadline), time.Millisecond))
+		if err != nil && runCtx.Err() != nil {
+			// Shutting down before the key could be claimed: it is
+			// durable, and the next process runs it.
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+			return
+		}
 		if err != nil {
 			h.log.Warn("webhook sync: dispatch failed", "key", key, "err", err)
 			w.Header().Set("Retry-After", h.retryAfter())
@@ -526,6 +581,10 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 		t := time.NewTimer(min(pause, remaining))
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+			return
+		case <-runCtx.Done(): // shutting down: the holder or the next process finishes it
 			t.Stop()
 			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
 			return
