@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -245,6 +246,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Path == "" || c.Path[0] != '/':
 		return field.Errorf(p, "{Path} %q must start with /", c.Path)
+	case strings.ContainsAny(c.Path, "?#"):
+		return field.Errorf(p, "{Path} %q holds a query or a fragment, which is no part of the path a request is matched on: it would match no request (register the URL with its query if you like, and give only its path here)", c.Path)
 	case c.Path == "/healthz" || c.Path == "/readyz" || c.Path == "/metrics":
 		return field.Errorf(p, "{Path} %q is taken by a built-in endpoint", c.Path)
 	case c.MaxBody <= 0:
