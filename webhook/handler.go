@@ -328,6 +328,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.metricsH.ServeHTTP(w, r)
 	default:
+		if r.Method == http.MethodPost {
+			// Most likely a webhook registered with another path than
+			// --path: every delivery fails, and only this log says why.
+			h.log.Info("webhook: POST to a path that receives no events; answered 404",
+				"path", clip(r.URL.Path), "method", r.Method, "events_path", h.cfg.Path,
+				"remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
+		}
 		writeError(w, http.StatusNotFound, "no such path: events go to POST "+h.cfg.Path)
 	}
 }
