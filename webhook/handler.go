@@ -525,6 +525,9 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 	defer stop()
 	if stopping := stoppingFrom(ctx); stopping != nil {
 		defer context.AfterFunc(stopping, stop)()
+		if stopping.Err() != nil {
+			stop() // at once, not in AfterFunc's goroutine: claim nothing now
+		}
 	}
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
