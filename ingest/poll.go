@@ -428,12 +428,17 @@ func (p *Poll) sighting(ctx context.Context, r *Result, op poller.Operation) err
 
 // Watch runs passes until ctx ends, each Interval after the previous one
 // started (at once when a pass took longer), and hands each Result to each.
-// It returns ctx's error.
+// No pass starts once ctx has ended, also when the next pass's time came
+// during the one that was running then. It returns ctx's error.
 func (p *Poll) Watch(ctx context.Context, each func(Result)) error {
 	if p.cfg.Interval <= 0 {
 		return errors.New("ingest: Watch needs a positive Interval")
 	}
 	for {
+		// A select between an ended ctx and a fired timer picks either.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		started := time.Now()
 		each(p.Pass(ctx))
 		t := time.NewTimer(time.Until(started.Add(p.cfg.Interval)))

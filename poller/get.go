@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -255,6 +256,11 @@ func (p *Poller) classify(ctx context.Context, op string, e genai.APIError, dela
 	switch {
 	case keyInvalid(e) || e.Code == http.StatusUnauthorized:
 		return p.authError(op, what)
+	case e.Code == http.StatusNotFound && !fromAPI(e):
+		// Not the API's word on the batch: a proxy's or another server's
+		// page. Dead at once as "unknown" would be wrong for every key.
+		return fmt.Errorf("poller: %s: %w (%s: not the API's error answer; is --base-url the API, or is a proxy in between answering?)",
+			op, ErrUnexpected, what)
 	case e.Code == http.StatusNotFound:
 		return fmt.Errorf("poller: %s: %w (%s)", op, ErrNotFound, what)
 	case e.Code == http.StatusForbidden:
@@ -313,9 +319,24 @@ func keyInvalid(e genai.APIError) bool {
 }
 
 func describe(e genai.APIError) string {
-	status := e.Status
+	return fmt.Sprintf("HTTP %d %s: %s", e.Code, statusWord(e), truncate(e.Message, 200))
+}
+
+// fromAPI reports whether e was read from the API's own error document
+// ({"error":{"code","message","status"}}), whose status is a canonical code
+// such as NOT_FOUND. For any other body (an HTML page, JSON without an
+// "error") the SDK, like apiErrorOf, sets Status to the HTTP status line,
+// "404 Not Found".
+func fromAPI(e genai.APIError) bool {
+	return !strings.HasPrefix(e.Status, strconv.Itoa(e.Code)+" ")
+}
+
+// statusWord is e's status for a message, without the code that an HTTP
+// status line repeats: "NOT_FOUND", or "Not Found".
+func statusWord(e genai.APIError) string {
+	status := strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" ")
 	if status == "" {
 		status = http.StatusText(e.Code)
 	}
-	return fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
+	return status
 }

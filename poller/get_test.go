@@ -136,6 +136,41 @@ func TestGetNotFoundAndForbidden(t *testing.T) {
 	s.SetHook(nil)
 }
 
+// A 404 whose body is not the API's error document — an HTML page from a
+// proxy, or from a server that is not the API at all (a wrong --base-url)
+// — says nothing about the batch: it is ErrUnexpected (a counted failure,
+// retried), not ErrNotFound (dead at once, "unknown to the API"), and its
+// message shows the status once and what to check.
+func TestGetNotFoundThatIsNotTheAPIs(t *testing.T) {
+	s := startFake(t, geminifake.Options{}, getBatches()...)
+	p := newPoller(t, testConfig(s, &sleeps{}))
+	s.SetHook(func(*http.Request) *geminifake.Fault {
+		return &geminifake.Fault{Status: http.StatusNotFound, Body: "<html><body>Not Found</body></html>"}
+	})
+	_, err := getOne(t, p, "batches/ok")
+	if errors.Is(err, ErrNotFound) || !errors.Is(err, ErrUnexpected) {
+		t.Fatalf("a 404 page that is not the API's answer: %v, want ErrUnexpected", err)
+	}
+	for _, want := range []string{"HTTP 404 Not Found: <html>", "--base-url"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "404 404") {
+		t.Errorf("error %q names the status twice", err)
+	}
+	// The listing's 404 says the same.
+	if _, _, err := collect(t, p); err == nil || !strings.Contains(err.Error(), "HTTP 404 Not Found: <html>") ||
+		!strings.Contains(err.Error(), "--base-url") || strings.Contains(err.Error(), "404 404") {
+		t.Errorf("a list page answered by a 404 page: %v", err)
+	}
+	s.SetHook(nil)
+	// The API's own 404 stays decisive.
+	if _, err := getOne(t, p, "batches/nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the API's 404: %v, want ErrNotFound", err)
+	}
+}
+
 // 401 and 400 API_KEY_INVALID are ErrAuth at once, naming the credential.
 func TestGetAuth(t *testing.T) {
 	s := startFake(t, geminifake.Options{}, getBatches()...)

@@ -608,11 +608,7 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 // apiError is the error of a list page the API refused; delay is the
 // server's (RetryInfo, Retry-After) on that answer, 0 when it gave none.
 func (p *Poller) apiError(n int, e genai.APIError, delay time.Duration) error {
-	status := e.Status
-	if status == "" {
-		status = http.StatusText(e.Code)
-	}
-	what := fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
+	what := describe(e)
 	if delay > 0 {
 		what += fmt.Sprintf(" (the server asks to retry after %v)", delay)
 	}
@@ -624,6 +620,10 @@ func (p *Poller) apiError(n int, e genai.APIError, delay time.Duration) error {
 			return fmt.Errorf("%w (%s): vertex: %s", ErrAuth, what, vertexCredHint)
 		}
 		return fmt.Errorf("%w (%s): check the Gemini API key in GEMINI_API_KEY (or GOOGLE_API_KEY, which wins when both are set)", ErrAuth, what)
+	}
+	if e.Code == http.StatusNotFound {
+		// The API always has its list endpoint.
+		what += ": no batch list at this address; is --base-url (or GOOGLE_GEMINI_BASE_URL, GOOGLE_VERTEX_BASE_URL) the API's?"
 	}
 	return fmt.Errorf("poller: listing page %d: %s", n, what)
 }

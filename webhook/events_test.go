@@ -281,3 +281,27 @@ func TestByteOrderMarkBeforeTheEvent(t *testing.T) {
 		t.Errorf("POST with a BOM inside = %d %s, want 200 invalid", r.Code, r.Raw)
 	}
 }
+
+// A POST to another path than Path — the sender registered a URL whose
+// path differs (/hooks for /webhook, a trailing /) — is answered 404, and
+// logged at info with the path, so that serve's log shows why every
+// delivery fails; a GET elsewhere (a scanner, a browser) is not logged.
+func TestPostToAnotherPathIsLogged(t *testing.T) {
+	base, _, _, logs, _ := eventServer(t)
+	c := &http.Client{Timeout: 10 * time.Second}
+	if r := do(t, c, http.MethodPost, base+"/webhook/", event("p1"), nil); r.Code != http.StatusNotFound {
+		t.Fatalf("POST /webhook/ = %d, want 404", r.Code)
+	}
+	if r := do(t, c, http.MethodGet, base+"/favicon.ico", nil, nil); r.Code != http.StatusNotFound {
+		t.Fatalf("GET /favicon.ico = %d, want 404", r.Code)
+	}
+	var found []map[string]any
+	for _, l := range logs.lines(t) {
+		if l["path"] != nil {
+			found = append(found, l)
+		}
+	}
+	if len(found) != 1 || found[0]["level"] != "INFO" || found[0]["path"] != "/webhook/" || found[0]["method"] != "POST" {
+		t.Fatalf("log records naming a path: %v, want one at INFO for POST /webhook/", found)
+	}
+}

@@ -22,6 +22,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -126,7 +128,45 @@ type handler struct {
 	metrics  *metrics.Metrics
 	metricsH http.Handler
 	log      *slog.Logger
+	syncRuns runCounter // --sync requests running their key
 }
+
+// runCounter counts running --sync requests, so that Serve can wait for
+// them after a forced drain. (A sync.WaitGroup may not be Added to while
+// Wait runs from zero; a request can reach runSync during the drain.)
+type runCounter struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0 while someone waits
+}
+
+func (c *runCounter) add(d int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += d
+	if c.n == 0 && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+}
+
+func (c *runCounter) wait() {
+	c.mu.Lock()
+	if c.n == 0 {
+		c.mu.Unlock()
+		return
+	}
+	if c.idle == nil {
+		c.idle = make(chan struct{})
+	}
+	idle := c.idle
+	c.mu.Unlock()
+	<-idle
+}
+
+// waitSyncRuns waits until no --sync request runs its key (Serve, after a
+// drain that timed out).
+func (h *handler) waitSyncRuns() { h.syncRuns.wait() }
 
 // NewHandler validates cfg and returns the receiver: POST cfg.Path, GET
 // /healthz, GET /readyz (the sink answers Ping), GET /metrics. It refuses a
@@ -206,6 +246,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Path == "" || c.Path[0] != '/':
 		return field.Errorf(p, "{Path} %q must start with /", c.Path)
+	case strings.ContainsAny(c.Path, "?#"):
+		return field.Errorf(p, "{Path} %q holds a query or a fragment, which is no part of the path a request is matched on: it would match no request (register the URL with its query if you like, and give only its path here)", c.Path)
 	case c.Path == "/healthz" || c.Path == "/readyz" || c.Path == "/metrics":
 		return field.Errorf(p, "{Path} %q is taken by a built-in endpoint", c.Path)
 	case c.MaxBody <= 0:
@@ -286,6 +328,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.metricsH.ServeHTTP(w, r)
 	default:
+		if r.Method == http.MethodPost {
+			// Most likely a webhook registered with another path than
+			// --path: every delivery fails, and only this log says why.
+			h.log.Info("webhook: POST to a path that receives no events; answered 404",
+				"path", clip(r.URL.Path), "method", r.Method, "events_path", h.cfg.Path,
+				"remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
+		}
 		writeError(w, http.StatusNotFound, "no such path: events go to POST "+h.cfg.Path)
 	}
 }
@@ -377,7 +426,11 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	switch a.Kind {
 	case ingest.Ignored:
 		if a.Key == "" {
-			h.log.Debug("webhook ignored: not a batch event", "type", clip(a.Type))
+			// At info, unlike a completion's line: such events are rare on
+			// gemrecon's endpoint, and `webhooks ping` tells the user to
+			// look for its test event in this log.
+			h.log.Info("webhook ignored: not a batch event; answered 200, nothing recorded",
+				"type", clip(a.Type), "webhook_id", clip(r.Header.Get("webhook-id")))
 			writeJSON(w, http.StatusOK, response{Status: StatusIgnored, Type: clip(a.Type)})
 			return
 		}
@@ -458,15 +511,34 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 // effect failed (the sender retries), 202 when another live holder has it
 // past SyncWait.
 func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
+	h.syncRuns.add(1)
+	defer h.syncRuns.add(-1)
 	ctx := r.Context()
 	// The effect is not cancelled when the sender hangs up (its own request
 	// timeout): a half-run effect is worse than an unread answer, and the
 	// sender's retry finds the key done. dispatch's effect timeout bounds it.
-	runCtx := context.WithoutCancel(ctx)
+	// The server's shutdown does end it: runCtx is done once it begins, and
+	// dispatch gives the effect its grace, then kills it and records a
+	// retryable failure, as for the background workers' effects, so the
+	// key is not left claimed behind an effect nothing supervises.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	if stopping := stoppingFrom(ctx); stopping != nil {
+		defer context.AfterFunc(stopping, stop)()
+		if stopping.Err() != nil {
+			stop() // at once, not in AfterFunc's goroutine: claim nothing now
+		}
+	}
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
 	for {
 		out, err := h.cfg.Dispatcher.RunKeyWithin(runCtx, key, max(time.Until(deadline), time.Millisecond))
+		if err != nil && runCtx.Err() != nil {
+			// Shutting down before the key could be claimed: it is
+			// durable, and the next process runs it.
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+			return
+		}
 		if err != nil {
 			h.log.Warn("webhook sync: dispatch failed", "key", key, "err", err)
 			w.Header().Set("Retry-After", h.retryAfter())
@@ -522,6 +594,10 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 		t := time.NewTimer(min(pause, remaining))
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
+			return
+		case <-runCtx.Done(): // shutting down: the holder or the next process finishes it
 			t.Stop()
 			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
 			return

@@ -301,6 +301,11 @@ func TestNewHandlerConfig(t *testing.T) {
 		{"sync without dispatcher", webhook.Config{Sink: s, InsecureNoVerify: true, Sync: true}, "dispatcher"},
 		{"relative path", webhook.Config{Sink: s, InsecureNoVerify: true, Path: "hook"}, "must start with /"},
 		{"path taken", webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/metrics"}, "built-in"},
+		// Requests are matched on the URL's path alone: a query or a
+		// fragment in --path would make it match no request (every
+		// delivery 404, for a day of retries).
+		{"path with a query", webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/webhook?token=x"}, "no request"},
+		{"path with a fragment", webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/webhook#a"}, "no request"},
 	}
 	for _, tt := range tests {
 		_, err := webhook.NewHandler(tt.cfg)

@@ -80,6 +80,13 @@ var ErrDrainTimeout = errors.New("webhook server: drain timed out; open connecti
 func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOptions) error {
 	o := opts.withDefaults()
 	srv := &http.Server{
+		// Requests are not cancelled at shutdown, but a --sync request's
+		// effect is: it hears of the shutdown through this value
+		// (stoppingFrom) and gets the dispatcher's grace, as the background
+		// workers' effects do.
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(context.Background(), stoppingKey{}, ctx)
+		},
 		Handler:           h,
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		ReadTimeout:       o.ReadTimeout,
@@ -101,10 +108,28 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 	<-errc // http.ErrServerClosed once Shutdown has begun
 	if err != nil {
 		_ = srv.Close()
+		// Close does not wait for handlers: an effect a --sync request
+		// runs must still end (its grace, the kill, its outcome recorded)
+		// before the process may exit, or the key stays claimed for a
+		// whole lease while the effect runs on unsupervised.
+		if w, ok := h.(interface{ waitSyncRuns() }); ok {
+			w.waitSyncRuns()
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			return ErrDrainTimeout
 		}
 		return fmt.Errorf("webhook server: shutdown: %w", err)
 	}
 	return nil
+}
+
+// stoppingKey is the request context value that carries Serve's context,
+// done once shutdown has begun.
+type stoppingKey struct{}
+
+// stoppingFrom returns the context, carried by a request served by Serve,
+// that is done once Serve's shutdown has begun (nil outside Serve).
+func stoppingFrom(ctx context.Context) context.Context {
+	c, _ := ctx.Value(stoppingKey{}).(context.Context)
+	return c
 }

@@ -144,6 +144,8 @@ type pollOptions struct {
 	minInterval time.Duration
 	force       bool
 	metricsFile string
+	// intervalSet: --interval was given (it does nothing without --watch).
+	intervalSet bool
 }
 
 func (a *app) pollCommand() *cobra.Command {
@@ -154,7 +156,10 @@ func (a *app) pollCommand() *cobra.Command {
 		Long:    pollLong,
 		Example: pollExample,
 		Args:    exactArgs(0),
-		RunE:    func(cmd *cobra.Command, args []string) error { return a.runPoll(cmd.Context(), &o) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.intervalSet = cmd.Flags().Changed("interval")
+			return a.runPoll(cmd.Context(), &o)
+		},
 	}
 	o.pf.register(cmd.Flags())
 	o.ef.register(cmd)
@@ -196,6 +201,11 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	lo, err := o.loop()
 	if err != nil {
 		return err
+	}
+	if o.intervalSet && !o.watch {
+		// A warning, not exit 2: a crontab that gives it has always run
+		// its one pass, and must go on doing so.
+		a.logger.Warn("--interval has no effect without --watch: this is one pass; add --watch to repeat passes every --interval, or give cron's period as --min-interval")
 	}
 	pcfg, err := a.pollConfig(&o.pf, lo)
 	if err != nil {

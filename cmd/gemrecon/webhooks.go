@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -364,6 +365,11 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 			sf.abandon()
 		}
 		var ae *apierrors.APIError
+		var dial *net.OpError
+		if errors.As(err, &dial) && dial.Op == "dial" {
+			// No connection, so no request: nothing can have been created.
+			return apiError("webhooks create", err, "could not connect, so nothing was created: check --base-url (or GOOGLE_GEMINI_BASE_URL) and the network, then try again")
+		}
 		if !errors.As(err, &ae) || ae.StatusCode >= 500 {
 			return apiError("webhooks create", err, "the webhook may have been created before the answer was lost: run 'gemrecon webhooks list' before trying again")
 		}

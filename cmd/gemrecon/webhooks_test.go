@@ -448,6 +448,18 @@ func TestWebhooksAPIErrors(t *testing.T) {
 		t.Error("a failed create left its secret file")
 	}
 
+	// Nothing listens at the address: nothing was sent, so nothing was
+	// created, and the message says to check the address, not to look for a
+	// webhook that may exist.
+	r = gemrecon(t, "webhooks", "--base-url", "http://"+freeAddr(t), "create", "--url", "https://x/y", "--secret-file", f)
+	wantCode(t, r, exitFatal)
+	if !strings.Contains(r.stderr, "nothing was created") || !strings.Contains(r.stderr, "--base-url") || strings.Contains(r.stderr, "may have been created") {
+		t.Errorf("create with no server at the address: %q", r.stderr)
+	}
+	if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+		t.Error("a failed create left its secret file")
+	}
+
 	// A rotate that fails leaves an existing file as it was.
 	r = gemrecon(t, wh(api, "create", "--url", "https://x/y", "--secret-file", f)...)
 	wantCode(t, r, exitOK)
@@ -541,6 +553,10 @@ func TestWebhooksWithServe(t *testing.T) {
 	}
 	if strings.Contains(m, `outcome="accepted"`) {
 		t.Errorf("the ping was recorded as a completion")
+	}
+	// The README's "look for it in serve's log": at serve's default level.
+	if line := grepLines(stderr.String(), "type=webhook.ping"); !strings.Contains(line, "level=INFO") {
+		t.Errorf("serve's log at its default level does not show the ping: %q\n%s", line, stderr)
 	}
 
 	api.Add(geminifake.Batch{Name: "batches/e2e1", State: "SUCCEEDED"})

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/sqlite"
+)
+
+// TestServeSyncSIGTERMLeavesNoClaim: SIGTERM while a `serve --sync`
+// request runs its effect. The effect gets --grace, as the background
+// workers' effects do; then its process group is killed, the attempt is
+// recorded as a retryable failure, the request is answered and serve exits —
+// within --drain-timeout, cleanly. Before, the request's effect was out of
+// the shutdown's reach: serve waited --drain-timeout, closed the connection,
+// exited 1 and left the key claimed for a whole --lease with the effect
+// still running on its own; after the lease the takeover ran it again.
+func TestServeSyncSIGTERMLeavesNoClaim(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "s.db")
+	pidFile := filepath.Join(dir, "effect.pid")
+	addr := freeAddr(t)
+	cmd := child(t, "--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr,
+		"--sync", "--grace", "1s", "--drain-timeout", "8s",
+		"--exec", "echo $$ > "+shellQuote(pidFile)+".tmp && mv "+shellQuote(pidFile)+".tmp "+shellQuote(pidFile)+"; sleep 60")
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
+
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/webhook", "application/json",
+			strings.NewReader(`{"type":"batch.succeeded","data":{"id":"slow"}}`))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	waitFile(t, pidFile, 30*time.Second)
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command leads its own process group (dispatch); whatever this test
+	// leaves of it must not outlive the test.
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+
+	sent := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code := waitExit(t, cmd, 30*time.Second, stderr)
+	if took := time.Since(sent); took > 6*time.Second {
+		t.Errorf("serve took %v to stop after SIGTERM with --grace 1s", took)
+	}
+	if code != exitOK {
+		t.Errorf("serve exited %d after SIGTERM, want 0 (the request finished within --drain-timeout)\n%s", code, stderr)
+	}
+	if c := <-answered; c != http.StatusInternalServerError {
+		t.Errorf("the interrupted --sync request was answered %d, want 500 (the sender retries)", c)
+	}
+	// The effect's process group is gone (a grandchild, sleep, included).
+	waitFor(t, 5*time.Second, func() bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) })
+
+	s, err := sqlite.Open(context.Background(), db, sink.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	e, err := s.Get(context.Background(), "gemini:batches/slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
+		t.Errorf("after SIGTERM the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
+	}
+}
