@@ -158,6 +158,10 @@ type Summary struct {
 	// because the API has not confirmed the key yet (not terminal, or no
 	// answer): not a failure.
 	Unconfirmed int
+	// HandedBack counts claims granted ahead and handed back before their
+	// effect started (shutdown, or an effect that broke), without using an
+	// attempt: not a failure, the key is due again at once.
+	HandedBack int
 }
 
 func (s *Summary) add(o Outcome) {

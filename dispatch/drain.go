@@ -182,7 +182,7 @@ func (d *Dispatcher) giveBack(ctx context.Context, st *drainState, c sink.Claim)
 	case state == sink.StateDead:
 		st.sum.Dead++
 	default:
-		st.sum.Failed++
+		st.sum.HandedBack++ // no effect ran: not a failed one
 	}
 }
 

@@ -310,6 +310,11 @@ func TestBrokenEffectStopsClaiming(t *testing.T) {
 	if sum.Claimed > 4 || sum.OK != 0 {
 		t.Errorf("Drain() = %+v: want at most the running and the ahead claims (2+2) attempted, none done", sum)
 	}
+	// The effects that ran broke (failed, no attempt used); the claims
+	// ahead never ran one: handed back, not failed.
+	if sum.Failed > 2 || sum.Failed+sum.HandedBack != sum.Claimed {
+		t.Errorf("Drain() = %+v: want at most the 2 running effects failed and the rest handed back", sum)
+	}
 	for _, k := range ks {
 		if e := mustGet(t, s, k); e.State != sink.StatePending || e.Attempts != 0 {
 			t.Errorf("%s is %s after %d attempts, want pending with no attempt used", k, e.State, e.Attempts)

@@ -18,21 +18,22 @@ type DrainLine struct {
 	Dead        int    `json:"dead"`
 	Fenced      int    `json:"fenced"`
 	Unconfirmed int    `json:"unconfirmed"`
+	HandedBack  int    `json:"handed_back"`
 	Duration    string `json:"duration"` // Go's notation, rounded to the millisecond: "1.42s"
 }
 
 // Line returns the summary line of a drain that took d.
 func (s Summary) Line(d time.Duration) DrainLine {
 	return DrainLine{Claimed: s.Claimed, OK: s.OK, Failed: s.Failed, Dead: s.Dead, Fenced: s.Fenced,
-		Unconfirmed: s.Unconfirmed, Duration: d.Round(time.Millisecond).String()}
+		Unconfirmed: s.Unconfirmed, HandedBack: s.HandedBack, Duration: d.Round(time.Millisecond).String()}
 }
 
 // String renders the text line:
 //
-//	drain: claimed=3 ok=2 failed=1 dead=0 fenced=0 unconfirmed=0 duration=1.42s
+//	drain: claimed=3 ok=2 failed=1 dead=0 fenced=0 unconfirmed=0 handed_back=0 duration=1.42s
 func (l DrainLine) String() string {
-	return fmt.Sprintf("drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d unconfirmed=%d duration=%s",
-		l.Claimed, l.OK, l.Failed, l.Dead, l.Fenced, l.Unconfirmed, l.Duration)
+	return fmt.Sprintf("drain: claimed=%d ok=%d failed=%d dead=%d fenced=%d unconfirmed=%d handed_back=%d duration=%s",
+		l.Claimed, l.OK, l.Failed, l.Dead, l.Fenced, l.Unconfirmed, l.HandedBack, l.Duration)
 }
 
 // Write writes the line to w: the text line, or with asJSON one JSON object
