@@ -130,7 +130,13 @@ line) runs until it succeeds, and never again once it is done.`,
 			return a.setup(cmd)
 		},
 	}
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return withCode(exitUsage, err) })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if strings.Contains(err.Error(), "time: unknown unit") {
+			// "7d": Go durations stop at hours.
+			err = fmt.Errorf("%w (durations take h, m, s, ms, us, ns: 7 days is 168h)", err)
+		}
+		return withCode(exitUsage, err)
+	})
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.db, "db", envOr("GEMRECON_DB", "gemrecon.db"),
 		"sink database: a SQLite file path, or PostgreSQL as postgres://… or host=… dbname=… (env GEMRECON_DB)")
