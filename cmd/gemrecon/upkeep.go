@@ -36,9 +36,16 @@ func (a *app) retryCommand() *cobra.Command {
 
 const retryLong = `Move dead keys back to pending, due now, so that the next poll, drain or
 serve worker runs their effect again. Their history (attempts, last error) is
-kept. Keys that are not dead are left alone and reported; for an unknown
-bare id (x) the report names the recorded batches/x (or
-batchPredictionJobs/x, operations/x) it may have meant.`
+kept. A key given by name that is not dead is left alone and reported
+(exit 1); for an unknown bare id (x) the report names the recorded batches/x
+(or batchPredictionJobs/x, operations/x) it may have meant.
+
+--all-dead sends back every key it lists as dead and ends with how many it
+sent back. A listed key that is no longer dead when its turn comes (another
+retry, a worker or a purge changed it after the listing) is skipped: its
+line says so and what it is now, the summary counts it apart, and it is no
+error (exit 0). A database error is exit 1, after the summary of what was
+sent back before it.`
 
 // retryKeys are the canonical keys of the arguments, and for those typed as
 // a key whose canonical form differs, the key exactly as typed (spec §12).
