@@ -140,9 +140,8 @@ func (a *app) retryAllDead(ctx context.Context, s sink.Sink) error {
 	for _, e := range dead {
 		err := s.Retry(ctx, e.Key)
 		if errors.Is(err, sink.ErrNotDead) || errors.Is(err, sink.ErrNotFound) {
-			// The state now is asked afresh: the sink's error may come from a
-			// statement that saw the row as it was before the change it
-			// waited for (PostgreSQL's snapshot).
+			// The sink's error carries the state only as text: Get says
+			// what the key is now.
 			now := "no longer recorded"
 			en, gerr := s.Get(ctx, e.Key)
 			switch {
