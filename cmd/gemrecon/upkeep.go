@@ -133,7 +133,7 @@ func (a *app) retryAllDead(ctx context.Context, s sink.Sink) error {
 			line += fmt.Sprintf(", %d skipped: no longer dead when retried (another process changed them after the listing)", skipped)
 		}
 		if failed {
-			line += fmt.Sprintf(", then an error stopped the run (%d listed key(s) not tried)", len(dead)-retried-skipped)
+			line += fmt.Sprintf(", then an error stopped it with %d listed key(s) to go", len(dead)-retried-skipped)
 		}
 		fmt.Fprintln(a.stdout, line)
 	}
