@@ -36,9 +36,16 @@ func (a *app) retryCommand() *cobra.Command {
 
 const retryLong = `Move dead keys back to pending, due now, so that the next poll, drain or
 serve worker runs their effect again. Their history (attempts, last error) is
-kept. Keys that are not dead are left alone and reported; for an unknown
-bare id (x) the report names the recorded batches/x (or
-batchPredictionJobs/x, operations/x) it may have meant.`
+kept. A key given by name that is not dead is left alone and reported
+(exit 1); for an unknown bare id (x) the report names the recorded batches/x
+(or batchPredictionJobs/x, operations/x) it may have meant.
+
+--all-dead sends back every key it lists as dead and ends with how many it
+sent back. A listed key that is no longer dead when its turn comes (another
+retry, a worker or a purge changed it after the listing) is skipped: its
+line says so and what it is now, the summary counts it apart, and it is no
+error (exit 0). A database error is exit 1, after the summary of what was
+sent back before it.`
 
 // retryKeys are the canonical keys of the arguments, and for those typed as
 // a key whose canonical form differs, the key exactly as typed (spec §12).
@@ -72,13 +79,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 	}
 	defer s.Close()
 	if o.allDead {
-		dead, err := s.List(ctx, sink.ListOptions{State: sink.StateDead})
-		if err != nil {
-			return err
-		}
-		for _, e := range dead {
-			keys = append(keys, e.Key)
-		}
+		return a.retryAllDead(ctx, s)
 	}
 	var failed int
 	for _, k := range keys {
@@ -107,12 +108,61 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 			return err
 		}
 	}
-	if o.allDead {
-		fmt.Fprintf(a.stdout, "%d dead key(s) sent back to pending\n", len(keys))
-	}
 	if failed > 0 {
 		return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
 	}
+	return nil
+}
+
+// retryAllDead is retry --all-dead: every key the listing found dead goes
+// back to pending. A listed key that is no longer dead when its turn comes
+// (another retry, a worker or a purge got to it after the listing) is
+// skipped, not an error: it is not dead, which is what the operator asked
+// for. The summary counts the keys this run actually sent back, and the
+// skipped ones apart. A database error ends the run (exit 1) after saying
+// how many were sent back before it.
+func (a *app) retryAllDead(ctx context.Context, s sink.Sink) error {
+	dead, err := s.List(ctx, sink.ListOptions{State: sink.StateDead})
+	if err != nil {
+		return err
+	}
+	var retried, skipped int
+	summary := func(failed bool) {
+		line := fmt.Sprintf("%d dead key(s) sent back to pending", retried)
+		if skipped > 0 {
+			line += fmt.Sprintf(", %d skipped: no longer dead when retried (another process changed them after the listing)", skipped)
+		}
+		if failed {
+			line += fmt.Sprintf(", then an error stopped it with %d listed key(s) to go", len(dead)-retried-skipped)
+		}
+		fmt.Fprintln(a.stdout, line)
+	}
+	for _, e := range dead {
+		err := s.Retry(ctx, e.Key)
+		if errors.Is(err, sink.ErrNotDead) || errors.Is(err, sink.ErrNotFound) {
+			// The sink's error carries the state only as text: Get says
+			// what the key is now.
+			now := "no longer recorded"
+			en, gerr := s.Get(ctx, e.Key)
+			switch {
+			case gerr == nil:
+				now = "now " + string(en.State)
+			case !errors.Is(gerr, sink.ErrNotFound):
+				summary(true)
+				return gerr
+			}
+			skipped++
+			fmt.Fprintf(a.stdout, "%s: skipped, not dead when its retry ran (%s)\n", printable(e.Key), now)
+			continue
+		}
+		if err != nil {
+			summary(true)
+			return err
+		}
+		retried++
+		fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(e.Key))
+	}
+	summary(false)
 	return nil
 }
 

@@ -793,17 +793,33 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 // (attempts restart from zero, as in sink/sqlite); the token keeps growing,
 // retries counts operator retries and the last error stays until the next
 // attempt ends.
+//
+// The state in the error is read by the same statement, from its snapshot:
+// when the UPDATE waited for another transaction that changed or deleted
+// the row, that snapshot still shows it dead. Such an answer (not updated,
+// yet dead) is ambiguous, and the statement runs again with a fresh
+// snapshot, which sees what the other transaction did (or, if the key is
+// dead again by then, sends it back).
 func (s *Sink) Retry(ctx context.Context, key string) error {
+	const tries = 3
 	var state *string
 	var updated bool
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, `
-			WITH upd AS (
-				UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now2+`,
-					attempts = 0, retries = retries + 1, lease_owner = NULL, lease_until = NULL, dead_reason = ''
-				WHERE key = $1 AND state = 'dead' RETURNING key)
-			SELECT EXISTS (SELECT 1 FROM upd), (SELECT state FROM gemrecon_keys WHERE key = $1)`,
-			key, s.nowArg()).Scan(&updated, &state)
+		for try := 0; try < tries; try++ {
+			if err := c.QueryRow(ctx, `
+				WITH upd AS (
+					UPDATE gemrecon_keys SET state = 'pending', next_attempt_at = `+now2+`,
+						attempts = 0, retries = retries + 1, lease_owner = NULL, lease_until = NULL, dead_reason = ''
+					WHERE key = $1 AND state = 'dead' RETURNING key)
+				SELECT EXISTS (SELECT 1 FROM upd), (SELECT state FROM gemrecon_keys WHERE key = $1)`,
+				key, s.nowArg()).Scan(&updated, &state); err != nil {
+				return err
+			}
+			if updated || state == nil || *state != string(sink.StateDead) {
+				return nil
+			}
+		}
+		return nil
 	})
 	switch {
 	case err != nil:
@@ -812,6 +828,8 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 		return nil
 	case state == nil:
 		return fmt.Errorf("postgres: retry %q: %w", key, sink.ErrNotFound)
+	case *state == string(sink.StateDead):
+		return fmt.Errorf("postgres: retry %q: changed by other transactions while it was retried, %d times: %w", key, tries, sink.ErrNotDead)
 	default:
 		return fmt.Errorf("postgres: retry %q is %s: %w", key, *state, sink.ErrNotDead)
 	}
