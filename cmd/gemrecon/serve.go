@@ -66,7 +66,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
 	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202")
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
-	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")
+	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish (0: close them at once; their senders retry)")
 	f.BoolVar(&o.dynOn, "dynamic", false, "also accept per-job (dynamic) webhooks, signed v1a (Ed25519) or as an RS256 JWT with the keys at --jwks-url; needs API credentials: such keys are confirmed with Batches.Get before they run")
 	f.StringVar(&o.jwksURL, "jwks-url", envOr(jwksEnv, dynamic.DefaultJWKSURL), "where the Gemini API publishes the keys of dynamic signatures (env "+jwksEnv+"); giving the flag implies --dynamic")
 	f.StringVar(&o.audience, "jwt-audience", "", "with --dynamic, refuse a JWT whose aud does not contain this (default: aud is not checked)")
@@ -107,6 +107,9 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 // runServe is serve: the receiver, its dispatcher and --poll-every's
 // passes, until ctx is done (package serve owns their lifecycle).
 func (a *app) runServe(ctx context.Context, o *serveOptions) error {
+	if err := durationFlagCheck("drain-timeout", o.drainFor); err != nil {
+		return err
+	}
 	mode, err := o.cf.parse()
 	if err != nil {
 		return err
@@ -180,7 +183,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		return usage(err)
 	}
 	sc := serve.Config{Handler: h, Dispatcher: d, Logger: a.logger,
-		Server: webhook.ServerOptions{DrainTimeout: o.drainFor, Logger: a.logger}}
+		Server: webhook.ServerOptions{DrainTimeout: drainTimeout(o.drainFor), Logger: a.logger}}
 	if o.syncMode {
 		// The answer of a --sync request comes after the effect.
 		sc.Server.WriteTimeout = o.ef.effectTimeout + o.syncWait + 30*time.Second
@@ -205,6 +208,18 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		a.prefetchKeys(ctx, wcfg.Dynamic)
 	}
 	return serve.Start(ctx, sc).Wait()
+}
+
+// drainTimeout is webhook.Serve's drain timeout for --drain-timeout d (not
+// negative): 0 closes the connections at once (webhook.NoDrain; Serve's
+// zero value would be its 30 s default). A request cut that way got no
+// answer, and it is answered 2xx only once its sighting is durable, so its
+// sender retries and nothing is lost.
+func drainTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return webhook.NoDrain
+	}
+	return d
 }
 
 // jwksEnv is the environment variable of --jwks-url. It sets the address
@@ -288,7 +303,9 @@ replicas on one database list one at a time, about once per --poll-every in
 all (a tick skips its listing while another process holds the API scope's
 pass lease, or when a pass of the scope started less than 0.9 × --poll-every
 ago), and every replica still runs due effects.
-SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`
+SIGTERM stops accepting, finishes in-flight requests (for up to
+--drain-timeout; 0 closes them at once, and as a request is answered only
+once recorded, their senders retry) and effects, then exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook
