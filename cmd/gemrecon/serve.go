@@ -38,6 +38,8 @@ type serveOptions struct {
 	dynOn      bool
 	jwksURL    string
 	audience   string
+	// syncWaitSet: --sync-wait was given (it does nothing without --sync).
+	syncWaitSet bool
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -50,6 +52,7 @@ func (a *app) serveCommand() *cobra.Command {
 		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.dynOn = o.dynOn || cmd.Flags().Changed("jwks-url")
+			o.syncWaitSet = cmd.Flags().Changed("sync-wait")
 			return a.runServe(cmd.Context(), &o)
 		},
 	}
@@ -64,7 +67,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.BoolVar(&o.insecure, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
 	f.Int64Var(&o.maxBody, "max-body", def.MaxBody, "largest accepted body in bytes (larger: 413)")
 	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
-	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202")
+	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
 	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish (0: close them at once; their senders retry)")
 	f.BoolVar(&o.dynOn, "dynamic", false, "also accept per-job (dynamic) webhooks, signed v1a (Ed25519) or as an RS256 JWT with the keys at --jwks-url; needs API credentials: such keys are confirmed with Batches.Get before they run")
@@ -131,6 +134,11 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	wcfg, err := a.webhookConfig(o)
 	if err != nil {
 		return err
+	}
+	if o.syncWaitSet && !o.syncMode {
+		// A warning, not exit 2 (as poll's --interval without --watch): a
+		// unit that carries it has always started, and must go on doing so.
+		a.logger.Warn("--sync-wait has no effect without --sync: deliveries are answered 202 once recorded and their effects run in the background; add --sync to run each effect inside its request")
 	}
 	// One poller for the process: the passes of --poll-every,
 	// confirmations and downloads share its rate limiter.

@@ -84,3 +84,39 @@ func TestServeDrainTimeoutZeroClosesAtOnce(t *testing.T) {
 		t.Errorf("after SIGTERM the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
 	}
 }
+
+// serveStderr starts serve with args on a free port and the database db,
+// waits until it answers /healthz, stops it with SIGTERM and returns its
+// stderr (what it logged at start, and its shutdown).
+func serveStderr(t *testing.T, db string, args ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	cmd := child(t, append([]string{"--db", db, "serve", "--confirm", "never", "--listen", addr}, args...)...)
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExit(t, cmd, 30*time.Second, stderr); code != exitOK {
+		t.Errorf("serve %q exited %d after SIGTERM\n%s", args, code, stderr)
+	}
+	return stderr.String()
+}
+
+// --sync-wait without --sync does nothing; serve says so at start (a
+// warning, not exit 2, as poll's --interval without --watch). Before, it
+// was silently ignored.
+func TestServeSyncWaitWithoutSyncWarns(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "s.db")
+	const warning = "--sync-wait has no effect without --sync"
+	if out := serveStderr(t, db, "--insecure-no-verify", "--sync-wait", "3s"); !strings.Contains(out, `level=WARN msg="`+warning) {
+		t.Errorf("serve --sync-wait without --sync: no warning\n%s", out)
+	}
+	for _, args := range [][]string{
+		{"--insecure-no-verify", "--sync", "--sync-wait", "3s"},
+		{"--insecure-no-verify"},
+	} {
+		if out := serveStderr(t, db, args...); strings.Contains(out, "sync-wait") {
+			t.Errorf("serve %q warns about --sync-wait:\n%s", args, out)
+		}
+	}
+}
