@@ -63,7 +63,7 @@ func (a *app) serveCommand() *cobra.Command {
 	def := webhook.DefaultConfig()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
 	f.StringVar(&o.path, "path", def.Path, "path that receives POSTed deliveries")
-	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation); or set GEMRECON_WEBHOOK_SECRET")
+	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation; serve warns when its group or others may read it); or set GEMRECON_WEBHOOK_SECRET")
 	f.BoolVar(&o.insecure, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
 	f.Int64Var(&o.maxBody, "max-body", def.MaxBody, "largest accepted body in bytes (larger: 413)")
 	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
@@ -84,6 +84,15 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	secrets, err := webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile)
 	if err != nil {
 		return cfg, withCode(exitUsage, err)
+	}
+	if o.secretFile != "" {
+		// A warning, as rotate's: the file works, but whoever can read it
+		// can sign deliveries.
+		if st, err := os.Stat(o.secretFile); err == nil {
+			if w := looseSecretFile(o.secretFile, st.Mode()); w != "" {
+				a.logger.Warn("--secret-file " + w)
+			}
+		}
 	}
 	switch {
 	case o.audience != "" && !o.dynOn:

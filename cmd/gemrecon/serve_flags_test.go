@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -117,6 +118,37 @@ func TestServeSyncWaitWithoutSyncWarns(t *testing.T) {
 	} {
 		if out := serveStderr(t, db, args...); strings.Contains(out, "sync-wait") {
 			t.Errorf("serve %q warns about --sync-wait:\n%s", args, out)
+		}
+	}
+}
+
+// serve warns at start when its --secret-file is readable by group or
+// others, as `webhooks rotate` does (same check, same words); a 0600 file
+// gets no warning. Before, serve said nothing.
+func TestServeWarnsOfALooseSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "s.db")
+	for _, tc := range []struct {
+		mode os.FileMode
+		warn bool
+	}{{0o644, true}, {0o640, true}, {0o600, false}} {
+		path := filepath.Join(dir, "whsec-"+strconv.FormatUint(uint64(tc.mode), 8))
+		if err := os.WriteFile(path, []byte("# test\n"+replicaSecret+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, tc.mode); err != nil { // whatever the umask
+			t.Fatal(err)
+		}
+		out := serveStderr(t, db, "--secret-file", path)
+		want := fmt.Sprintf(`level=WARN msg="--secret-file %s is readable by others (mode %04o); run: chmod 600 %s"`, path, tc.mode, path)
+		if got := strings.Contains(out, want); got != tc.warn {
+			t.Errorf("serve --secret-file of mode %04o: warned %v, want %v (%s)\n%s", tc.mode, got, tc.warn, want, out)
+		}
+		if !tc.warn && strings.Contains(out, "chmod") {
+			t.Errorf("serve --secret-file of mode %04o warns:\n%s", tc.mode, out)
+		}
+		if strings.Contains(out, replicaSecret) {
+			t.Errorf("serve logged the secret:\n%s", out)
 		}
 	}
 }
