@@ -86,10 +86,11 @@ var ErrDrainTimeout = errors.New("webhook server: drain timed out; open connecti
 // nil after a clean drain, ErrDrainTimeout after a forced one, or the error
 // that stopped the server. Request contexts are not cancelled by ctx: a
 // Record in progress completes. With DrainTimeout NoDrain there is no
-// drain: connections are closed as soon as ctx is done, and Serve returns
-// nil (the cut was asked for; it logs at info when requests were in
-// flight); a --sync request's effect still ends, as below, before it
-// returns.
+// drain: connections are closed as soon as ctx is done (which cancels their
+// requests' contexts, so a Record in progress may stop before it commits:
+// either way no 2xx went out), and Serve returns nil, the cut being what
+// was asked for (it logs at info when connections were still open); a
+// --sync request's effect still ends, as below, before it returns.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOptions) error {
 	o := opts.withDefaults()
 	srv := &http.Server{
@@ -132,7 +133,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			if o.DrainTimeout < 0 {
-				o.Logger.Info("webhook server: requests in flight were cut at shutdown (no drain); their senders got no answer and retry")
+				o.Logger.Info("webhook server: open connections closed at shutdown without a drain; a request they carried got no answer, and its sender retries")
 				return nil
 			}
 			return ErrDrainTimeout
