@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -370,5 +371,95 @@ func TestServeDrainTimeout(t *testing.T) {
 	}
 	if err := stop(); !errors.Is(err, webhook.ErrDrainTimeout) {
 		t.Errorf("Serve after a drain timeout = %v, want ErrDrainTimeout", err)
+	}
+}
+
+// blockedHandler answers 200 once release is closed; started is closed when
+// the first request reaches it.
+func blockedHandler() (h http.Handler, started, release chan struct{}) {
+	started, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(started) })
+		<-release
+		w.WriteHeader(http.StatusOK)
+	})
+	return h, started, release
+}
+
+// getInFlight GETs base in the background and returns where its status
+// (0: no answer) arrives, once the request has reached the handler.
+func getInFlight(t *testing.T, base string, started chan struct{}) chan int {
+	t.Helper()
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(base)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request never reached the handler")
+	}
+	return answered
+}
+
+// NoDrain closes the connections at once: Serve returns nil without
+// waiting for the request in flight, whose client gets no answer (a
+// webhook sender retries). Before, a negative DrainTimeout was the 30 s
+// default.
+func TestServeNoDrain(t *testing.T) {
+	h, started, release := blockedHandler()
+	defer close(release)
+	base, stop := serve(t, h, webhook.ServerOptions{DrainTimeout: webhook.NoDrain})
+	answered := getInFlight(t, base, started)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Errorf("Serve with NoDrain = %v, want nil (the cut was asked for)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve with NoDrain waited for the request in flight")
+	}
+	if c := <-answered; c != 0 {
+		t.Errorf("the request in flight was answered %d, want its connection closed", c)
+	}
+}
+
+// A zero DrainTimeout is still the default, not NoDrain: the request in
+// flight when shutdown begins finishes and is answered.
+func TestServeZeroDrainTimeoutWaits(t *testing.T) {
+	h, started, release := blockedHandler()
+	base, stop := serve(t, h, webhook.ServerOptions{})
+	answered := getInFlight(t, base, started)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	// Shutdown has begun once the listener refuses connections.
+	addr := strings.TrimPrefix(base, "http://")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the listener still accepts 30s after shutdown began")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	if c := <-answered; c != http.StatusOK {
+		t.Errorf("the request in flight at shutdown was answered %d, want 200 (drained)", c)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Serve after a clean drain = %v", err)
 	}
 }

@@ -20,7 +20,15 @@ const (
 	DefaultMaxHeaderBytes    = 64 << 10
 )
 
-// ServerOptions are the http.Server's limits. Zero fields take the defaults.
+// NoDrain, as ServerOptions.DrainTimeout (any negative value does the
+// same), makes the shutdown close every connection at once instead of
+// letting requests in flight finish. Nothing acknowledged is lost: a
+// delivery is answered 2xx only once its sighting is durable, so a request
+// cut short got no 2xx and its sender retries.
+const NoDrain time.Duration = -1
+
+// ServerOptions are the http.Server's limits. Zero fields take the defaults
+// (negative ones too, except DrainTimeout's: NoDrain).
 type ServerOptions struct {
 	// ReadHeaderTimeout cuts off a client that trickles its headers.
 	ReadHeaderTimeout time.Duration
@@ -33,7 +41,8 @@ type ServerOptions struct {
 	// IdleTimeout closes idle keep-alive connections.
 	IdleTimeout time.Duration
 	// DrainTimeout bounds the graceful shutdown: requests in flight get this
-	// long to finish, then connections are closed.
+	// long to finish, then connections are closed. Zero is
+	// DefaultDrainTimeout; a negative value (NoDrain) closes them at once.
 	DrainTimeout time.Duration
 	// MaxHeaderBytes bounds the request headers.
 	MaxHeaderBytes int
@@ -54,7 +63,7 @@ func (o ServerOptions) withDefaults() ServerOptions {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = DefaultIdleTimeout
 	}
-	if o.DrainTimeout <= 0 {
+	if o.DrainTimeout == 0 { // negative: NoDrain
 		o.DrainTimeout = DefaultDrainTimeout
 	}
 	if o.MaxHeaderBytes <= 0 {
@@ -76,7 +85,12 @@ var ErrDrainTimeout = errors.New("webhook server: drain timed out; open connecti
 // sender that got 2xx lost nothing), then closes what remains. It returns
 // nil after a clean drain, ErrDrainTimeout after a forced one, or the error
 // that stopped the server. Request contexts are not cancelled by ctx: a
-// Record in progress completes.
+// Record in progress completes. With DrainTimeout NoDrain there is no
+// drain: connections are closed as soon as ctx is done (which cancels their
+// requests' contexts, so a Record in progress may stop before it commits:
+// either way no 2xx went out), and Serve returns nil, the cut being what
+// was asked for (it logs at info when connections were still open); a
+// --sync request's effect still ends, as below, before it returns.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOptions) error {
 	o := opts.withDefaults()
 	srv := &http.Server{
@@ -102,7 +116,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 		return fmt.Errorf("webhook server: %w", err)
 	case <-ctx.Done():
 	}
-	dctx, cancel := context.WithTimeout(context.Background(), o.DrainTimeout)
+	// NoDrain: a deadline already past, so Shutdown closes the listener and
+	// the idle connections, and returns at once if any request is in flight.
+	dctx, cancel := context.WithTimeout(context.Background(), max(o.DrainTimeout, 0))
 	defer cancel()
 	err := srv.Shutdown(dctx)
 	<-errc // http.ErrServerClosed once Shutdown has begun
@@ -116,6 +132,10 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 			w.waitSyncRuns()
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
+			if o.DrainTimeout < 0 {
+				o.Logger.Info("webhook server: open connections closed at shutdown without a drain; a request they carried got no answer, and its sender retries")
+				return nil
+			}
 			return ErrDrainTimeout
 		}
 		return fmt.Errorf("webhook server: shutdown: %w", err)

@@ -38,6 +38,8 @@ type serveOptions struct {
 	dynOn      bool
 	jwksURL    string
 	audience   string
+	// syncWaitSet: --sync-wait was given (it does nothing without --sync).
+	syncWaitSet bool
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -50,6 +52,7 @@ func (a *app) serveCommand() *cobra.Command {
 		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.dynOn = o.dynOn || cmd.Flags().Changed("jwks-url")
+			o.syncWaitSet = cmd.Flags().Changed("sync-wait")
 			return a.runServe(cmd.Context(), &o)
 		},
 	}
@@ -60,13 +63,13 @@ func (a *app) serveCommand() *cobra.Command {
 	def := webhook.DefaultConfig()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
 	f.StringVar(&o.path, "path", def.Path, "path that receives POSTed deliveries")
-	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation); or set GEMRECON_WEBHOOK_SECRET")
+	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation; serve warns when its group or others may read it); or set GEMRECON_WEBHOOK_SECRET")
 	f.BoolVar(&o.insecure, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
 	f.Int64Var(&o.maxBody, "max-body", def.MaxBody, "largest accepted body in bytes (larger: 413)")
 	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
-	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202")
+	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
-	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish")
+	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish (0: close them at once; their senders retry)")
 	f.BoolVar(&o.dynOn, "dynamic", false, "also accept per-job (dynamic) webhooks, signed v1a (Ed25519) or as an RS256 JWT with the keys at --jwks-url; needs API credentials: such keys are confirmed with Batches.Get before they run")
 	f.StringVar(&o.jwksURL, "jwks-url", envOr(jwksEnv, dynamic.DefaultJWKSURL), "where the Gemini API publishes the keys of dynamic signatures (env "+jwksEnv+"); giving the flag implies --dynamic")
 	f.StringVar(&o.audience, "jwt-audience", "", "with --dynamic, refuse a JWT whose aud does not contain this (default: aud is not checked)")
@@ -81,6 +84,15 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	secrets, err := webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile)
 	if err != nil {
 		return cfg, withCode(exitUsage, err)
+	}
+	if o.secretFile != "" {
+		// A warning, as rotate's: the file works, but whoever can read it
+		// can sign deliveries.
+		if st, err := os.Stat(o.secretFile); err == nil {
+			if w := looseSecretFile(o.secretFile, st.Mode()); w != "" {
+				a.logger.Warn("--secret-file " + w)
+			}
+		}
 	}
 	switch {
 	case o.audience != "" && !o.dynOn:
@@ -107,6 +119,9 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 // runServe is serve: the receiver, its dispatcher and --poll-every's
 // passes, until ctx is done (package serve owns their lifecycle).
 func (a *app) runServe(ctx context.Context, o *serveOptions) error {
+	if err := durationFlagCheck("drain-timeout", o.drainFor); err != nil {
+		return err
+	}
 	mode, err := o.cf.parse()
 	if err != nil {
 		return err
@@ -128,6 +143,11 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	wcfg, err := a.webhookConfig(o)
 	if err != nil {
 		return err
+	}
+	if o.syncWaitSet && !o.syncMode {
+		// A warning, not exit 2 (as poll's --interval without --watch): a
+		// unit that carries it has always started, and must go on doing so.
+		a.logger.Warn("--sync-wait has no effect without --sync: deliveries are answered 202 once recorded and their effects run in the background; add --sync to run each effect inside its request")
 	}
 	// One poller for the process: the passes of --poll-every,
 	// confirmations and downloads share its rate limiter.
@@ -180,7 +200,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		return usage(err)
 	}
 	sc := serve.Config{Handler: h, Dispatcher: d, Logger: a.logger,
-		Server: webhook.ServerOptions{DrainTimeout: o.drainFor, Logger: a.logger}}
+		Server: webhook.ServerOptions{DrainTimeout: drainTimeout(o.drainFor), Logger: a.logger}}
 	if o.syncMode {
 		// The answer of a --sync request comes after the effect.
 		sc.Server.WriteTimeout = o.ef.effectTimeout + o.syncWait + 30*time.Second
@@ -205,6 +225,18 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		a.prefetchKeys(ctx, wcfg.Dynamic)
 	}
 	return serve.Start(ctx, sc).Wait()
+}
+
+// drainTimeout is webhook.Serve's drain timeout for --drain-timeout d (not
+// negative): 0 closes the connections at once (webhook.NoDrain; Serve's
+// zero value would be its 30 s default). A request cut that way got no
+// answer, and it is answered 2xx only once its sighting is durable, so its
+// sender retries and nothing is lost.
+func drainTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return webhook.NoDrain
+	}
+	return d
 }
 
 // jwksEnv is the environment variable of --jwks-url. It sets the address
@@ -288,7 +320,9 @@ replicas on one database list one at a time, about once per --poll-every in
 all (a tick skips its listing while another process holds the API scope's
 pass lease, or when a pass of the scope started less than 0.9 × --poll-every
 ago), and every replica still runs due effects.
-SIGTERM stops accepting, finishes in-flight requests and effects, then exits.`
+SIGTERM stops accepting, finishes in-flight requests (for up to
+--drain-timeout; 0 closes them at once, and as a request is answered only
+once recorded, their senders retry) and effects, then exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook
