@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -71,7 +72,7 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 	})
 	switch {
 	case scriptErr != nil:
-		return fmt.Errorf("postgres: complete %q: sql script: %w", key, withCtxErr(ctx, scriptErr))
+		return fmt.Errorf("postgres: complete %s: sql script: %w", canon.Quote(key), withCtxErr(ctx, scriptErr))
 	case errors.Is(err, errNotCurrent):
 		// Count and explain the fenced outcome in its own statement.
 		var cur current
@@ -84,13 +85,13 @@ func (s *Sink) CompleteSQL(ctx context.Context, key string, token int64, script 
 				LEFT JOIN gemrecon_keys cur ON cur.key = $1`, key).Scan(&cur.state, &cur.token)
 		})
 		if cerr != nil {
-			return fmt.Errorf("postgres: complete %q token %d: %w (and counting it failed: %v)", key, token, sink.ErrFenced, cerr)
+			return fmt.Errorf("postgres: complete %s token %d: %w (and counting it failed: %v)", canon.Quote(key), token, sink.ErrFenced, cerr)
 		}
 		return s.fencedErr("complete", key, token, cur)
 	case unknownOutcome(err):
 		return s.completeReadBack(ctx, key, token, err)
 	case err != nil:
-		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
+		return fmt.Errorf("postgres: complete %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	s.mu.Lock()
 	s.noteDoneLocked(key, info.firstSource, info.confirmed, info.batchState)

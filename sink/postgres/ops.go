@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -67,7 +68,7 @@ func checkSighting(sg sink.Sighting) error {
 		return err
 	}
 	if sg.Source == "" {
-		return fmt.Errorf("postgres: record %q: empty source", sg.Key)
+		return fmt.Errorf("postgres: record %s: empty source", canon.Quote(sg.Key))
 	}
 	return nil
 }
@@ -97,10 +98,10 @@ func (s *Sink) Record(ctx context.Context, sg sink.Sighting) (sink.RecordResult,
 				return err
 			}
 		}
-		return fmt.Errorf("postgres: record %q: key vanished under concurrent writes", sg.Key)
+		return fmt.Errorf("postgres: record %s: key vanished under concurrent writes", canon.Quote(sg.Key))
 	})
 	if err != nil {
-		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: %w", sg.Key, err)
+		return sink.RecordResult{}, fmt.Errorf("postgres: record %s: %w", canon.Quote(sg.Key), err)
 	}
 	k.state = sink.State(state)
 	if isNew {
@@ -187,7 +188,7 @@ func (s *Sink) confirmSighting(ctx context.Context, sg sink.Sighting, k known) (
 		return s.sightKnown(ctx, sg, k), nil
 	}
 	if err != nil {
-		return sink.RecordResult{}, fmt.Errorf("postgres: record %q: confirming: %w", sg.Key, err)
+		return sink.RecordResult{}, fmt.Errorf("postgres: record %s: confirming: %w", canon.Quote(sg.Key), err)
 	}
 	if conflict {
 		s.log.Warn("postgres sink: state conflict: the API's batch state differs from the stored one; the API's wins",
@@ -486,13 +487,13 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 	if unknownOutcome(err) {
 		got, err = s.readBackClaims(ctx, nc)
 		if err != nil {
-			return sink.Claim{}, fmt.Errorf("postgres: claim %q: outcome unknown and not read back: %w", key, err)
+			return sink.Claim{}, fmt.Errorf("postgres: claim %s: outcome unknown and not read back: %w", canon.Quote(key), err)
 		}
 		if len(got) == 0 {
-			return sink.Claim{}, fmt.Errorf("postgres: claim %q: not claimed (the statement was cut off: %w)", key, ctx.Err())
+			return sink.Claim{}, fmt.Errorf("postgres: claim %s: not claimed (the statement was cut off: %w)", canon.Quote(key), ctx.Err())
 		}
 	} else if err != nil {
-		return sink.Claim{}, fmt.Errorf("postgres: claim %q: %w", key, withCtxErr(ctx, err))
+		return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	if len(got) == 1 && got[0].state == string(sink.StateClaimed) {
 		return got[0].claim, nil
@@ -504,12 +505,12 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 		return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM gemrecon_keys WHERE key = $1)`, key).Scan(&exists)
 	})
 	if err != nil {
-		return sink.Claim{}, fmt.Errorf("postgres: claim %q: %w", key, err)
+		return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), err)
 	}
 	if !exists {
-		return sink.Claim{}, fmt.Errorf("postgres: claim %q: %w", key, sink.ErrNotFound)
+		return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), sink.ErrNotFound)
 	}
-	return sink.Claim{}, fmt.Errorf("postgres: claim %q: %w", key, sink.ErrNotClaimable)
+	return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), sink.ErrNotClaimable)
 }
 
 // readBackClaims returns the claims a cut-off claim statement made, found by
@@ -649,12 +650,12 @@ type current struct {
 // by the statement itself, and logged loudly here).
 func (s *Sink) fencedErr(op, key string, token int64, cur current) error {
 	if cur.state == nil || cur.token == nil {
-		return fmt.Errorf("postgres: %s %q token %d: %w", op, key, token, sink.ErrNotFound)
+		return fmt.Errorf("postgres: %s %s token %d: %w", op, canon.Quote(key), token, sink.ErrNotFound)
 	}
 	s.log.Error("postgres sink: fenced outcome discarded: the claim's token is no longer current",
 		"op", op, "key", key, "token", token, "current_token", *cur.token, "state", *cur.state)
-	return fmt.Errorf("postgres: %s %q with token %d (current token %d, state %s): %w",
-		op, key, token, *cur.token, *cur.state, sink.ErrFenced)
+	return fmt.Errorf("postgres: %s %s with token %d (current token %d, state %s): %w",
+		op, canon.Quote(key), token, *cur.token, *cur.state, sink.ErrFenced)
 }
 
 // Renew extends a live lease, fenced on the token.
@@ -667,7 +668,7 @@ func (s *Sink) Renew(ctx context.Context, key string, token int64, lease time.Du
 	})
 	if err != nil {
 		// A renewal cut off is harmless to repeat; report it.
-		return fmt.Errorf("postgres: renew %q: %w", key, err)
+		return fmt.Errorf("postgres: renew %s: %w", canon.Quote(key), err)
 	}
 	if !ok {
 		return s.fencedErr("renew", key, token, cur)
@@ -681,16 +682,16 @@ func (s *Sink) completeReadBack(ctx context.Context, key string, token int64, er
 	e, rerr := s.readBack(ctx, key)
 	switch {
 	case rerr != nil:
-		return fmt.Errorf("postgres: complete %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
+		return fmt.Errorf("postgres: complete %s: outcome unknown (%w) and not read back: %w", canon.Quote(key), err, rerr)
 	case e.State == sink.StateDone && e.Token == token:
 		s.mu.Lock()
 		s.noteDoneLocked(key, e.FirstSource, e.Confirmed, e.BatchState)
 		s.mu.Unlock()
 		return nil
 	case e.State == sink.StateClaimed && e.Token == token:
-		return fmt.Errorf("postgres: complete %q: not applied (read back: still claimed): %w", key, err)
+		return fmt.Errorf("postgres: complete %s: not applied (read back: still claimed): %w", canon.Quote(key), err)
 	default:
-		return fmt.Errorf("postgres: complete %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
+		return fmt.Errorf("postgres: complete %s token %d: read back state %s token %d: %w", canon.Quote(key), token, e.State, e.Token, sink.ErrFenced)
 	}
 }
 
@@ -708,7 +709,7 @@ func (s *Sink) Complete(ctx context.Context, key string, token int64) error {
 		return s.completeReadBack(ctx, key, token, err)
 	}
 	if err != nil {
-		return fmt.Errorf("postgres: complete %q: %w", key, withCtxErr(ctx, err))
+		return fmt.Errorf("postgres: complete %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	if !ok {
 		return s.fencedErr("complete", key, token, cur)
@@ -771,17 +772,17 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 		e, rerr := s.readBack(ctx, key)
 		switch {
 		case rerr != nil:
-			return "", fmt.Errorf("postgres: fail %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
+			return "", fmt.Errorf("postgres: fail %s: outcome unknown (%w) and not read back: %w", canon.Quote(key), err, rerr)
 		case e.Token == token && e.State == sink.StateClaimed:
-			return "", fmt.Errorf("postgres: fail %q: not applied (read back: still claimed): %w", key, err)
+			return "", fmt.Errorf("postgres: fail %s: not applied (read back: still claimed): %w", canon.Quote(key), err)
 		case e.Token == token && (e.State == sink.StatePending || e.State == sink.StateDead) && e.LastError == cause:
 			return e.State, nil
 		default:
-			return "", fmt.Errorf("postgres: fail %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
+			return "", fmt.Errorf("postgres: fail %s token %d: read back state %s token %d: %w", canon.Quote(key), token, e.State, e.Token, sink.ErrFenced)
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("postgres: fail %q: %w", key, withCtxErr(ctx, err))
+		return "", fmt.Errorf("postgres: fail %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	if !ok {
 		return "", s.fencedErr("fail", key, token, cur)
@@ -823,15 +824,15 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 	})
 	switch {
 	case err != nil:
-		return fmt.Errorf("postgres: retry %q: %w", key, err)
+		return fmt.Errorf("postgres: retry %s: %w", canon.Quote(key), err)
 	case updated:
 		return nil
 	case state == nil:
-		return fmt.Errorf("postgres: retry %q: %w", key, sink.ErrNotFound)
+		return fmt.Errorf("postgres: retry %s: %w", canon.Quote(key), sink.ErrNotFound)
 	case *state == string(sink.StateDead):
-		return fmt.Errorf("postgres: retry %q: changed by other transactions while it was retried, %d times: %w", key, tries, sink.ErrNotDead)
+		return fmt.Errorf("postgres: retry %s: changed by other transactions while it was retried, %d times: %w", canon.Quote(key), tries, sink.ErrNotDead)
 	default:
-		return fmt.Errorf("postgres: retry %q is %s: %w", key, *state, sink.ErrNotDead)
+		return fmt.Errorf("postgres: retry %s is %s: %w", canon.Quote(key), *state, sink.ErrNotDead)
 	}
 }
 
@@ -908,10 +909,10 @@ func (s *Sink) get(ctx context.Context, key string) (sink.Entry, error) {
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sink.Entry{}, fmt.Errorf("postgres: get %q: %w", key, sink.ErrNotFound)
+		return sink.Entry{}, fmt.Errorf("postgres: get %s: %w", canon.Quote(key), sink.ErrNotFound)
 	}
 	if err != nil {
-		return sink.Entry{}, fmt.Errorf("postgres: get %q: %w", key, err)
+		return sink.Entry{}, fmt.Errorf("postgres: get %s: %w", canon.Quote(key), err)
 	}
 	return e, nil
 }
@@ -1112,17 +1113,17 @@ func (s *Sink) Confirm(ctx context.Context, key string, token int64, c sink.Conf
 		e, rerr := s.readBack(ctx, key)
 		switch {
 		case rerr != nil:
-			return fmt.Errorf("postgres: confirm %q: outcome unknown (%w) and not read back: %w", key, err, rerr)
+			return fmt.Errorf("postgres: confirm %s: outcome unknown (%w) and not read back: %w", canon.Quote(key), err, rerr)
 		case e.Token == token && e.State == sink.StateClaimed && e.Confirmed:
 			return nil
 		case e.Token == token && e.State == sink.StateClaimed:
-			return fmt.Errorf("postgres: confirm %q: not applied (read back: not confirmed): %w", key, err)
+			return fmt.Errorf("postgres: confirm %s: not applied (read back: not confirmed): %w", canon.Quote(key), err)
 		default:
-			return fmt.Errorf("postgres: confirm %q token %d: read back state %s token %d: %w", key, token, e.State, e.Token, sink.ErrFenced)
+			return fmt.Errorf("postgres: confirm %s token %d: read back state %s token %d: %w", canon.Quote(key), token, e.State, e.Token, sink.ErrFenced)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("postgres: confirm %q: %w", key, withCtxErr(ctx, err))
+		return fmt.Errorf("postgres: confirm %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	if !ok {
 		return s.fencedErr("confirm", key, token, cur)
@@ -1173,7 +1174,7 @@ func (s *Sink) NoteResults(ctx context.Context, key string, token int64, file st
 		return c.QueryRow(ctx, noteResultsSQL, key, token, file).Scan(&ok, &cur.state, &cur.token)
 	})
 	if err != nil {
-		return fmt.Errorf("postgres: note results %q: %w", key, withCtxErr(ctx, err))
+		return fmt.Errorf("postgres: note results %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	if !ok {
 		return s.fencedErr("note results", key, token, cur)
@@ -1270,7 +1271,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		return sink.RecordResult{}, sink.Claim{}, err
 	}
 	if r, ok := s.sightDone(ctx, sg); ok {
-		return r, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: done: %w", sg.Key, sink.ErrNotClaimable)
+		return r, sink.Claim{}, fmt.Errorf("postgres: record and claim %s: done: %w", canon.Quote(sg.Key), sink.ErrNotClaimable)
 	}
 
 	nc := nonce()
@@ -1296,12 +1297,12 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 	if unknownOutcome(err) {
 		got, rerr := s.readBackClaims(ctx, nc)
 		if rerr != nil || len(got) != 1 {
-			return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: outcome unknown (%w), read back: %v claims, %v", sg.Key, err, len(got), rerr)
+			return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %s: outcome unknown (%w), read back: %v claims, %v", canon.Quote(sg.Key), err, len(got), rerr)
 		}
 		return sink.RecordResult{New: got[0].claim.Token == 1, State: sink.StateClaimed}, got[0].claim, nil
 	}
 	if err != nil {
-		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %w", sg.Key, err)
+		return sink.RecordResult{}, sink.Claim{}, fmt.Errorf("postgres: record and claim %s: %w", canon.Quote(sg.Key), err)
 	}
 	if isNew {
 		c := sink.Claim{Key: sg.Key, Token: 1, Attempt: 1, Owner: owner, Payload: sg.Payload, FirstSource: sg.Source,
@@ -1325,7 +1326,7 @@ func (s *Sink) RecordAndClaim(ctx context.Context, sg sink.Sighting, owner strin
 		rr = s.sightKnown(ctx, sg, k)
 	}
 	if !claimable {
-		return rr, sink.Claim{}, fmt.Errorf("postgres: record and claim %q: %s: %w", sg.Key, rr.State, sink.ErrNotClaimable)
+		return rr, sink.Claim{}, fmt.Errorf("postgres: record and claim %s: %s: %w", canon.Quote(sg.Key), rr.State, sink.ErrNotClaimable)
 	}
 	c, err := s.Claim(ctx, sg.Key, owner, lease)
 	if err != nil {

@@ -86,6 +86,48 @@ func testRecordRefusesInvalidKeys(t *testing.T, open Opener) {
 	}
 }
 
+// testErrorsQuoteLongKeysShort: spec §12 — error texts quote at most
+// canon.MaxQuoted bytes of a name. Operations on a key that is not stored
+// (an operator's typo, a name from elsewhere), 100 KB long, fail with an
+// error of their own kind whose text stays short.
+func testErrorsQuoteLongKeysShort(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	key := canon.Prefix + "batches/" + strings.Repeat("L", 100_000)
+	short := func(what string, err error, want error) {
+		t.Helper()
+		if !errors.Is(err, want) {
+			t.Errorf("%s of a 100 KB unknown key: %v, want %v", what, truncated(err), want)
+			return
+		}
+		if n := len(err.Error()); n > 4*canon.MaxQuoted+200 {
+			t.Errorf("%s error is %d bytes long, want it to quote at most %d bytes of the key: %s", what, n, canon.MaxQuoted, truncated(err))
+		}
+	}
+	_, err := e.s.Get(e.ctx, key)
+	short("Get", err, sink.ErrNotFound)
+	_, err = e.s.Claim(e.ctx, key, "o", time.Minute)
+	short("Claim", err, sink.ErrNotFound)
+	short("Retry", e.s.Retry(e.ctx, key), sink.ErrNotFound)
+	err = e.s.Complete(e.ctx, key, 1)
+	if !errors.Is(err, sink.ErrFenced) && !errors.Is(err, sink.ErrNotFound) {
+		t.Errorf("Complete of a 100 KB unknown key: %v, want fenced or not found", truncated(err))
+	} else if n := len(err.Error()); n > 4*canon.MaxQuoted+200 {
+		t.Errorf("Complete error is %d bytes long, want it to quote at most %d bytes of the key: %s", n, canon.MaxQuoted, truncated(err))
+	}
+}
+
+// truncated is err's text, cut for a test failure message.
+func truncated(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	s := err.Error()
+	if len(s) > 400 {
+		return s[:400] + "…"
+	}
+	return s
+}
+
 func checkInvalid(t *testing.T, what string, err error) {
 	t.Helper()
 	if !errors.Is(err, canon.ErrInvalidKey) {

@@ -125,6 +125,7 @@ func Run(t *testing.T, open Opener) {
 		{"RecordDuplicate", testRecordDuplicate},
 		{"RecordConflict", testRecordConflict},
 		{"RecordRefusesInvalidKeys", testRecordRefusesInvalidKeys},
+		{"ErrorsQuoteLongKeysShort", testErrorsQuoteLongKeysShort},
 		{"Claim", testClaim},
 		{"Complete", testComplete},
 		{"Fenced", testFenced},
