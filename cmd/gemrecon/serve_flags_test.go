@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
 
 // serve --drain-timeout 0 does not wait for requests in flight: SIGTERM
@@ -24,36 +21,7 @@ import (
 // default, and the request was answered 500 once the effect's --grace ran
 // out.
 func TestServeDrainTimeoutZeroClosesAtOnce(t *testing.T) {
-	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
-	pidFile := filepath.Join(dir, "effect.pid")
-	addr := freeAddr(t)
-	cmd := child(t, "--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr,
-		"--sync", "--grace", "2s", "--drain-timeout", "0",
-		"--exec", "echo $$ > "+shellQuote(pidFile)+".tmp && mv "+shellQuote(pidFile)+".tmp "+shellQuote(pidFile)+"; sleep 60")
-	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
-
-	answered := make(chan int, 1)
-	go func() {
-		resp, err := http.Post("http://"+addr+"/webhook", "application/json",
-			strings.NewReader(`{"type":"batch.succeeded","data":{"id":"cut"}}`))
-		if err != nil {
-			answered <- 0
-			return
-		}
-		resp.Body.Close()
-		answered <- resp.StatusCode
-	}()
-	waitFile(t, pidFile, 30*time.Second)
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	cmd, stderr, db, answered, pgid := serveSyncEffect(t, "cut", "--grace", "2s", "--drain-timeout", "0")
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -72,15 +40,7 @@ func TestServeDrainTimeoutZeroClosesAtOnce(t *testing.T) {
 	}
 	// serve still ended the effect and recorded it before exiting.
 	waitFor(t, 5*time.Second, func() bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) })
-	s, err := sqlite.Open(context.Background(), db, sink.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	e, err := s.Get(context.Background(), "gemini:batches/cut")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := storedEntry(t, db, "gemini:batches/cut")
 	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
 		t.Errorf("after SIGTERM the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
@@ -25,38 +27,7 @@ import (
 // exited 1 and left the key claimed for a whole --lease with the effect
 // still running on its own; after the lease the takeover ran it again.
 func TestServeSyncSIGTERMLeavesNoClaim(t *testing.T) {
-	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
-	pidFile := filepath.Join(dir, "effect.pid")
-	addr := freeAddr(t)
-	cmd := child(t, "--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr,
-		"--sync", "--grace", "1s", "--drain-timeout", "8s",
-		"--exec", "echo $$ > "+shellQuote(pidFile)+".tmp && mv "+shellQuote(pidFile)+".tmp "+shellQuote(pidFile)+"; sleep 60")
-	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
-
-	answered := make(chan int, 1)
-	go func() {
-		resp, err := http.Post("http://"+addr+"/webhook", "application/json",
-			strings.NewReader(`{"type":"batch.succeeded","data":{"id":"slow"}}`))
-		if err != nil {
-			answered <- 0
-			return
-		}
-		resp.Body.Close()
-		answered <- resp.StatusCode
-	}()
-	waitFile(t, pidFile, 30*time.Second)
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The command leads its own process group (dispatch); whatever this test
-	// leaves of it must not outlive the test.
-	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	cmd, stderr, db, answered, pgid := serveSyncEffect(t, "slow", "--grace", "1s", "--drain-timeout", "8s")
 
 	sent := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -75,16 +46,65 @@ func TestServeSyncSIGTERMLeavesNoClaim(t *testing.T) {
 	// The effect's process group is gone (a grandchild, sleep, included).
 	waitFor(t, 5*time.Second, func() bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) })
 
+	e := storedEntry(t, db, "gemini:batches/slow")
+	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
+		t.Errorf("after SIGTERM the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
+	}
+}
+
+// serveSyncEffect starts `serve --sync` with serveArgs, sends it a webhook
+// for batches/id whose effect writes its process group id and sleeps, and
+// returns once that effect runs: serve, its stderr, its database, the
+// channel the request's status arrives on (0: no answer, the connection was
+// cut) and the effect's process group, killed when the test ends (the
+// command leads its own group; whatever the test leaves of it must not
+// outlive the test).
+func serveSyncEffect(t *testing.T, id string, serveArgs ...string) (*exec.Cmd, *testkit.Buffer, string, <-chan int, int) {
+	t.Helper()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "s.db")
+	pidFile := filepath.Join(dir, "effect.pid")
+	addr := freeAddr(t)
+	args := append([]string{"--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr, "--sync"}, serveArgs...)
+	cmd := child(t, append(args,
+		"--exec", "echo $$ > "+shellQuote(pidFile)+".tmp && mv "+shellQuote(pidFile)+".tmp "+shellQuote(pidFile)+"; sleep 60")...)
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
+
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/webhook", "application/json",
+			strings.NewReader(`{"type":"batch.succeeded","data":{"id":"`+id+`"}}`))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	waitFile(t, pidFile, 30*time.Second)
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	return cmd, stderr, db, answered, pgid
+}
+
+// storedEntry reads key from the SQLite database db, read-only.
+func storedEntry(t *testing.T, db, key string) sink.Entry {
+	t.Helper()
 	s, err := sqlite.Open(context.Background(), db, sink.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	e, err := s.Get(context.Background(), "gemini:batches/slow")
+	e, err := s.Get(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
-		t.Errorf("after SIGTERM the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
-	}
+	return e
 }
