@@ -508,8 +508,9 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 }
 
 // runSync runs the key's effect in the request: 200 once done, 500 when the
-// effect failed (the sender retries), 202 when another live holder has it
-// past SyncWait.
+// effect failed in this request (the sender retries), 202 when another live
+// holder has it past SyncWait, and 202 "dead" for a key that was dead
+// before the request (nothing ran, and a redelivery cannot change that).
 func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
 	h.syncRuns.add(1)
 	defer h.syncRuns.add(-1)
@@ -569,8 +570,15 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 				writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
 				return
 			case sink.StateDead:
-				writeJSON(w, http.StatusInternalServerError, map[string]string{
-					"key": key, "status": string(sink.StateDead), "error": "the key is dead: " + e.LastError})
+				// Dead before this request: nothing ran in it, and no
+				// delivery can change that until an operator's retry
+				// (which runs the key without one). A 500 would only make
+				// the sender retry for 24 h and perhaps disable the
+				// webhook (spec §6's reason to answer an unusable body
+				// 2xx): 202 — the sighting is durable — saying so.
+				h.log.Warn("webhook sync: the key is dead; answered 202 without running it (gemrecon retry runs it again)", "key", key, "last_error", e.LastError)
+				writeJSON(w, http.StatusAccepted, map[string]string{
+					"key": key, "status": string(sink.StateDead), "error": "the key is dead (nothing ran; `gemrecon retry` runs it again): " + e.LastError})
 				return
 			case sink.StatePending:
 				if e.NextAttemptAt.After(time.Now().Add(pause)) {

@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
@@ -165,5 +167,38 @@ func TestSyncSenderHangsUp(t *testing.T) {
 	}
 	if got := effectLines(t, effects); !slices.Equal(got, []string{"gemini:batches/hangup1"}) {
 		t.Errorf("effect runs = %q, want one", got)
+	}
+}
+
+// A key whose effect failed for good answers 500 in the request where it
+// failed; a redelivery of the dead key runs nothing and answers 202 "dead"
+// (durable, nothing a retry of the sender could change), not 500 again:
+// every non-2xx makes the Gemini API retry for 24 h and can disable the
+// webhook (spec §6).
+func TestSyncDeadKey(t *testing.T) {
+	var runs int
+	base, s, _ := syncServer(t, func(context.Context, string) error {
+		runs++
+		return effect.Permanent(errors.New("downstream refuses this batch"))
+	}, time.Second)
+	r := post(t, base, event("d1"))
+	if r.Code != 500 || r.Status != "dead" || r.Error == "" {
+		t.Fatalf("sync delivery whose effect fails for good = %d %q %q, want 500 dead with an error", r.Code, r.Status, r.Error)
+	}
+	e, err := s.Get(context.Background(), "gemini:batches/d1")
+	if err != nil || e.State != sink.StateDead {
+		t.Fatalf("after 500: %+v, %v; want dead", e, err)
+	}
+	for i := range 2 {
+		r := post(t, base, event("d1"))
+		if r.Code != 202 || r.Status != "dead" || !strings.Contains(r.Error, "downstream refuses this batch") {
+			t.Errorf("redelivery %d of a dead key = %d %q %q, want 202 dead naming the last error", i+1, r.Code, r.Status, r.Error)
+		}
+	}
+	if runs != 1 {
+		t.Errorf("effect ran %d times, want once", runs)
+	}
+	if e, err := s.Get(context.Background(), "gemini:batches/d1"); err != nil || e.State != sink.StateDead || e.Attempts != 1 {
+		t.Errorf("after the redeliveries: %+v, %v; want dead after 1 attempt", e, err)
 	}
 }
