@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -23,6 +24,22 @@ import (
 type Result struct {
 	Syncs   int
 	Elapsed time.Duration
+	// Each is the time of one write and its fdatasync, in order.
+	Each []time.Duration
+}
+
+// Median is the median of Each (0 when empty): the time of a typical sync,
+// which the device's occasional slow syncs do not move as they move Rate.
+func (s Result) Median() time.Duration {
+	if len(s.Each) == 0 {
+		return 0
+	}
+	c := slices.Clone(s.Each)
+	slices.Sort(c)
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
 }
 
 // Rate is syncs per second.
@@ -107,7 +124,12 @@ func (p Probe) Run(dir string, d time.Duration, limit int) (Result, error) {
 	start := time.Now()
 	n := 0
 	off := int64(0)
+	var each []time.Duration
+	if limit > 0 {
+		each = make([]time.Duration, 0, limit)
+	}
 	for (d <= 0 || time.Since(start) < d) && (limit <= 0 || n < limit) {
+		t := time.Now()
 		if p.Overwrite {
 			if _, err := f.WriteAt(rec, off); err != nil {
 				return Result{}, err
@@ -121,7 +143,8 @@ func (p Probe) Run(dir string, d time.Duration, limit int) (Result, error) {
 		if err := sync(); err != nil {
 			return Result{}, err
 		}
+		each = append(each, time.Since(t))
 		n++
 	}
-	return Result{Syncs: n, Elapsed: time.Since(start)}, nil
+	return Result{Syncs: n, Elapsed: time.Since(start), Each: each}, nil
 }

@@ -140,6 +140,8 @@ func (s sample) cell(format string) string {
 
 func perSecond(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
 func report(ctx context.Context, c config, out io.Writer) error {
 	start := time.Now().UTC()
 	load := loadAverage()
@@ -173,12 +175,24 @@ func report(ctx context.Context, c config, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		d, err := commitcost.NewCompletions(ctx, s, c.n, "r", nil)
+		// Each step's time, from the end of the step before (one clock
+		// read per step, inside the timed run).
+		steps := map[string][]time.Duration{}
+		last := time.Now()
+		d, err := commitcost.NewCompletions(ctx, s, c.n, "r", func(step string) error {
+			now := time.Now()
+			steps[step] = append(steps[step], now.Sub(last))
+			last = now
+			return nil
+		})
 		s.Close()
 		if err != nil {
 			return err
 		}
 		add("sqlite new", perSecond(c.n, d))
+		for _, step := range []string{commitcost.StepRecordClaim, commitcost.StepComplete} {
+			add("p50 "+step, micros(disksync.Result{Each: steps[step]}.Median()))
+		}
 		for _, done := range []bool{false, true} {
 			s, err := openSQLite(ctx, dir, "dup")
 			if err != nil {
@@ -197,6 +211,7 @@ func report(ctx context.Context, c config, out io.Writer) error {
 				return err
 			}
 			add(p.String(), res.Rate())
+			add("p50 "+p.String(), micros(res.Median()))
 		}
 		if c.pg != "" {
 			s, drop, err := pgSink(ctx, c.pg)
@@ -222,6 +237,13 @@ func report(ctx context.Context, c config, out io.Writer) error {
 		add("new/overwriteEqual", q["sqlite new"][r]/q[probes(equal)[2].String()][r])
 		// Two commits a completion: at most half the overwrite syncs.
 		add("new/ceiling", q["sqlite new"][r]/(q[probes(equal)[2].String()][r]/2))
+		// The same at the median, where the device's slow syncs weigh
+		// nothing: a typical completion's two commits against two typical
+		// overwrite syncs, and the time between (CPU, locks, writes).
+		ow := q["p50 "+probes(equal)[2].String()][r]
+		rc, cp := q["p50 "+commitcost.StepRecordClaim][r], q["p50 "+commitcost.StepComplete][r]
+		add("p50 over", rc+cp-2*ow)
+		add("p50 ratio", (rc+cp)/(2*ow))
 		if c.pg != "" {
 			add("pg new/seed", q["pg new"][len(q["pg new"])-1]/q["seed new"][r])
 			add("pg dup/seed", q["pg dup done=false"][len(q["pg dup done=false"])-1]/q["seed dup"][r])
@@ -253,6 +275,11 @@ func report(ctx context.Context, c config, out io.Writer) error {
 		w("| completions per raw sync (%s)%s | %s |\n", p, map[int]string{0: " (≥ 0.4 wanted)"}[i], q[key].cell("%.3f"))
 	}
 	w("| **new completions ÷ the two-sync ceiling** (overwrite syncs/s ÷ 2: what two commits of a completion allow on this disk; a disk-relative measure) | **%s** |\n", q["new/ceiling"].cell("%.2f"))
+	ow := "p50 " + probes(equal)[2].String()
+	w("| median time of one step (µs): `RecordAndClaim` commit · `Complete` commit · one raw overwrite of %d B + fdatasync | %s · %s · %s |\n",
+		equal, q["p50 "+commitcost.StepRecordClaim].cell("%.0f"), q["p50 "+commitcost.StepComplete].cell("%.0f"), q[ow].cell("%.0f"))
+	w("| median completion (the two steps' medians) ÷ two median overwrite syncs · what is left above the two syncs, µs (CPU, locks, writes between the syncs) | %s · %s |\n",
+		q["p50 ratio"].cell("%.2f"), q["p50 over"].cell("%.0f"))
 	if c.pg != "" {
 		w("| PostgreSQL sink, sequential new completions/s | %s |\n", q["pg new"].cell("%.0f"))
 		w("| new completions: PostgreSQL ÷ seed | %s |\n", q["pg new/seed"].cell("%.2f"))
