@@ -5,7 +5,10 @@
 // run in the same run on the same disk), and the raw disk probes: append
 // 128 bytes, append and overwrite as many bytes as a commit appends, each
 // followed by fdatasync. Rates are the median of -runs runs [min–max];
-// ratios are the median of the per-run ratios.
+// ratios are the median of the per-run ratios. Each run also times every
+// step (the RecordAndClaim commit, the Complete commit) and every probe
+// sync one by one, and compares their medians: a typical completion against
+// two typical syncs, which the device's occasional slow syncs do not move.
 //
 //	go run ./internal/commitcost/cmd            # from the module root
 //	GEMRECON_TEST_POSTGRES=postgres://… go run ./internal/commitcost/cmd   # PostgreSQL too
