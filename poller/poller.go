@@ -7,7 +7,8 @@
 // raw operation as the API sent it (the SDK drops a failed batch's error on
 // the Gemini backend), the lookback stop rule (spec §5.2: paging ends early
 // only once the listing has shown itself newest first), the scope a pass
-// lists (spec §5.5), and refusing to loop on a repeated page token. It
+// lists (spec §5.5), and refusing to loop on a repeated page token or on
+// fresh tokens for pages that list nothing new (ErrEndlessListing). It
 // records nothing and keeps no state between passes: the caller's callback
 // records, and the caller decides when a pass must be a full scan.
 // Pages are streamed to the callback, never collected, so memory stays flat
@@ -64,6 +65,12 @@ var (
 	// ErrRepeatedPageToken: the API handed back a page token it had already
 	// given in this pass; paging stops instead of looping.
 	ErrRepeatedPageToken = errors.New("repeated page token")
+	// ErrEndlessListing: the API went on handing out new page tokens for
+	// pages that were empty (MaxEmptyPagesInRow in a row) or that listed
+	// only operations this pass had listed already; paging stops instead
+	// of reading forever. Never retried: the same requests get the same
+	// answers.
+	ErrEndlessListing = errors.New("endless listing")
 	// ErrMalformedPage: a list response that could not be decoded. (One
 	// larger than MaxResponseBody is not read at all: ErrBodyTooLarge.)
 	ErrMalformedPage = errors.New("malformed list page")
@@ -445,6 +452,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		seen      = map[string]struct{}{}
 		token     = ""
 		loggedOff = false
+		loops     = newLoopCheck()
 	)
 	for {
 		ops, next, err := p.page(ctx, trace, token, stats.Pages+1)
@@ -491,6 +499,9 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		if _, dup := seen[next]; dup || next == token {
 			return stats, fmt.Errorf("poller: page %d: %w %q (the API is looping; %d operations listed before it)",
 				stats.Pages, ErrRepeatedPageToken, truncate(next, 40), stats.Listed)
+		}
+		if err := loops.page(ops); err != nil {
+			return stats, fmt.Errorf("poller: page %d: %w; %d operations listed in all", stats.Pages, err, stats.Listed)
 		}
 		seen[next] = struct{}{}
 		token = next

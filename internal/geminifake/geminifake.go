@@ -180,6 +180,12 @@ type Fault struct {
 	// RepeatToken answers the page normally but returns the request's own
 	// pageToken as nextPageToken: the API loops.
 	RepeatToken bool
+	// DropPageToken answers a list request as if it carried no pageToken
+	// (a proxy or gateway that drops the query parameter: the first page
+	// again), with a next page token minted for this response alone, as an
+	// API whose tokens hold a nonce or a time would: the tokens never
+	// repeat, the pages do.
+	DropPageToken bool
 }
 
 // Request is what the fake recorded of one request.
@@ -237,6 +243,7 @@ type Server struct {
 	hook     func(*http.Request) *Fault
 	requests []Request
 	seq      uint64
+	minted   uint64 // tokens minted by DropPageToken
 
 	srv *http.Server
 	ln  net.Listener
@@ -724,6 +731,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, f *Fault, prefix, 
 	}
 	size = min(size, s.opts.MaxPageSize)
 	token := q.Get("pageToken")
+	if f != nil && f.DropPageToken {
+		token = ""
+	}
 	var (
 		fromKey  sortKey
 		fromName string
@@ -769,6 +779,12 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, f *Fault, prefix, 
 	s.mu.Unlock()
 	if f != nil && f.RepeatToken && token != "" {
 		next = token
+	}
+	if f != nil && f.DropPageToken && next != "" {
+		s.mu.Lock()
+		s.minted++
+		next += "." + strconv.FormatUint(s.minted, 10)
+		s.mu.Unlock()
 	}
 	out := map[string]any{field: items}
 	if next != "" {
