@@ -100,7 +100,7 @@ func TestStoredKeysStayReadable(t *testing.T) {
 		t.Errorf("retry of stored keys printed %q, want both pending", r.stdout)
 	}
 	r = gemrecon(t, "--db", db, "retry", "batches/"+strings.Repeat("n", 600))
-	wantCode(t, r, exitFatal)
+	wantCode(t, r, exitUsage)
 	if !strings.Contains(r.stderr, "none could be") {
 		t.Errorf("retry of an unknown over-long name: stderr %q, want it to say no such key could be recorded", r.stderr)
 	}
@@ -119,7 +119,7 @@ func TestRetryEscapesStoredKeysInErrors(t *testing.T) {
 	storeRaw(t, db, nul, "done", "")
 
 	r := gemrecon(t, "--db", db, "retry", esc, nul, "batches/un\x07known")
-	wantCode(t, r, exitFatal)
+	wantCode(t, r, exitUsage) // the last could never be a key (spec §12)
 	if strings.ContainsAny(r.stderr, "\x1b\x00\x07") {
 		t.Errorf("retry printed raw control characters:\n%q", r.stderr)
 	}
@@ -134,8 +134,30 @@ func TestRetryEscapesStoredKeysInErrors(t *testing.T) {
 	}
 
 	r = gemrecon(t, "--db", db, "retry", "batches/"+strings.Repeat("n", 100_000))
-	wantCode(t, r, exitFatal)
+	wantCode(t, r, exitUsage)
 	if len(r.stderr) > 1000 || !strings.Contains(r.stderr, "none could be") {
 		t.Errorf("retry of an unknown 100 KB name: stderr of %d bytes %.300q…, want a short one that says no such key could be recorded", len(r.stderr), r.stderr)
 	}
+}
+
+// TestRetryOfANameNoKeyCanBeIsAUsageError: retry of a name that spec §12
+// refuses and that no stored key has is exit 2, as status of it is (it can
+// never be retried: no sighting can record it); the other keys given are
+// still retried. An unknown name that could be a key stays exit 1.
+func TestRetryOfANameNoKeyCanBeIsAUsageError(t *testing.T) {
+	db := newDB(t)
+	storeRaw(t, db, "gemini:batches/d1", "dead", "")
+	r := gemrecon(t, "--db", db, "retry", "batches/d1", "batches/")
+	wantCode(t, r, exitUsage)
+	if !strings.Contains(r.stdout, "gemini:batches/d1: pending, due now") {
+		t.Errorf("retry printed %q, want batches/d1 sent back to pending", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "names a collection") || !strings.Contains(r.stderr, "1 of 2 key(s) could not be retried (1 of them names that no key can have)") {
+		t.Errorf("retry's stderr = %q, want the refused name and the count", r.stderr)
+	}
+	r = gemrecon(t, "--db", db, "status", "batches/d1")
+	wantCode(t, r, exitNotDone)
+
+	r = gemrecon(t, "--db", db, "retry", "batches/never-seen")
+	wantCode(t, r, exitFatal)
 }

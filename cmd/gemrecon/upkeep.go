@@ -81,7 +81,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 	if o.allDead {
 		return a.retryAllDead(ctx, s)
 	}
-	var failed int
+	var failed, never int
 	for _, k := range keys {
 		err := s.Retry(ctx, k)
 		if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
@@ -91,6 +91,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 		}
 		if errors.Is(err, sink.ErrNotFound) {
 			if cerr := canon.CheckKey(k); cerr != nil {
+				never++
 				err = fmt.Errorf("%w (and none could be: %v)", err, cerr)
 			} else if hint := meantKeys(ctx, s, k); hint != "" {
 				err = fmt.Errorf("%w; %s", err, hint)
@@ -108,7 +109,12 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 			return err
 		}
 	}
-	if failed > 0 {
+	switch {
+	case never > 0:
+		// A name that spec §12 refuses and that is not stored can never
+		// be retried: a usage error, as status says of it (exit 2).
+		return usageError("%d of %d key(s) could not be retried (%d of them names that no key can have)", failed, len(keys), never)
+	case failed > 0:
 		return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
 	}
 	return nil
