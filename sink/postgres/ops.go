@@ -496,6 +496,7 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 		return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), withCtxErr(ctx, err))
 	}
 	if len(got) == 1 && got[0].state == string(sink.StateClaimed) {
+		s.freshExtras(ctx, got)
 		return got[0].claim, nil
 	}
 	// Not claimed: tell unknown from unclaimable (including a takeover of
@@ -511,6 +512,69 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 		return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), sink.ErrNotFound)
 	}
 	return sink.Claim{}, fmt.Errorf("postgres: claim %s: %w", canon.Quote(key), sink.ErrNotClaimable)
+}
+
+// freshExtras re-reads the extras (first webhook body, results file) of
+// claims that a claim statement may have joined from a stale snapshot. In
+// READ COMMITTED a statement that waits for a row lock updates the row as
+// the other transaction left it (RETURNING gives that version), but every
+// other table it reads, the extras joined in claimTail included, comes
+// from the snapshot taken when it started. A claim that waited for the
+// confirming sighting of a webhook-first key (confirmSightingSQL: the API's
+// operation becomes the payload, the webhook body moves to the extras)
+// therefore got the confirmed row without the webhook body: the effect's
+// event lacked it (ClaimDue never waits: it skips locked rows). Such a
+// claim is confirmed, first seen by webhook, and has no webhook body; a new
+// statement sees what that transaction committed. A failure here leaves the
+// claims as they are (the claim is made and must be handed over; its
+// extras are only what they were).
+func (s *Sink) freshExtras(ctx context.Context, rows []claimRow) {
+	var keys []string
+	for _, r := range rows {
+		c := r.claim
+		if r.state == string(sink.StateClaimed) && c.Confirmed && c.FirstSource == sink.SourceWebhook && c.Webhook == nil {
+			keys = append(keys, c.Key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	type extras struct {
+		webhook     []byte
+		resultsFile string
+	}
+	fresh := map[string]extras{}
+	err := s.withConn(ctx, func(c *pgx.Conn) error {
+		rs, err := c.Query(ctx, `SELECT key, webhook, results_file FROM gemrecon_key_extras WHERE key = ANY($1)`, keys)
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		for rs.Next() {
+			var k string
+			var x extras
+			if err := rs.Scan(&k, &x.webhook, &x.resultsFile); err != nil {
+				return err
+			}
+			fresh[k] = x
+		}
+		return rs.Err()
+	})
+	if err != nil {
+		s.log.Warn("postgres sink: claimed keys' extras not read again; their effect events may lack the webhook body", "keys", len(keys), "err", err)
+		return
+	}
+	for i := range rows {
+		c := &rows[i].claim
+		if x, ok := fresh[c.Key]; ok {
+			if x.webhook != nil {
+				c.Webhook = x.webhook
+			}
+			if c.ResultsFile == "" {
+				c.ResultsFile = x.resultsFile
+			}
+		}
+	}
 }
 
 // readBackClaims returns the claims a cut-off claim statement made, found by
