@@ -29,15 +29,7 @@ func TestClaimThatWaitedForTheConfirmationGetsTheWebhookBody(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	holder, watcher := adminConn(t, dsn), adminConn(t, dsn)
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM gemrecon_keys WHERE key = $1 FOR UPDATE`, key); err != nil {
-		t.Fatal(err)
-	}
+	tx, watcher := lockRow(ctx, t, dsn, key)
 	// First in the row's queue: the confirming sighting.
 	confirmed := make(chan error, 1)
 	go func() {

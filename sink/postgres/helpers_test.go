@@ -121,3 +121,20 @@ func claimedForComplete(ctx context.Context, t *testing.T, s *Sink, sg sink.Sigh
 	}
 	return c
 }
+
+// lockRow begins a transaction on its own connection that holds key's row
+// FOR UPDATE (rolled back at cleanup unless committed), and returns it with
+// a second connection to watch pg_stat_activity from (waitForLockWait).
+func lockRow(ctx context.Context, tb testing.TB, dsn, key string) (pgx.Tx, *pgx.Conn) {
+	tb.Helper()
+	holder, watcher := adminConn(tb, dsn), adminConn(tb, dsn)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM gemrecon_keys WHERE key = $1 FOR UPDATE`, key); err != nil {
+		tb.Fatal(err)
+	}
+	return tx, watcher
+}

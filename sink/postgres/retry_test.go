@@ -42,15 +42,7 @@ func TestRetryOfAKeyChangedWhileItWaits(t *testing.T) {
 			if st, err := s.Fail(ctx, key, c.Token, sink.Failure{Cause: "boom"}); err != nil || st != sink.StateDead {
 				t.Fatalf("Fail = %s, %v; want dead", st, err)
 			}
-			holder, watcher := adminConn(t, dsn), adminConn(t, dsn)
-			tx, err := holder.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(context.Background()) }()
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM gemrecon_keys WHERE key = $1 FOR UPDATE`, key); err != nil {
-				t.Fatal(err)
-			}
+			tx, watcher := lockRow(ctx, t, dsn, key)
 			done := make(chan error, 1)
 			go func() { done <- s.Retry(ctx, key) }()
 			waitForLockWait(ctx, t, watcher, "UPDATE gemrecon_keys SET state = 'pending'", done)
