@@ -29,7 +29,7 @@ type keyReader struct {
 
 // openKeyReaders opens the key readers on their own pool (kdb).
 func (s *Sink) openKeyReaders(ctx context.Context) error {
-	db, err := openDB(s.path, s.opt.BusyTimeout, false)
+	db, err := s.openWritable()
 	if err != nil {
 		return err
 	}
