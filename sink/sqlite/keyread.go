@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -187,15 +186,6 @@ func (s *Sink) lookupKeyRow(ctx context.Context, key string) (keyRow, bool, erro
 		s.rows.put(key, r, v)
 	}
 	return r, found, err
-}
-
-// shmBase is the database path SQLite names its -shm file after: SQLite
-// follows symbolic links to the database file.
-func shmBase(path string) string {
-	if p, err := filepath.EvalSymlinks(path); err == nil {
-		return p
-	}
-	return path
 }
 
 // cachedRow is key's row from rowCache when one is valid now (hit), and the

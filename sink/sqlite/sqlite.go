@@ -292,7 +292,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	}
 	// The connections are in WAL mode and have read: SQLite has opened
 	// the -shm file. Without it every duplicate is read from the database.
-	if s.wal, err = openWALIndex(shmBase(path)); err != nil {
+	if s.wal, err = s.openOwnWALIndex(ctx); err != nil {
 		s.log.Debug("sqlite sink: the WAL-index header cannot be read; duplicates of keys not done are read from the database", "db", path, "err", err)
 		s.wal = nil
 	}
@@ -301,6 +301,22 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	s.exited = make(chan struct{})
 	go s.writeLoop()
 	return s, nil
+}
+
+// openOwnWALIndex opens the WAL-index of the file the writer connection has
+// open: SQLite names its -shm file after its own name of the database
+// (qMainFile), not after the path the sink was given, which may be a
+// symbolic link retargeted since SQLite followed it. That name must still
+// name the sink's identity.
+func (s *Sink) openOwnWALIndex(ctx context.Context) (*walIndex, error) {
+	var file string
+	if err := s.wconn.QueryRowContext(ctx, qMainFile).Scan(&file); err != nil {
+		return nil, err
+	}
+	if err := s.ident.sameFile(s.path, file); err != nil {
+		return nil, err
+	}
+	return openWALIndex(file)
 }
 
 // checkFile refuses, before SQLite touches anything, a path that is a
@@ -545,7 +561,13 @@ func (c checkedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // SQLite did not put in WAL mode.
 var ErrNotWAL = errors.New("the database is not in WAL mode")
 
-// checkConn refuses a writing sink's connection that is not in WAL mode.
+// qMainFile is SQLite's own name of the database file a connection has
+// open: the absolute path, with every symbolic link resolved.
+const qMainFile = `SELECT file FROM pragma_database_list WHERE name = 'main'`
+
+// checkConn refuses a writing sink's connection that is not in WAL mode, or
+// that SQLite opened on another file than the sink's identity (sameFile).
+//
 // The driver runs PRAGMA journal_mode=WAL and discards its answer, and
 // SQLite answers a switch it cannot make (no shared memory for the file:
 // another VFS, nolock; a build without WAL) with the mode it keeps, not an
@@ -563,7 +585,11 @@ func (s *Sink) checkConn(ctx context.Context, c driver.Conn) error {
 		return fmt.Errorf("sqlite sink %s: %w: SQLite kept it in journal mode %q when asked for WAL (it does so when it cannot switch), and gemrecon needs WAL mode: "+
 			"refusing to use it; run gemrecon again once `sqlite3 %s 'PRAGMA journal_mode=WAL'` prints wal", s.path, ErrNotWAL, mode, s.path)
 	}
-	return nil
+	file, err := connText(ctx, c, qMainFile)
+	if err != nil {
+		return err
+	}
+	return s.ident.sameFile(s.path, file)
 }
 
 // connText runs q on a driver connection and returns its one text value.
