@@ -557,8 +557,8 @@ func (c checkedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	return conn, nil
 }
 
-// ErrNotWAL is wrapped by the error of a writing Open whose connection
-// SQLite did not put in WAL mode.
+// ErrNotWAL is wrapped by the refusal of a writing sink's connection that
+// SQLite did not put in WAL mode (at Open: the Open's error).
 var ErrNotWAL = errors.New("the database is not in WAL mode")
 
 // qMainFile is SQLite's own name of the database file a connection has
@@ -570,12 +570,12 @@ const qMainFile = `SELECT file FROM pragma_database_list WHERE name = 'main'`
 //
 // The driver runs PRAGMA journal_mode=WAL and discards its answer, and
 // SQLite answers a switch it cannot make (no shared memory for the file:
-// another VFS, nolock; a build without WAL) with the mode it keeps, not an
-// error. Everything the sink does assumes WAL: commits under
-// synchronous=FULL, readers beside the writer, and the row cache, which
-// reads the WAL-index header of the -shm file: in another mode a stale -shm
-// beside the file would never change, and duplicates would be answered
-// from memory however other processes changed the database.
+// another VFS, nolock) with the mode it keeps, not an error. Everything the
+// sink does assumes WAL: commits under synchronous=FULL, readers beside the
+// writer, and the row cache, which reads the WAL-index header of the -shm
+// file. In another mode an -shm beside the file is a stale one that no
+// commit changes (the row cache, armed only by a change its own commit
+// made, would stay off; nothing here relies on that).
 func (s *Sink) checkConn(ctx context.Context, c driver.Conn) error {
 	mode, err := connText(ctx, c, "PRAGMA journal_mode")
 	if err != nil {
