@@ -327,6 +327,15 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		// A link to nothing: creating the file (O_EXCL) would fail on the
+		// link, and creating its target is not what was asked.
+		if target, lerr := os.Readlink(path); lerr == nil {
+			what := fmt.Sprintf("is a symbolic link to %s, which does not exist: point it at the database", target)
+			if readOnly {
+				return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, what)
+			}
+			return fmt.Errorf("sqlite sink %s: %s, or at a path in a directory where gemrecon may create it", path, what)
+		}
 		if readOnly {
 			return fmt.Errorf("sqlite sink %s: %w (nothing recorded yet: run a writing command such as poll first)", path, sink.ErrNoDatabase)
 		}
