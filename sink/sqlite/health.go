@@ -181,6 +181,24 @@ func (id *identity) close() {
 	}
 }
 
+// sameFile fails unless file — the name SQLite gives the database it has
+// open (qMainFile), every symbolic link resolved — names the file of id. The
+// path the sink was given may be a link, and retargeting it while the sink
+// opens could give SQLite, one connection or the -shm reader another file
+// than the identity check sees.
+func (id *identity) sameFile(path, file string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil {
+		return fmt.Errorf("sqlite sink %s: %w (the file SQLite opened, %s: %v): the path was changed while gemrecon opened it; run gemrecon again",
+			path, ErrFileReplaced, file, err)
+	}
+	if uint64(st.Dev) != id.dev || st.Ino != id.ino {
+		return fmt.Errorf("sqlite sink %s: %w (SQLite opened %s, device %d inode %d; the path named device %d inode %d when the open began): "+
+			"the path was changed while gemrecon opened it; run gemrecon again", path, ErrFileReplaced, file, st.Dev, st.Ino, id.dev, id.ino)
+	}
+	return nil
+}
+
 // checkIdentity fails unless the path still names the file the sink opened:
 // one stat, made after every commit.
 func (s *Sink) checkIdentity() error {

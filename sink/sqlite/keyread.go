@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -29,7 +28,7 @@ type keyReader struct {
 
 // openKeyReaders opens the key readers on their own pool (kdb).
 func (s *Sink) openKeyReaders(ctx context.Context) error {
-	db, err := openDB(s.path, s.opt.BusyTimeout, false)
+	db, err := s.openWritable()
 	if err != nil {
 		return err
 	}
@@ -187,15 +186,6 @@ func (s *Sink) lookupKeyRow(ctx context.Context, key string) (keyRow, bool, erro
 		s.rows.put(key, r, v)
 	}
 	return r, found, err
-}
-
-// shmBase is the database path SQLite names its -shm file after: SQLite
-// follows symbolic links to the database file.
-func shmBase(path string) string {
-	if p, err := filepath.EvalSymlinks(path); err == nil {
-		return p
-	}
-	return path
 }
 
 // cachedRow is key's row from rowCache when one is valid now (hit), and the

@@ -113,6 +113,18 @@ func TestOpenBadInput(t *testing.T) {
 			want:  []string{"no database"},
 		},
 		{
+			name:  "link to nothing",
+			setup: func(t *testing.T, path string) { os.Symlink("missing.db", path) },
+			want:  []string{"is a symbolic link to missing.db, which does not exist"},
+		},
+		{
+			name:  "link to nothing read-only",
+			setup: func(t *testing.T, path string) { os.Symlink("missing.db", path) },
+			opt:   sink.Options{ReadOnly: true},
+			is:    sink.ErrNoDatabase,
+			want:  []string{"is a symbolic link to missing.db, which does not exist"},
+		},
+		{
 			name: "schema too new",
 			setup: func(t *testing.T, path string) {
 				s, err := openRW(path, sink.Options{})

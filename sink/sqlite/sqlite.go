@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -53,6 +54,7 @@ type config struct {
 	logger          *slog.Logger
 	doneCacheSize   int
 	extraMigrations []migration // tests: a newer binary's migrations
+	dsnParams       string      // tests: appended to the writing pools' DSN
 }
 
 // WithLogger sets where payload conflicts and fenced outcomes are logged
@@ -70,6 +72,7 @@ type Sink struct {
 	log        *slog.Logger
 	migrations []migration // what this binary knows
 	ident      *identity   // the opened file; nil when read-only
+	dsnParams  string      // see config
 	broken     atomic.Pointer[brokenErr]
 
 	rdb *sql.DB // reader pool
@@ -193,6 +196,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		done:       newDoneCache(cfg.doneCacheSize),
 		stats:      newStatBuffer(),
 		rows:       newRowCache(),
+		dsnParams:  cfg.dsnParams,
 	}
 	if opt.ReadOnly {
 		s.rdb, err = openDB(path, opt.BusyTimeout, true)
@@ -240,7 +244,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		}
 		s.ident.close()
 	}
-	s.wdb, err = openDB(path, opt.BusyTimeout, false)
+	s.wdb, err = s.openWritable()
 	if err != nil {
 		closeAll()
 		return nil, s.fail(err)
@@ -258,7 +262,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		closeAll()
 		return nil, err
 	}
-	s.rdb, err = openDB(path, opt.BusyTimeout, false)
+	s.rdb, err = s.openWritable()
 	if err != nil {
 		closeAll()
 		return nil, s.fail(err)
@@ -288,7 +292,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	}
 	// The connections are in WAL mode and have read: SQLite has opened
 	// the -shm file. Without it every duplicate is read from the database.
-	if s.wal, err = openWALIndex(shmBase(path)); err != nil {
+	if s.wal, err = s.openOwnWALIndex(ctx); err != nil {
 		s.log.Debug("sqlite sink: the WAL-index header cannot be read; duplicates of keys not done are read from the database", "db", path, "err", err)
 		s.wal = nil
 	}
@@ -299,6 +303,22 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	return s, nil
 }
 
+// openOwnWALIndex opens the WAL-index of the file the writer connection has
+// open: SQLite names its -shm file after its own name of the database
+// (qMainFile), not after the path the sink was given, which may be a
+// symbolic link retargeted since SQLite followed it. That name must still
+// name the sink's identity.
+func (s *Sink) openOwnWALIndex(ctx context.Context) (*walIndex, error) {
+	var file string
+	if err := s.wconn.QueryRowContext(ctx, qMainFile).Scan(&file); err != nil {
+		return nil, err
+	}
+	if err := s.ident.sameFile(s.path, file); err != nil {
+		return nil, err
+	}
+	return openWALIndex(file)
+}
+
 // checkFile refuses, before SQLite touches anything, a path that is a
 // directory, a file that is not SQLite, a damaged header, a schema this
 // binary may not use, a file this process may not write, and (read-only) a
@@ -307,6 +327,15 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		// A link to nothing: creating the file (O_EXCL) would fail on the
+		// link, and creating its target is not what was asked.
+		if target, lerr := os.Readlink(path); lerr == nil {
+			what := fmt.Sprintf("is a symbolic link to %s, which does not exist: point it at the database", target)
+			if readOnly {
+				return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, what)
+			}
+			return fmt.Errorf("sqlite sink %s: %s, or at a path in a directory where gemrecon may create it", path, what)
+		}
 		if readOnly {
 			return fmt.Errorf("sqlite sink %s: %w (nothing recorded yet: run a writing command such as poll first)", path, sink.ErrNoDatabase)
 		}
@@ -478,8 +507,14 @@ const PageSize = 1024
 // pragmas after it already wait for other processes. The driver runs the
 // _pragma list sorted by name and _journal_mode after it: page_size comes
 // before the switch to WAL, which creates the file's first page (the page
-// size of an existing database does not change).
+// size of an existing database does not change). The driver discards what
+// the switch answers: a writing sink's pools check it (openWritable).
 func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
+	return sql.Open("sqlite", dsn(path, busy, readOnly))
+}
+
+// dsn is the driver's name for path, with the pragmas of openDB.
+func dsn(path string, busy time.Duration, readOnly bool) string {
 	pragmas := []string{fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds())}
 	if !readOnly {
 		pragmas = append(pragmas, fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
@@ -498,11 +533,102 @@ func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 		b.WriteString("&_txlock=immediate&_journal_mode=WAL")
 	}
 	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: b.String()}
-	db, err := sql.Open("sqlite", u.String())
+	return u.String()
+}
+
+// openWritable opens one of a writing sink's pools: openDB's, with every
+// connection checked by checkConn as it opens (the pools open connections
+// when they need them, after Open too), so that none is used before it is.
+func (s *Sink) openWritable() (*sql.DB, error) {
+	c, err := msqlite.NewConnector(dsn(s.path, s.opt.BusyTimeout, false) + s.dsnParams)
 	if err != nil {
 		return nil, err
 	}
-	return db, nil
+	return sql.OpenDB(checkedConnector{Connector: c, check: s.checkConn}), nil
+}
+
+// checkedConnector runs check on each connection it opens, and closes it
+// and fails when check does. The connection itself is the driver's.
+type checkedConnector struct {
+	driver.Connector
+	check func(context.Context, driver.Conn) error
+}
+
+func (c checkedConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(ctx, conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// ErrNotWAL is wrapped by the refusal of a writing sink's connection that
+// SQLite did not put in WAL mode (at Open: the Open's error).
+var ErrNotWAL = errors.New("the database is not in WAL mode")
+
+// qMainFile is SQLite's own name of the database file a connection has
+// open: the absolute path, with every symbolic link resolved.
+const qMainFile = `SELECT file FROM pragma_database_list WHERE name = 'main'`
+
+// checkConn refuses a writing sink's connection that is not in WAL mode, or
+// that SQLite opened on another file than the sink's identity (sameFile).
+//
+// The driver runs PRAGMA journal_mode=WAL and discards its answer, and
+// SQLite answers a switch it cannot make (no shared memory for the file:
+// another VFS, nolock) with the mode it keeps, not an error. Everything the
+// sink does assumes WAL: commits under synchronous=FULL, readers beside the
+// writer, and the row cache, which reads the WAL-index header of the -shm
+// file. In another mode an -shm beside the file is a stale one that no
+// commit changes (the row cache, armed only by a change its own commit
+// made, would stay off; nothing here relies on that).
+func (s *Sink) checkConn(ctx context.Context, c driver.Conn) error {
+	mode, err := connText(ctx, c, "PRAGMA journal_mode")
+	if err != nil {
+		return err
+	}
+	if mode != "wal" {
+		return fmt.Errorf("sqlite sink %s: %w: SQLite kept it in journal mode %q when asked for WAL (it does so when it cannot switch), and gemrecon needs WAL mode: "+
+			"refusing to use it; run gemrecon again once `sqlite3 %s 'PRAGMA journal_mode=WAL'` prints wal", s.path, ErrNotWAL, mode, s.path)
+	}
+	file, err := connText(ctx, c, qMainFile)
+	if err != nil {
+		return err
+	}
+	return s.ident.sameFile(s.path, file)
+}
+
+// connText runs q on a driver connection and returns its one text value.
+func connText(ctx context.Context, c driver.Conn, q string) (string, error) {
+	qc, ok := c.(driver.QueryerContext)
+	if !ok {
+		return "", fmt.Errorf("driver connection %T cannot query", c)
+	}
+	rows, err := qc.QueryContext(ctx, q, nil)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	v := make([]driver.Value, len(rows.Columns()))
+	if len(v) != 1 {
+		return "", fmt.Errorf("%s: %d columns, want 1", q, len(v))
+	}
+	if err := rows.Next(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("%s: no row", q)
+		}
+		return "", err
+	}
+	switch x := v[0].(type) {
+	case string:
+		return x, nil
+	case []byte:
+		return string(x), nil
+	}
+	return "", fmt.Errorf("%s: %T, want text", q, v[0])
 }
 
 // fail turns a driver error into one line naming the file and the cause. A
@@ -523,7 +649,7 @@ func (s *Sink) fail(err error) error {
 // a lock (-1: not measured).
 func classify(path string, err error, waited, busy time.Duration) error {
 	var le *lockedError
-	if errors.As(err, &le) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrFileReplaced) {
+	if errors.As(err, &le) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrFileReplaced) || errors.Is(err, ErrNotWAL) {
 		return err // classified already
 	}
 	var se *msqlite.Error

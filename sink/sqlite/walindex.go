@@ -53,9 +53,10 @@ var shmFiles = struct {
 	m map[[2]uint64]*walIndex
 }{m: map[[2]uint64]*walIndex{}}
 
-// openWALIndex returns the walIndex of the database at path, whose -shm file
-// SQLite has opened already (the sink's connections are in WAL mode). Each
-// walIndex it returns is released once (release).
+// openWALIndex returns the walIndex of the database SQLite names path (see
+// openOwnWALIndex), whose -shm file SQLite has opened already (the sink's
+// connections are in WAL mode). Each walIndex it returns is released once
+// (release).
 func openWALIndex(path string) (*walIndex, error) {
 	name := path + "-shm"
 	shmFiles.Lock()

@@ -1,0 +1,152 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/gemrecon/gemrecon/sink"
+)
+
+// fileID is the device and inode of the file at path.
+func fileID(t *testing.T, path string) [2]uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return [2]uint64{uint64(st.Dev), uint64(st.Ino)}
+}
+
+// retarget points the symbolic link at link to target, in one rename.
+func retarget(t *testing.T, link, target string) {
+	t.Helper()
+	tmp := link + ".new"
+	if err := os.Symlink(target, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// linkedSink opens a sink through a symbolic link in one directory to a
+// database in another, and returns it with the link and the real file.
+func linkedSink(t *testing.T) (s *Sink, link, real string) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{"real", "links"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real = filepath.Join(dir, "real", "a.db")
+	link = filepath.Join(dir, "links", "gemrecon.db")
+	if err := os.WriteFile(real, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(context.Background(), link, sink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, link, real
+}
+
+// Opened through a symbolic link into another directory, the sink reads the
+// -shm file beside the file SQLite opened, and the row cache works.
+func TestWALIndexBesideTheLinkedFile(t *testing.T) {
+	ctx := context.Background()
+	s, link, real := linkedSink(t)
+	defer s.Close()
+	if s.wal == nil {
+		t.Fatal("no WAL-index reader")
+	}
+	if want := fileID(t, real+"-shm"); s.wal.id != want {
+		t.Fatalf("WAL-index of device/inode %v, the -shm beside %s is %v", s.wal.id, real, want)
+	}
+	if exists(link + "-shm") {
+		t.Fatal("an -shm file beside the link")
+	}
+	sg := sink.Sighting{Key: "gemini:batches/linked", Source: sink.SourcePoll}
+	for range 3 {
+		if _, err := s.Record(ctx, sg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.RowCacheArmed() || s.RowCacheHits() == 0 {
+		t.Fatalf("row cache armed %v, %d hits", s.RowCacheArmed(), s.RowCacheHits())
+	}
+}
+
+// A link retargeted after SQLite opened the file does not move the sink to
+// the new target: the WAL-index is the -shm of the file SQLite has open (not
+// of the one the path names now, whose header another sink's commits move),
+// and a connection its pools open now, which SQLite opens on the new target,
+// is refused.
+func TestLinkRetargetedWhileOpen(t *testing.T) {
+	ctx := context.Background()
+	s, link, real := linkedSink(t)
+	defer s.Close()
+	other := filepath.Join(filepath.Dir(real), "b.db")
+	o := mustOpen(t, other)
+	defer o.Close()
+	retarget(t, link, other)
+
+	// openOwnWALIndex is the step of Open after the identity check.
+	w, err := s.openOwnWALIndex(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := w.id
+	w.release()
+	if want := fileID(t, real+"-shm"); got != want {
+		t.Fatalf("WAL-index of device/inode %v; SQLite's file's -shm is %v, the new target's %v", got, want, fileID(t, other+"-shm"))
+	}
+
+	// The readers' pool has fewer than its 4 connections: some of these
+	// are new, and SQLite opens them on the new target.
+	refused := 0
+	for range 4 {
+		c, err := s.rdb.Conn(ctx)
+		if err != nil {
+			if !errors.Is(err, ErrFileReplaced) {
+				t.Fatalf("a new reader: %v, want ErrFileReplaced", err)
+			}
+			refused++
+			continue
+		}
+		defer c.Close()
+	}
+	if refused == 0 {
+		t.Fatal("no new reader connection was refused on the retargeted link")
+	}
+}
+
+// When the name SQLite gives its file no longer names the file the sink
+// opened (another file renamed over it), there is no WAL-index reader to
+// open: duplicates are read from the database.
+func TestWALIndexNotOpenedForAReplacedFile(t *testing.T) {
+	ctx := context.Background()
+	s, _, real := linkedSink(t)
+	defer s.Close()
+	other := filepath.Join(filepath.Dir(real), "b.db")
+	o := mustOpen(t, other)
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, real); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := s.openOwnWALIndex(ctx); !errors.Is(err, ErrFileReplaced) {
+		if w != nil {
+			w.release()
+		}
+		t.Fatalf("openOwnWALIndex on a replaced file: %v, want ErrFileReplaced", err)
+	}
+}
