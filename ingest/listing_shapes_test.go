@@ -66,7 +66,7 @@ func TestPurgedKeyWithoutCreateTimeDoesNotRunAgain(t *testing.T) {
 	// Three days on, purge deletes what was done before the window
 	// (purge --older-than 72h, which the lookback guard allows).
 	e.clock.Set(e.clock.Now().Add(80 * time.Hour))
-	n, err := e.sink.Purge(context.Background(), e.clock.Now().Add(-e.poller.Lookback()))
+	n, err := e.sink.Purge(context.Background(), e.poller.Lookback())
 	if err != nil || n != 2 {
 		t.Fatalf("purge: %d, %v", n, err)
 	}

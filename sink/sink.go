@@ -379,12 +379,17 @@ type Sink interface {
 	List(ctx context.Context, opt ListOptions) ([]Entry, error)
 	// Stats summarises the sink.
 	Stats(ctx context.Context) (Stats, error)
-	// Purge deletes done rows whose done time is before the given time and
-	// returns how many. The lookback guard is PurgeRequest.Check (spec §7).
-	Purge(ctx context.Context, doneBefore time.Time) (int64, error)
+	// Purge deletes done rows done for longer than olderThan and returns
+	// how many. The age is measured with the clock that wrote the done
+	// times (the sink's: Options.Now, or on PostgreSQL without it the
+	// database's now()), never the caller's: a caller whose clock runs
+	// ahead would otherwise purge keys done less than olderThan ago, inside
+	// a poll's lookback. A negative olderThan is an error. The lookback
+	// guard is PurgeRequest.Check (spec §7).
+	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
 	// PurgeKeys is Purge returning the keys it deleted (purge --results-dir
 	// removes their results files).
-	PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error)
+	PurgeKeys(ctx context.Context, olderThan time.Duration) ([]string, error)
 	// NoteLookback records that a poll used this lookback (0 = forever), so
 	// that MaxLookback can guard purge.
 	NoteLookback(ctx context.Context, lookback time.Duration) error

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/dial"
 )
 
 // retryOptions are the flags of retry.
@@ -186,15 +186,18 @@ func (a *app) purgeCommand() *cobra.Command {
 		Long: `Delete keys that have been done for longer than D. A purged key that a poll
 pass sees again would run its effect again, so purge refuses a D shorter
 than the longest --lookback any poll recorded in this database (a lookback
-of 0 means "forever": then every purge needs --force). With --results-dir,
-the results files of the purged keys (DIR/<id>.jsonl) are deleted too.`,
+of 0 means "forever": then every purge needs --force). D is measured with
+the clock that wrote the done times: on PostgreSQL the database server's
+clock, not this machine's (which may differ); on SQLite this machine's.
+With --results-dir, the results files of the purged keys (DIR/<id>.jsonl)
+are deleted too.`,
 		Example: `  gemrecon purge --older-than 720h
   gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches
   gemrecon purge --older-than 720h --results-dir /var/lib/gemrecon/results`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error { return a.runPurge(cmd.Context(), &o) },
 	}
-	cmd.Flags().DurationVar(&o.req.OlderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h)")
+	cmd.Flags().DurationVar(&o.req.OlderThan, "older-than", 0, "delete keys done for longer than this (e.g. 720h), by the clock that wrote the done times")
 	cmd.Flags().BoolVar(&o.req.Force, "force", false, "purge even when a poll's lookback could re-see the keys")
 	cmd.Flags().StringVar(&o.resultsDir, "results-dir", "", "also delete the purged keys' results files from this directory (the --results-dir of poll, serve, drain)")
 	return cmd
@@ -223,20 +226,26 @@ func (a *app) runPurge(ctx context.Context, o *purgeOptions) error {
 	} else if err != nil {
 		return err
 	}
-	before := time.Now().Add(-o.req.OlderThan)
+	// The sink measures the age with the clock that wrote the done times
+	// (on PostgreSQL the server's), never with this process's clock: one
+	// that runs ahead would purge keys done less than D ago.
+	clock := "this machine's clock"
+	if dial.IsPostgres(a.db) {
+		clock = "the PostgreSQL server's clock"
+	}
 	if dir == nil {
-		n, err := s.Purge(ctx, before)
+		n, err := s.Purge(ctx, o.req.OlderThan)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", n, o.req.OlderThan)
+		fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v by %s\n", n, o.req.OlderThan, clock)
 		return nil
 	}
-	keys, err := s.PurgeKeys(ctx, before)
+	keys, err := s.PurgeKeys(ctx, o.req.OlderThan)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v\n", len(keys), o.req.OlderThan)
+	fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v by %s\n", len(keys), o.req.OlderThan, clock)
 	return a.removeResults(dir, keys)
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -41,7 +42,8 @@ func TestFlushLocksInKeyOrder(t *testing.T) {
 func TestPurgeLocksInKeyOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, dsn := openTest(t, sink.Options{})
+	clk := testkit.NewClock(time.Now())
+	s, dsn := openTest(t, sink.Options{Now: clk.Now})
 	for i := orderKeys - 1; i >= 0; i-- { // a table scan meets the keys in reverse order
 		if _, err := s.Record(ctx, sink.Sighting{Key: orderKey(i), Source: sink.SourcePoll}); err != nil {
 			t.Fatal(err)
@@ -56,9 +58,10 @@ func TestPurgeLocksInKeyOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	clk.Advance(2 * time.Hour)
 	var purged []string
 	checkLockOrder(ctx, t, dsn, "DELETE FROM gemrecon_keys", func() (err error) {
-		purged, err = s.PurgeKeys(ctx, time.Now().Add(time.Hour))
+		purged, err = s.PurgeKeys(ctx, time.Hour)
 		return err
 	})
 	if len(purged) != orderKeys {

@@ -1091,24 +1091,33 @@ func microsDuration(f *float64) time.Duration {
 	return time.Duration(*f+0.5) * time.Microsecond
 }
 
-// Purge deletes done rows whose done time is before doneBefore.
-func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
-	keys, err := s.PurgeKeys(ctx, doneBefore)
+// Purge deletes done rows done for longer than olderThan (see sink.Sink).
+func (s *Sink) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	keys, err := s.PurgeKeys(ctx, olderThan)
 	return int64(len(keys)), err
 }
 
-// PurgeKeys deletes done rows whose done time is before doneBefore (their
-// extras go with them) and returns their keys.
-func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
+// PurgeKeys deletes done rows done for longer than olderThan (their extras
+// go with them) and returns their keys. The cutoff is computed in the
+// statement with the clock that wrote done_at (now1: the injected clock,
+// else the server's now()), not with this process's clock, which may run
+// ahead of the server's. done_at and now() are whole microseconds, so
+// comparing with olderThan truncated to microseconds is exact.
+func (s *Sink) PurgeKeys(ctx context.Context, olderThan time.Duration) ([]string, error) {
+	if olderThan < 0 {
+		return nil, fmt.Errorf("postgres: purge: negative age %v (want the time keys have been done for, e.g. 720h)", olderThan)
+	}
 	keys := []string{}
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
 		// Rows are locked in key order first, as flushSQL locks them, so
 		// that a purge and a flush wait for each other, never deadlock.
 		rows, err := c.Query(ctx, `
 			WITH lk AS MATERIALIZED (
-				SELECT key FROM gemrecon_keys WHERE state = 'done' AND done_at < $1 ORDER BY key FOR UPDATE)
+				SELECT key FROM gemrecon_keys
+				WHERE state = 'done' AND done_at < `+now1+` - $2 * interval '1 microsecond' ORDER BY key FOR UPDATE)
 			DELETE FROM gemrecon_keys k USING lk
-			WHERE k.key = lk.key AND k.state = 'done' AND k.done_at < $1 RETURNING k.key`, doneBefore)
+			WHERE k.key = lk.key AND k.state = 'done' AND k.done_at < `+now1+` - $2 * interval '1 microsecond'
+			RETURNING k.key`, s.nowArg(), micros(olderThan))
 		if err != nil {
 			return err
 		}

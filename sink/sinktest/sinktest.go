@@ -697,6 +697,11 @@ func testClaimDue(t *testing.T, open Opener) {
 	}
 }
 
+// testPurge: Purge measures the age with the sink's clock, the one that
+// wrote the done times (here the injected clock, months behind the wall
+// clock: a cutoff taken from the caller's clock would purge every done
+// key). A key done less than D ago, or exactly D ago, stays; a key done
+// more than D ago goes; rows that are not done stay whatever their age.
 func testPurge(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
 	for _, k := range []string{"old", "new", "pending"} {
@@ -711,20 +716,34 @@ func testPurge(t *testing.T, open Opener) {
 	if err := e.s.Complete(e.ctx, "new", c.Token); err != nil {
 		t.Fatal(err)
 	}
-	n, err := e.s.Purge(e.ctx, start().Add(30*time.Minute))
+	// "old" has been done for exactly 1h, "new" for 0.
+	if n, err := e.s.Purge(e.ctx, time.Hour); err != nil || n != 0 {
+		t.Fatalf("Purge(1h) of keys done 1h and 0 ago = %d, %v; want 0 (exactly D is not older than D)", n, err)
+	}
+	n, err := e.s.Purge(e.ctx, time.Hour-time.Microsecond)
 	if err != nil || n != 1 {
-		t.Fatalf("Purge = %d, %v; want 1", n, err)
+		t.Fatalf("Purge(1h-1µs) of keys done 1h and 0 ago = %d, %v; want 1", n, err)
 	}
 	_, err = e.s.Get(e.ctx, "old")
 	e.wantErr("Get(purged)", err, sink.ErrNotFound)
 	for _, k := range []string{"new", "pending"} {
 		e.get(k)
 	}
-	if n, err := e.s.Purge(e.ctx, start().Add(2*time.Hour)); err != nil || n != 1 {
-		t.Fatalf("second Purge = %d, %v; want 1 (pending rows stay)", n, err)
+	e.clk.Advance(30 * time.Minute)
+	if n, err := e.s.Purge(e.ctx, 31*time.Minute); err != nil || n != 0 {
+		t.Fatalf("Purge(31m) of a key done 30m ago = %d, %v; want 0", n, err)
+	}
+	if n, err := e.s.Purge(e.ctx, 29*time.Minute); err != nil || n != 1 {
+		t.Fatalf("Purge(29m) of a key done 30m ago = %d, %v; want 1 (pending rows stay)", n, err)
 	}
 	if st := e.stats(); st.ByState[sink.StatePending] != 1 || st.ByState[sink.StateDone] != 0 {
 		t.Fatalf("ByState = %v, want 1 pending", st.ByState)
+	}
+	if _, err := e.s.Purge(e.ctx, -time.Second); err == nil {
+		t.Fatal("Purge(-1s) = nil error, want one (a negative age)")
+	}
+	if _, err := e.s.PurgeKeys(e.ctx, -time.Second); err == nil {
+		t.Fatal("PurgeKeys(-1s) = nil error, want one (a negative age)")
 	}
 }
 

@@ -757,17 +757,25 @@ func (s *Sink) Retry(ctx context.Context, key string) error {
 	return err
 }
 
-// Purge deletes done rows whose done time is before doneBefore.
-func (s *Sink) Purge(ctx context.Context, doneBefore time.Time) (int64, error) {
-	keys, err := s.PurgeKeys(ctx, doneBefore)
+// Purge deletes done rows done for longer than olderThan (see sink.Sink).
+func (s *Sink) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	keys, err := s.PurgeKeys(ctx, olderThan)
 	return int64(len(keys)), err
 }
 
-// PurgeKeys deletes done rows whose done time is before doneBefore and
-// returns their keys.
-func (s *Sink) PurgeKeys(ctx context.Context, doneBefore time.Time) ([]string, error) {
+// PurgeKeys deletes done rows done for longer than olderThan and returns
+// their keys. The cutoff is read from the sink's clock when the writer runs
+// the statement: the clock that wrote the done times (due_at of a done row).
+func (s *Sink) PurgeKeys(ctx context.Context, olderThan time.Duration) ([]string, error) {
+	if olderThan < 0 {
+		return nil, fmt.Errorf("sqlite sink: purge: negative age %v (want the time keys have been done for, e.g. 720h)", olderThan)
+	}
 	v, err := s.submit(ctx, func(tx *sql.Conn) (any, error) {
-		bg, before := context.Background(), toNS(doneBefore)
+		bg, now := context.Background(), s.nowNS()
+		before := now - int64(olderThan)
+		if before > now { // overflow: nothing is that old
+			before = math.MinInt64
+		}
 		if _, err := tx.ExecContext(bg, `DELETE FROM gemrecon_payloads WHERE key IN
 			(SELECT key FROM gemrecon_keys WHERE state = 'done' AND due_at < ?)`, before); err != nil {
 			return nil, err
