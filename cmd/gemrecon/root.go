@@ -192,20 +192,25 @@ func (a *app) setup(cmd *cobra.Command) error {
 	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
 		return usageError("--log-level %q: want debug, info, warn or error", a.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch a.logFormat {
-	case "text":
-		a.logger = slog.New(slog.NewTextHandler(a.stderr, opts))
-	case "json":
-		a.logger = slog.New(slog.NewJSONHandler(a.stderr, opts))
-	default:
+	if a.logFormat != "text" && a.logFormat != "json" {
 		return usageError("--log-format %q: want text or json", a.logFormat)
 	}
+	a.logger = a.newLogger(level)
 	usesDB := cmd.HasParent() && !cmd.Parent().HasParent() && opensDB[cmd.Name()]
 	if _, err := dial.Parse(a.db); err != nil && usesDB { // sink/dial decides what --db names
 		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
 	}
 	return nil
+}
+
+// newLogger is a logger on stderr in the --log-format (already validated)
+// that writes records at level and above.
+func (a *app) newLogger(level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if a.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(a.stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(a.stderr, opts))
 }
 
 // openSink opens the configured database. Read-only opens never create it.
