@@ -31,17 +31,27 @@ type app struct {
 	logLevel  string
 	logger    *slog.Logger
 
+	// intr is the SIGINT/SIGTERM handler: it learns the logger and every
+	// dispatcher the command starts.
+	intr *interrupts
+
 	sinksMu sync.Mutex
 	sinks   []sink.Sink // every sink the command opened
 }
 
-// execute builds the command tree, runs args and returns the exit status.
+// execute builds the command tree, runs args and returns the exit status
+// (no signal handling: in-process tests).
 func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return executeWith(ctx, &interrupts{}, args, stdin, stdout, stderr)
+}
+
+// executeWith is execute whose signals go to in (run).
+func executeWith(ctx context.Context, in *interrupts, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// Effects, workers and the logger write to stderr concurrently. (stdout
 	// is left as it is: only the print effect writes there, under its own
 	// lock, and it must see an *os.File to sync each line.)
 	stderr = &syncWriter{w: stderr}
-	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, intr: in}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -196,6 +206,7 @@ func (a *app) setup(cmd *cobra.Command) error {
 		return usageError("--log-format %q: want text or json", a.logFormat)
 	}
 	a.logger = a.newLogger(level)
+	a.intr.setLogger(a.logger)
 	usesDB := cmd.HasParent() && !cmd.Parent().HasParent() && opensDB[cmd.Name()]
 	if _, err := dial.Parse(a.db); err != nil && usesDB { // sink/dial decides what --db names
 		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
