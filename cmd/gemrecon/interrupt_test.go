@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -118,5 +119,37 @@ func TestSecondInterruptStopsEffectsNow(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestServeSecondSIGTERMStopsSyncEffectNow: serve --sync under --grace 1m
+// and --drain-timeout 2m: a second SIGTERM kills the request's effect at
+// once; the request is answered 500, serve exits 0 within seconds (as it
+// does once the grace runs out, TestServeSyncSIGTERMLeavesNoClaim) and the
+// key is pending, interrupted by shutdown.
+func TestServeSecondSIGTERMStopsSyncEffectNow(t *testing.T) {
+	cmd, stderr, db, answered, pgid := serveSyncEffect(t, "slow", "--grace", "1m", "--drain-timeout", "2m")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return strings.Contains(stderr.String(), "interrupt again to stop them now") })
+	sent := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code := waitExit(t, cmd, 30*time.Second, stderr)
+	if took := time.Since(sent); took > 15*time.Second {
+		t.Errorf("serve took %v to stop after the second SIGTERM with --grace 1m", took)
+	}
+	if code != exitOK {
+		t.Errorf("serve exited %d after two SIGTERMs, want 0\n%s", code, stderr)
+	}
+	if c := <-answered; c != http.StatusInternalServerError {
+		t.Errorf("the interrupted --sync request was answered %d, want 500 (the sender retries)", c)
+	}
+	waitFor(t, 5*time.Second, func() bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) })
+	e := storedEntry(t, db, "gemini:batches/slow")
+	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
+		t.Errorf("after two SIGTERMs the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
 	}
 }
