@@ -102,9 +102,9 @@ type Config struct {
 	// Concurrency is how many effects run at once (default 4).
 	Concurrency int
 	// Grace is how long running effects may still finish after the context
-	// of Drain or Run is cancelled (default 10s; negative: none). Then they
-	// are cancelled (an exec's process group is killed) and recorded as
-	// retryable failures.
+	// of Drain or Run is cancelled (default 10s; negative: none). Then — or
+	// at once after EndGrace — they are cancelled (an exec's process group
+	// is killed) and recorded as retryable failures.
 	Grace time.Duration
 	// Interval is how often Run drains without a Kick (default 1s).
 	Interval time.Duration
@@ -200,6 +200,10 @@ type Dispatcher struct {
 	// drainState.redue). Completions do not take it: they share the sink's
 	// group commits with the batch claims.
 	outcomeMu sync.RWMutex
+
+	// hurry is done once EndGrace was called: a shutdown's grace is over.
+	hurry    context.Context
+	endGrace context.CancelFunc
 }
 
 // New fills cfg's zero fields with their defaults, checks it (Validate, and
@@ -255,7 +259,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer}, nil
+	hurry, endGrace := context.WithCancel(context.Background())
+	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
+		hurry: hurry, endGrace: endGrace}, nil
 }
 
 // DefaultOwner names this process in leases: hostname:pid:random, unique
@@ -358,15 +364,29 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // errShutdown is the cause given to effects cancelled after Grace.
 var errShutdown = errors.New("interrupted by shutdown")
 
+// EndGrace ends the grace of a shutdown now (the CLI's second SIGINT or
+// SIGTERM): the effects of every Drain, Run and RunKey whose context is
+// done are cancelled at once, exactly as when Grace runs out — an exec's
+// process group is killed, the attempt is recorded as a retryable failure
+// (the outcome write is still made, bounded as after Grace), a claim not
+// yet started is handed back — and a context done later gets no grace.
+// Effects whose context is not done run on: EndGrace shortens a shutdown,
+// it starts none. The calls then return as after Grace. Safe to call from
+// any goroutine, any number of times.
+func (d *Dispatcher) EndGrace() { d.endGrace() }
+
 // graceContext returns a context for effects that is cancelled (cause
-// errShutdown) Grace after ctx is done, and a release function.
+// errShutdown) Grace after ctx is done — at once after EndGrace —, and a
+// release function.
 func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func()) {
 	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	var mu sync.Mutex
 	var timer *time.Timer
 	released := false
+	// Each callback runs once its own context is done and then looks at the
+	// other's: whichever of ctx and hurry is done last sees both.
 	stop := context.AfterFunc(ctx, func() {
-		if d.cfg.Grace < 0 {
+		if d.cfg.Grace < 0 || d.hurry.Err() != nil {
 			cancel(errShutdown)
 			return
 		}
@@ -376,8 +396,14 @@ func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func())
 			timer = time.AfterFunc(d.cfg.Grace, func() { cancel(errShutdown) })
 		}
 	})
+	stopHurry := context.AfterFunc(d.hurry, func() {
+		if ctx.Err() != nil {
+			cancel(errShutdown)
+		}
+	})
 	return runCtx, func() {
 		stop()
+		stopHurry()
 		mu.Lock()
 		released = true
 		if timer != nil {

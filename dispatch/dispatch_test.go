@@ -334,6 +334,75 @@ func TestDrainShutdownGrace(t *testing.T) {
 	})
 }
 
+// TestEndGrace: EndGrace (the CLI's second interrupt) ends a shutdown's
+// grace at once — the exec's process group is killed and the attempt
+// recorded as a retryable failure, as when Grace runs out — whether it
+// comes after the cancellation or before it; without a cancellation it
+// stops nothing.
+func TestEndGrace(t *testing.T) {
+	for _, first := range []string{"cancel", "EndGrace"} {
+		t.Run(first+" first", func(t *testing.T) {
+			s := sqlitetest.OpenTemp(t, sink.Options{})
+			record(t, s, "gemini:batches/stuck")
+			dir := t.TempDir()
+			ctx, cancel := context.WithCancel(context.Background())
+			d := newDispatcher(t, Config{Sink: s, Grace: time.Hour, Concurrency: 1,
+				Effect: effect.NewExec(`trap '' TERM; touch started; sleep 30`, effect.ExecDir(dir), effect.ExecOutput(nil))})
+			go func() {
+				deadline := time.Now().Add(20 * time.Second)
+				for time.Now().Before(deadline) {
+					if _, err := os.Stat(filepath.Join(dir, "started")); err == nil {
+						break
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				if first == "cancel" {
+					cancel()
+					d.EndGrace()
+				} else {
+					d.EndGrace()
+					cancel()
+				}
+			}()
+			start := time.Now()
+			sum, err := d.Drain(ctx)
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Drain() error = %v, want context.Canceled", err)
+			}
+			if el := time.Since(start); el > 15*time.Second {
+				t.Errorf("Drain() took %v with Grace 1h: EndGrace did not end it", el)
+			}
+			if sum != (Summary{Claimed: 1, Failed: 1}) {
+				t.Errorf("Drain() = %+v, want the killed effect a retryable failure", sum)
+			}
+			e, err := s.Get(context.Background(), "gemini:batches/stuck")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") || e.Attempts != 1 {
+				t.Errorf("after EndGrace the key is %s, attempts %d, last error %q; want pending after one attempt interrupted by shutdown", e.State, e.Attempts, e.LastError)
+			}
+		})
+	}
+	t.Run("without a shutdown", func(t *testing.T) {
+		s := sqlitetest.OpenTemp(t, sink.Options{})
+		record(t, s, "gemini:batches/runs")
+		eff := effectFunc(func(ectx context.Context, ev effect.Event) error {
+			select {
+			case <-ectx.Done():
+				return context.Cause(ectx)
+			case <-time.After(200 * time.Millisecond):
+				return nil
+			}
+		})
+		d := newDispatcher(t, Config{Sink: s, Effect: eff, Grace: time.Hour})
+		d.EndGrace()
+		if sum, err := d.Drain(context.Background()); err != nil || sum != (Summary{Claimed: 1, OK: 1}) {
+			t.Errorf("Drain() after EndGrace, never cancelled = %+v, %v; want the effect to run to its end", sum, err)
+		}
+	})
+}
+
 func TestRunKeyOutcomes(t *testing.T) {
 	clock := sinktest.NewClock(t0)
 	s := sqlitetest.OpenTemp(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(1)})

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"log/slog"
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/gemrecon/gemrecon/internal/demo"
@@ -22,12 +25,23 @@ webhook is confirmed with the API (Batches.Get) before its effect runs, and a
 succeeded batch's results are written to a results directory first. The
 effect appends a line per run to a file. Ends with a table — one effect per
 completion — and what one webhook-first key's effect received. Needs no
-credentials and reaches no network.`,
+credentials and reaches no network.
+
+The story goes to stdout; logs go to stderr in --log-format, warnings and
+errors only unless --log-level (or GEMRECON_LOG_LEVEL) is given.`,
 		Example: `  gemrecon demo
   gemrecon demo --keep /tmp/gemrecon-demo && gemrecon --db /tmp/gemrecon-demo/gemrecon.db status batches/demo-nightly`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return demo.Run(cmd.Context(), demo.Config{Stdout: a.stdout, Stderr: a.stderr, Keep: keep})
+			// The wiring's info lines would drown the story: unless
+			// --log-level (or GEMRECON_LOG_LEVEL) says otherwise, the demo
+			// logs warnings and errors only.
+			log := a.logger
+			if f := cmd.Flags().Lookup("log-level"); (f == nil || !f.Changed) && os.Getenv("GEMRECON_LOG_LEVEL") == "" {
+				log = a.newLogger(slog.LevelWarn)
+			}
+			return demo.Run(cmd.Context(), demo.Config{Stdout: a.stdout, Stderr: a.stderr, Keep: keep,
+				Logger: log, EffectOutput: a.execOutput()})
 		},
 	}
 	cmd.Flags().StringVar(&keep, "keep", "", "keep the database, the effect log and the results directory in this directory (created if missing)")

@@ -47,7 +47,7 @@ func (f *effectFlags) register(cmd *cobra.Command) {
 	fs.IntVar(&f.concurrency, "concurrency", def.Concurrency, "effects run at once")
 	fs.DurationVar(&f.lease, "lease", def.Lease, "claim lease; renewed every third of it while the effect runs")
 	fs.DurationVar(&f.effectTimeout, "effect-timeout", def.EffectTimeout, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
-	fs.DurationVar(&f.grace, "grace", def.Grace, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed")
+	fs.DurationVar(&f.grace, "grace", def.Grace, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed; a second SIGINT/SIGTERM ends it at once")
 	fs.IntVar(&f.maxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
 	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
 	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
@@ -151,14 +151,15 @@ func handleSIGPIPE() {
 }
 
 // dispatcher wires the sink and the API into cfg (dispatchConfig) and
-// starts the dispatcher.
-func dispatcher(cfg dispatch.Config, s sink.Sink, obs dispatch.Observer, api apiSetup) (*dispatch.Dispatcher, error) {
+// starts the dispatcher, whose grace a second SIGINT or SIGTERM ends.
+func (a *app) dispatcher(cfg dispatch.Config, s sink.Sink, obs dispatch.Observer, api apiSetup) (*dispatch.Dispatcher, error) {
 	cfg.Sink, cfg.Observer = s, obs
 	cfg = api.apply(cfg)
 	d, err := dispatch.New(cfg)
 	if err != nil {
 		return nil, usage(err)
 	}
+	a.intr.add(d)
 	return d, nil
 }
 
@@ -189,9 +190,14 @@ confirms keys first seen by webhook with the API before their effect runs
 them it runs such keys unconfirmed, and leaves keys seen only through a
 dynamic signature for a process that can confirm them.
 
+On SIGINT or SIGTERM it claims nothing more and running effects get --grace
+to finish; a second signal kills them at once (their attempts recorded as
+retryable failures, as when --grace runs out) and drain exits 1.
+
 Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
 scheduled or the key went dead) or some outcome was fenced (another attempt
-took the key over: the effect may have run twice), 1 a fatal error.`
+took the key over: the effect may have run twice), 1 a fatal error or an
+interruption.`
 
 func (a *app) drainCommand() *cobra.Command {
 	var o drainOptions
@@ -230,7 +236,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	}
 	defer s.Close()
 	a.warn(api)
-	d, err := dispatcher(dcfg, s, nil, api)
+	d, err := a.dispatcher(dcfg, s, nil, api)
 	if err != nil {
 		return err
 	}

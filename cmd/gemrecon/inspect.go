@@ -415,7 +415,10 @@ For each poll scope (backend, base URL and API key or Vertex project), the
 pass records shared by every process on the database: the last pass that
 listed (start, end, and the process that ran it), the end of the last
 successful pass, the start of the last full scan, and who holds the pass
-lease. A cron job that keeps failing shows as an old "last success".`
+lease. A cron job that keeps failing shows as an old "last success".
+
+Scopes, holders and sources are stored by other processes: control characters
+in them are escaped (the text is then Go-quoted); --json escapes as JSON does.`
 
 // runStats does the work of stats.
 func (a *app) runStats(ctx context.Context, o *statsOptions) error {
@@ -437,7 +440,9 @@ func (a *app) runStats(ctx context.Context, o *statsOptions) error {
 }
 
 // printStats writes st as aligned text; now only says whether a pass lease
-// has expired (as this machine's clock sees it).
+// has expired (as this machine's clock sees it). Scopes, holders and sources
+// are stored by other processes: they are printed through printable, as
+// list and status print keys and errors (spec §12).
 func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var total int64
@@ -461,7 +466,7 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	sort.Strings(srcs)
 	parts := make([]string, 0, len(srcs))
 	for _, s := range srcs {
-		parts = append(parts, fmt.Sprintf("%s %d", s, st.FirstSource[s]))
+		parts = append(parts, fmt.Sprintf("%s %d", printable(s), st.FirstSource[s]))
 	}
 	fmt.Fprintf(tw, "first source:\t%s\n", orDash(strings.Join(parts, ", ")))
 	fmt.Fprintf(tw, "state conflicts:\t%d\n", st.Conflicts)
@@ -478,10 +483,10 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	// A scope is a line of its own (no cell), so that a long one does not
 	// widen the columns.
 	for _, p := range st.Passes {
-		fmt.Fprintf(tw, "  %s\n", p.Scope)
+		fmt.Fprintf(tw, "  %s\n", printable(p.Scope))
 		last := "-"
 		if !p.LastEnd.IsZero() {
-			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), orDash(p.LastHolder))
+			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), orDash(printable(p.LastHolder)))
 		}
 		fmt.Fprintf(tw, "    last pass:\t%s\n", last)
 		fmt.Fprintf(tw, "    last success:\t%s\n", fmtTime(p.LastSuccess))
@@ -497,9 +502,9 @@ func passLease(p sink.PassRecord, now time.Time) string {
 	case p.Holder == "":
 		return fmt.Sprintf("free (token %d)", p.Token)
 	case now.Before(p.HeldUntil):
-		return fmt.Sprintf("held by %s until %s (token %d)", p.Holder, fmtTime(p.HeldUntil), p.Token)
+		return fmt.Sprintf("held by %s until %s (token %d)", printable(p.Holder), fmtTime(p.HeldUntil), p.Token)
 	default:
-		return fmt.Sprintf("expired: held by %s until %s (token %d); the next pass takes it over", p.Holder, fmtTime(p.HeldUntil), p.Token)
+		return fmt.Sprintf("expired: held by %s until %s (token %d); the next pass takes it over", printable(p.Holder), fmtTime(p.HeldUntil), p.Token)
 	}
 }
 

@@ -24,8 +24,26 @@ func main() {
 }
 
 // run executes one gemrecon command line and returns its exit status.
+// SIGINT and SIGTERM go to an interrupts (interrupt.go): the first stops the
+// command, with --grace for running effects; the second ends the grace.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return execute(ctx, args, stdin, stdout, stderr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	in := &interrupts{cancel: cancel}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-sigs:
+				in.signal()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return executeWith(ctx, in, args, stdin, stdout, stderr)
 }

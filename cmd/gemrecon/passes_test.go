@@ -115,6 +115,52 @@ func TestStatsShowsPassRecords(t *testing.T) {
 	}
 }
 
+// TestStatsEscapesStoredStrings: stats prints pass scopes, pass holders and
+// first sources — strings other processes stored — with control characters
+// escaped, as list and status print keys and errors (spec §12); --json
+// escapes them as JSON does.
+func TestStatsEscapesStoredStrings(t *testing.T) {
+	ctx := context.Background()
+	db := newDB(t)
+	scope, owner, source := "gemini|https://e\x1b[2J|k", "host\x1b]0;owned\x07", "hook\x1b[31m"
+	withSink(t, db, sink.Options{}, func(s sink.Sink) {
+		l, _, err := s.AcquirePass(ctx, scope, owner, time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		if err := s.EndPass(ctx, l, sink.PassOutcome{Start: now, End: now, Success: true, FullScan: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.AcquirePass(ctx, scope, owner, time.Hour, 0); err != nil { // held, so "lease:" names it too
+			t.Fatal(err)
+		}
+		if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/esc", Source: source, Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r := gemrecon(t, "--db", db, "stats")
+	wantCode(t, r, exitOK)
+	if strings.ContainsAny(r.stdout, "\x1b\x07") {
+		t.Errorf("stats printed raw control characters:\n%q", r.stdout)
+	}
+	for _, want := range []string{
+		"\n  " + strconv.Quote(scope) + "\n",
+		"by " + strconv.Quote(owner) + "\n",
+		"held by " + strconv.Quote(owner) + " until ",
+		" " + strconv.Quote(source) + " 1\n", // first source
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("stats lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	r = gemrecon(t, "--db", db, "stats", "--json")
+	wantCode(t, r, exitOK)
+	if strings.ContainsAny(r.stdout, "\x1b\x07") || !strings.Contains(r.stdout, `\u001b[2J`) {
+		t.Errorf("stats --json printed %q, want JSON escapes", r.stdout)
+	}
+}
+
 // TestServeMetricsShowPassRecords: serve's /metrics carries the pass
 // records of the database per scope, absent where a time never happened.
 func TestServeMetricsShowPassRecords(t *testing.T) {

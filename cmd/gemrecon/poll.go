@@ -230,7 +230,7 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 		return err
 	}
 	defer s.Close()
-	d, err := dispatcher(dcfg, s, nil, api)
+	d, err := a.dispatcher(dcfg, s, nil, api)
 	if err != nil {
 		return err
 	}

@@ -31,17 +31,27 @@ type app struct {
 	logLevel  string
 	logger    *slog.Logger
 
+	// intr is the SIGINT/SIGTERM handler: it learns the logger and every
+	// dispatcher the command starts.
+	intr *interrupts
+
 	sinksMu sync.Mutex
 	sinks   []sink.Sink // every sink the command opened
 }
 
-// execute builds the command tree, runs args and returns the exit status.
+// execute builds the command tree, runs args and returns the exit status
+// (no signal handling: in-process tests).
 func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return executeWith(ctx, &interrupts{}, args, stdin, stdout, stderr)
+}
+
+// executeWith is execute whose signals go to in (run).
+func executeWith(ctx context.Context, in *interrupts, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// Effects, workers and the logger write to stderr concurrently. (stdout
 	// is left as it is: only the print effect writes there, under its own
 	// lock, and it must see an *os.File to sync each line.)
 	stderr = &syncWriter{w: stderr}
-	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, intr: in}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -192,20 +202,26 @@ func (a *app) setup(cmd *cobra.Command) error {
 	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
 		return usageError("--log-level %q: want debug, info, warn or error", a.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch a.logFormat {
-	case "text":
-		a.logger = slog.New(slog.NewTextHandler(a.stderr, opts))
-	case "json":
-		a.logger = slog.New(slog.NewJSONHandler(a.stderr, opts))
-	default:
+	if a.logFormat != "text" && a.logFormat != "json" {
 		return usageError("--log-format %q: want text or json", a.logFormat)
 	}
+	a.logger = a.newLogger(level)
+	a.intr.setLogger(a.logger)
 	usesDB := cmd.HasParent() && !cmd.Parent().HasParent() && opensDB[cmd.Name()]
 	if _, err := dial.Parse(a.db); err != nil && usesDB { // sink/dial decides what --db names
 		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
 	}
 	return nil
+}
+
+// newLogger is a logger on stderr in the --log-format (already validated)
+// that writes records at level and above.
+func (a *app) newLogger(level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if a.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(a.stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(a.stderr, opts))
 }
 
 // openSink opens the configured database. Read-only opens never create it.

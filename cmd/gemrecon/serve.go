@@ -190,7 +190,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	defer s.Close()
 	a.warn(api)
 	m := metrics.New(s)
-	d, err := dispatcher(dcfg, s, m.Observer(), api)
+	d, err := a.dispatcher(dcfg, s, m.Observer(), api)
 	if err != nil {
 		return err
 	}
@@ -322,7 +322,9 @@ pass lease, or when a pass of the scope started less than 0.9 × --poll-every
 ago), and every replica still runs due effects.
 SIGTERM stops accepting, finishes in-flight requests (for up to
 --drain-timeout; 0 closes them at once, and as a request is answered only
-once recorded, their senders retry) and effects, then exits.`
+once recorded, their senders retry) and effects (for up to --grace; a second
+SIGTERM or SIGINT kills them at once, their outcomes still recorded), then
+exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook

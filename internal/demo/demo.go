@@ -44,9 +44,17 @@ import (
 
 // Config is what one demo run needs.
 type Config struct {
-	// Stdout receives the story; Stderr the wiring's warnings and the
-	// effect's own output.
+	// Stdout receives the story; Stderr the effect's own output (unless
+	// EffectOutput says otherwise) and, without a Logger, the wiring's
+	// warnings.
 	Stdout, Stderr io.Writer
+	// Logger receives the logs of everything the demo wires (the sink, the
+	// dispatcher, the receiver, the poll pass). nil: warnings and errors
+	// as text on Stderr, so that the wiring's logs do not drown the story.
+	Logger *slog.Logger
+	// EffectOutput is where the effect command's own output goes (an
+	// effect.ExecOutput or effect.ExecLines); nil: Stderr.
+	EffectOutput effect.ExecOption
 	// Keep, when set, is a directory that keeps the database, the effect
 	// log and the results directory (created if missing; what a previous
 	// demo left there is removed first). Else a temporary one is removed
@@ -86,7 +94,7 @@ type run struct {
 	start time.Time
 	story []demoBatch
 	outMu sync.Mutex // the emulator's events, the effects and the story all print
-	quiet *slog.Logger
+	log   *slog.Logger
 
 	dir, dbPath, logPath, resultsDir string
 	effectCmd                        string
@@ -115,10 +123,10 @@ func (r *run) say(format string, args ...any) {
 func Run(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	r := &run{cfg: cfg, start: time.Now(), story: demoStory(),
-		// The demo's own logs would drown the narrative: the wiring runs
-		// with a logger that shows warnings only.
-		quiet: slog.New(slog.NewTextHandler(cfg.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	r := &run{cfg: cfg, start: time.Now(), story: demoStory(), log: cfg.Logger}
+	if r.log == nil {
+		r.log = slog.New(slog.NewTextHandler(cfg.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	cleanup, err := r.prepareDir()
 	if err != nil {
 		return err
@@ -217,13 +225,13 @@ func (r *run) startEmulator() error {
 // openSink opens the demo's database and the poller every API request goes
 // through (the emulator's generated API key).
 func (r *run) openSink(ctx context.Context) error {
-	s, err := sqlite.Open(ctx, r.dbPath, sink.Options{RetryBase: 100 * time.Millisecond, RetryMax: time.Second})
+	s, err := sqlite.Open(ctx, r.dbPath, sink.Options{RetryBase: 100 * time.Millisecond, RetryMax: time.Second}, sqlite.WithLogger(r.log))
 	if err != nil {
 		return err
 	}
 	r.sink = s
 	pc := poller.DefaultConfig()
-	pc.APIKey, pc.BaseURL, pc.QPS, pc.PageSize, pc.Logger = r.emu.APIKey(), r.emu.URL(), 0, 2, r.quiet
+	pc.APIKey, pc.BaseURL, pc.QPS, pc.PageSize, pc.Logger = r.emu.APIKey(), r.emu.URL(), 0, 2, r.log
 	r.poller, err = poller.New(ctx, pc)
 	return err
 }
@@ -239,27 +247,31 @@ func (r *run) startServe(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	r.effectCmd = `echo "$GEMRECON_KEY $GEMRECON_BATCH_STATE confirmed=$GEMRECON_CONFIRMED token=$GEMRECON_TOKEN results=${GEMRECON_RESULTS_FILE:-none}" >> ` + shellQuote(r.logPath)
-	r.eff = &narratedEffect{inner: effect.NewExec(r.effectCmd, effect.ExecOutput(r.cfg.Stderr)), say: r.say, dir: r.dir, seen: map[string]effect.Event{}}
+	out := r.cfg.EffectOutput
+	if out == nil {
+		out = effect.ExecOutput(r.cfg.Stderr)
+	}
+	r.eff = &narratedEffect{inner: effect.NewExec(r.effectCmd, out), say: r.say, dir: r.dir, seen: map[string]effect.Event{}}
 	r.metrics = metrics.New(r.sink)
 	dc := dispatch.DefaultConfig()
 	dc.Sink, dc.Effect, dc.Lease, dc.EffectTimeout, dc.Grace = r.sink, r.eff, 30*time.Second, 10*time.Second, 5*time.Second
-	dc.Logger, dc.Observer, dc.Confirm, dc.API, dc.Results = r.quiet, r.metrics.Observer(), true, r.poller, dir
+	dc.Logger, dc.Observer, dc.Confirm, dc.API, dc.Results = r.log, r.metrics.Observer(), true, r.poller, dir
 	dc.RecheckBase, dc.RecheckMax, dc.DownloadTimeout = 100*time.Millisecond, time.Second, time.Minute
 	if r.disp, err = dispatch.New(dc); err != nil {
 		return err
 	}
-	dyn, err := dynamic.New(dynamic.Config{JWKSURL: r.emu.JWKSURL(), Log: r.quiet})
+	dyn, err := dynamic.New(dynamic.Config{JWKSURL: r.emu.JWKSURL(), Log: r.log})
 	if err != nil {
 		return err
 	}
 	wc := webhook.DefaultConfig()
-	wc.Sink, wc.Secrets, wc.Dynamic, wc.Dispatcher, wc.Metrics, wc.Logger = r.sink, []string{r.secret}, dyn, r.disp, r.metrics, r.quiet
+	wc.Sink, wc.Secrets, wc.Dynamic, wc.Dispatcher, wc.Metrics, wc.Logger = r.sink, []string{r.secret}, dyn, r.disp, r.metrics, r.log
 	h, err := webhook.NewHandler(wc)
 	if err != nil {
 		return err
 	}
-	r.server = serve.Start(ctx, serve.Config{Listener: ln, Handler: h, Dispatcher: r.disp, Logger: r.quiet,
-		Server: webhook.ServerOptions{DrainTimeout: 5 * time.Second, Logger: r.quiet}})
+	r.server = serve.Start(ctx, serve.Config{Listener: ln, Handler: h, Dispatcher: r.disp, Logger: r.log,
+		Server: webhook.ServerOptions{DrainTimeout: 5 * time.Second, Logger: r.log}})
 	return nil
 }
 
@@ -316,7 +328,7 @@ func (r *run) finishBatches(ctx context.Context) error {
 func (r *run) pollPass(ctx context.Context) error {
 	r.say("poll pass: listing batches through the genai SDK (pages of 2), as `gemrecon poll` does")
 	loop, err := ingest.NewPoll(ingest.PollConfig{Sink: r.sink, Poller: r.poller, Dispatcher: r.disp, Metrics: r.metrics,
-		FullScanEvery: ingest.DefaultFullScanEvery, PassLease: ingest.DefaultPassLease, Logger: r.quiet})
+		FullScanEvery: ingest.DefaultFullScanEvery, PassLease: ingest.DefaultPassLease, Logger: r.log})
 	if err != nil {
 		return err
 	}
