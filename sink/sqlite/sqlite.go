@@ -399,11 +399,58 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		if err := syscall.Access(path, 2); err != nil { // W_OK
 			return fmt.Errorf("sqlite sink %s: database file is read-only (%v): fix its permissions or use a read-only command", path, err)
 		}
-		if dir := filepath.Dir(path); syscall.Access(dir, 2|1) != nil {
-			return fmt.Errorf("sqlite sink %s: directory %s is read-only: SQLite needs to create its -wal and -shm files there", path, dir)
+		if dir, shown := walDir(path); syscall.Access(dir, 2|1) != nil {
+			return fmt.Errorf("sqlite sink %s: directory %s is read-only: SQLite needs to create its -wal and -shm files there", path, shown)
 		}
 	}
 	return nil
+}
+
+// sqliteName is the name SQLite's unix VFS gives the existing file at path
+// (unixFullPathname), after which it names the file's -wal and -shm: made
+// absolute from the process's working directory (getcwd) and with every
+// symbolic link of every component followed, a ".." going up from where the
+// links before it led. A --db that is a link into another directory has its
+// -wal and -shm in the directory of the link's target. EvalSymlinks resolves
+// as SQLite does, and syscall.Getwd is the kernel's working directory (no
+// link in it, as $PWD, which os.Getwd may return, can have).
+func sqliteName(path string) (string, error) {
+	r, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", err
+	}
+	if filepath.IsAbs(r) {
+		return r, nil
+	}
+	wd, err := syscall.Getwd()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(wd, r), nil
+}
+
+// walDir is the directory where SQLite keeps the -wal and -shm files of the
+// existing file at path (that of sqliteName), and how messages name it: as
+// filepath.Dir(path) when that is the same directory, else the resolved
+// directory and why it is that one. When the name cannot be resolved it is
+// filepath.Dir(path): SQLite, which resolves it too, then says what is
+// wrong.
+func walDir(path string) (dir, shown string) {
+	given := filepath.Dir(path)
+	name, err := sqliteName(path)
+	if err != nil {
+		return given, given
+	}
+	dir = filepath.Dir(name)
+	if a, err := os.Stat(given); err == nil {
+		if b, err := os.Stat(dir); err == nil && os.SameFile(a, b) {
+			return given, given
+		}
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return dir, fmt.Sprintf("%s (where the link %s points)", dir, filepath.Base(path))
+	}
+	return dir, fmt.Sprintf("%s (where %s leads, its symbolic links followed)", dir, path)
 }
 
 // checkHeader checks the fields of an SQLite header (after its magic string)
@@ -663,8 +710,9 @@ func classify(path string, err error, waited, busy time.Duration) error {
 			if se.Code() == sqlite3.SQLITE_READONLY_DIRECTORY {
 				// A read of a WAL database whose -wal and -shm files do
 				// not exist, in a directory this user may not write.
+				_, dir := walDir(path)
 				return fmt.Errorf("sqlite sink %s: cannot read it: its directory %s is not writable by this user, and SQLite must create the database's -wal and -shm files there even to read it (WAL mode): let this user write the directory, or run as one who may: %w",
-					path, filepath.Dir(path), err)
+					path, dir, err)
 			}
 			return fmt.Errorf("sqlite sink %s: database is read-only: %w", path, err)
 		case sqlite3.SQLITE_CANTOPEN:

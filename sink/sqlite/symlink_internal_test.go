@@ -150,3 +150,53 @@ func TestWALIndexNotOpenedForAReplacedFile(t *testing.T) {
 		t.Fatalf("openOwnWALIndex on a replaced file: %v, want ErrFileReplaced", err)
 	}
 }
+
+// sqliteName resolves a path as SQLite's unix VFS does: the name SQLite
+// gives the file it opened (PRAGMA database_list), after which it names the
+// -wal and -shm files. Absolute and relative links, a chain of links, a
+// directory link followed by ".." (which goes up from the link's target, not
+// back to the link's directory), and a relative path.
+func TestSQLiteNameIsSQLites(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"real", "links"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real := filepath.Join(dir, "real", "a.db")
+	s := mustOpen(t, real)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	links := filepath.Join(dir, "links")
+	for name, target := range map[string]string{
+		"abs.db":   real,
+		"rel.db":   "../real/a.db",
+		"chain.db": "rel.db",
+		"dir":      "../real",
+	} {
+		if err := os.Symlink(target, filepath.Join(links, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// links/dir/.. is dir, not links: links/real does not exist.
+	paths := []string{real, filepath.Join(links, "abs.db"), filepath.Join(links, "chain.db"),
+		filepath.Join(links, "dir", "a.db"), links + "/dir/../real/a.db", "chain.db", "dir/../real/a.db"}
+	t.Chdir(links)
+	for _, p := range paths {
+		db, err := openDB(p, sink.DefaultBusyTimeout, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want string
+		err = db.QueryRow(qMainFile).Scan(&want)
+		db.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		got, err := sqliteName(p)
+		if err != nil || got != want {
+			t.Fatalf("sqliteName(%s) = %q, %v; SQLite names it %q", p, got, err, want)
+		}
+	}
+}
