@@ -482,14 +482,17 @@ func checkHeader(h []byte) error {
 // A file in WAL mode with no -wal file beside it is used by no connection
 // (each keeps one), and its main file holds everything: it is read as
 // immutable, so that refusing a newer schema creates nothing beside it (a
-// read-only connection would leave an empty -wal and an -shm file).
+// read-only connection would leave an empty -wal and an -shm file). Beside
+// it is beside SQLite's name of it, links resolved (immutableFile).
 // Otherwise, or should that read fail, SQLite reads it the ordinary way.
 func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
-	// check returns unread when SQLite could not read the file.
-	check := func(immutable bool) (unread bool, err error) {
+	// check reads the file named immutable as immutable, or when that is
+	// "", path the ordinary way. It returns unread when SQLite could not
+	// read the file.
+	check := func(immutable string) (unread bool, err error) {
 		var db *sql.DB
-		if immutable {
-			db, err = openImmutable(path)
+		if immutable != "" {
+			db, err = openImmutable(immutable)
 		} else {
 			db, err = openDB(path, sink.DefaultBusyTimeout, true)
 		}
@@ -516,17 +519,34 @@ func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
 		}
 		return false, readerError(path, version, mr, hasMR, len(ms))
 	}
-	if head[18] == 2 && !exists(path+"-wal") && !exists(path+"-journal") {
+	if file, ok := immutableFile(path, head); ok {
 		// Trusted only for the newer-schema rule: a read that raced a
 		// checkpoint may mix two states, but versions and minimum readers
 		// only grow, so a refusal it gives is right. Anything else is
 		// decided by an ordinary read.
-		if unread, err := check(true); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
+		if unread, err := check(file); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
 			return err
 		}
 	}
-	_, err := check(false)
+	_, err := check("")
 	return err
+}
+
+// immutableFile returns the file checkSchemaReadOnly may read as immutable:
+// the file at path, named as SQLite names it (sqliteName), when its header
+// says WAL mode and no -wal (or -journal) exists beside that name, where
+// SQLite keeps them — beside the target of a link, not beside the link. It
+// is that name that is read, so that a link retargeted since cannot give
+// another file whose -wal was not looked for.
+func immutableFile(path string, head []byte) (string, bool) {
+	if head[18] != 2 {
+		return "", false
+	}
+	file, err := sqliteName(path)
+	if err != nil || exists(file+"-wal") || exists(file+"-journal") {
+		return "", false
+	}
+	return file, true
 }
 
 // exists reports whether something exists at path.
