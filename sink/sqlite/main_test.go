@@ -37,6 +37,13 @@ func TestMain(m *testing.M) {
 			}
 			return openChild(path)
 		}),
+		"sqlite-open-read-only-as-nobody": onPath(func(path string) int {
+			if err := testkit.DropToNobody(); err != nil {
+				fmt.Println("error: dropping to nobody:", err)
+				return 1
+			}
+			return openChildOpt(path, sink.Options{ReadOnly: true})
+		}),
 		"sqlite-start":             onPath(startChild),
 		"sqlite-crash":             onPath(crashChild),
 		"sqlite-complete":          onPath(completeChild),
@@ -68,8 +75,12 @@ func child(t *testing.T, role, path string, args ...string) *exec.Cmd {
 }
 
 // openChild opens path for writing and prints "ok" or the error, one line.
-func openChild(path string) int {
-	s, err := sqlite.Open(context.Background(), path, sink.Options{BusyTimeout: 200 * time.Millisecond}, quiet)
+func openChild(path string) int { return openChildOpt(path, sink.Options{}) }
+
+// openChildOpt is openChild with opt (its busy timeout set).
+func openChildOpt(path string, opt sink.Options) int {
+	opt.BusyTimeout = 200 * time.Millisecond
+	s, err := sqlite.Open(context.Background(), path, opt, quiet)
 	if err != nil {
 		fmt.Println("error:", strings.ReplaceAll(err.Error(), "\n", `\n`))
 		return 0

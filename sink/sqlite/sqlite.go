@@ -399,11 +399,58 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		if err := syscall.Access(path, 2); err != nil { // W_OK
 			return fmt.Errorf("sqlite sink %s: database file is read-only (%v): fix its permissions or use a read-only command", path, err)
 		}
-		if dir := filepath.Dir(path); syscall.Access(dir, 2|1) != nil {
-			return fmt.Errorf("sqlite sink %s: directory %s is read-only: SQLite needs to create its -wal and -shm files there", path, dir)
+		if dir, shown := walDir(path); syscall.Access(dir, 2|1) != nil {
+			return fmt.Errorf("sqlite sink %s: directory %s is read-only: SQLite needs to create its -wal and -shm files there", path, shown)
 		}
 	}
 	return nil
+}
+
+// sqliteName is the name SQLite's unix VFS gives the existing file at path
+// (unixFullPathname), after which it names the file's -wal and -shm: made
+// absolute from the process's working directory (getcwd) and with every
+// symbolic link of every component followed, a ".." going up from where the
+// links before it led. A --db that is a link into another directory has its
+// -wal and -shm in the directory of the link's target. EvalSymlinks resolves
+// as SQLite does, and syscall.Getwd is the kernel's working directory (no
+// link in it, as $PWD, which os.Getwd may return, can have).
+func sqliteName(path string) (string, error) {
+	r, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", err
+	}
+	if filepath.IsAbs(r) {
+		return r, nil
+	}
+	wd, err := syscall.Getwd()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(wd, r), nil
+}
+
+// walDir is the directory where SQLite keeps the -wal and -shm files of the
+// existing file at path (that of sqliteName), and how messages name it: as
+// filepath.Dir(path) when that is the same directory, else the resolved
+// directory and why it is that one. When the name cannot be resolved it is
+// filepath.Dir(path): SQLite, which resolves it too, then says what is
+// wrong.
+func walDir(path string) (dir, shown string) {
+	given := filepath.Dir(path)
+	name, err := sqliteName(path)
+	if err != nil {
+		return given, given
+	}
+	dir = filepath.Dir(name)
+	if a, err := os.Stat(given); err == nil {
+		if b, err := os.Stat(dir); err == nil && os.SameFile(a, b) {
+			return given, given
+		}
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return dir, fmt.Sprintf("%s (where the link %s points)", dir, filepath.Base(path))
+	}
+	return dir, fmt.Sprintf("%s (where %s leads, its symbolic links followed)", dir, path)
 }
 
 // checkHeader checks the fields of an SQLite header (after its magic string)
@@ -435,14 +482,17 @@ func checkHeader(h []byte) error {
 // A file in WAL mode with no -wal file beside it is used by no connection
 // (each keeps one), and its main file holds everything: it is read as
 // immutable, so that refusing a newer schema creates nothing beside it (a
-// read-only connection would leave an empty -wal and an -shm file).
+// read-only connection would leave an empty -wal and an -shm file). Beside
+// it is beside SQLite's name of it, links resolved (immutableFile).
 // Otherwise, or should that read fail, SQLite reads it the ordinary way.
 func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
-	// check returns unread when SQLite could not read the file.
-	check := func(immutable bool) (unread bool, err error) {
+	// check reads the file named immutable as immutable, or when that is
+	// "", path the ordinary way. It returns unread when SQLite could not
+	// read the file.
+	check := func(immutable string) (unread bool, err error) {
 		var db *sql.DB
-		if immutable {
-			db, err = openImmutable(path)
+		if immutable != "" {
+			db, err = openImmutable(immutable)
 		} else {
 			db, err = openDB(path, sink.DefaultBusyTimeout, true)
 		}
@@ -469,17 +519,34 @@ func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
 		}
 		return false, readerError(path, version, mr, hasMR, len(ms))
 	}
-	if head[18] == 2 && !exists(path+"-wal") && !exists(path+"-journal") {
+	if file, ok := immutableFile(path, head); ok {
 		// Trusted only for the newer-schema rule: a read that raced a
 		// checkpoint may mix two states, but versions and minimum readers
 		// only grow, so a refusal it gives is right. Anything else is
 		// decided by an ordinary read.
-		if unread, err := check(true); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
+		if unread, err := check(file); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
 			return err
 		}
 	}
-	_, err := check(false)
+	_, err := check("")
 	return err
+}
+
+// immutableFile returns the file checkSchemaReadOnly may read as immutable:
+// the file at path, named as SQLite names it (sqliteName), when its header
+// says WAL mode and no -wal (or -journal) exists beside that name, where
+// SQLite keeps them — beside the target of a link, not beside the link. It
+// is that name that is read, so that a link retargeted since cannot give
+// another file whose -wal was not looked for.
+func immutableFile(path string, head []byte) (string, bool) {
+	if head[18] != 2 {
+		return "", false
+	}
+	file, err := sqliteName(path)
+	if err != nil || exists(file+"-wal") || exists(file+"-journal") {
+		return "", false
+	}
+	return file, true
 }
 
 // exists reports whether something exists at path.
@@ -663,8 +730,9 @@ func classify(path string, err error, waited, busy time.Duration) error {
 			if se.Code() == sqlite3.SQLITE_READONLY_DIRECTORY {
 				// A read of a WAL database whose -wal and -shm files do
 				// not exist, in a directory this user may not write.
+				_, dir := walDir(path)
 				return fmt.Errorf("sqlite sink %s: cannot read it: its directory %s is not writable by this user, and SQLite must create the database's -wal and -shm files there even to read it (WAL mode): let this user write the directory, or run as one who may: %w",
-					path, filepath.Dir(path), err)
+					path, dir, err)
 			}
 			return fmt.Errorf("sqlite sink %s: database is read-only: %w", path, err)
 		case sqlite3.SQLITE_CANTOPEN:
