@@ -18,3 +18,12 @@ type RecordClaimer interface {
 	// ErrNotClaimable (the sighting is still recorded).
 	RecordAndClaim(ctx context.Context, s Sighting, owner string, lease time.Duration) (RecordResult, Claim, error)
 }
+
+// Clock is an optional Sink capability: the time now by the clock the sink
+// writes and compares its times with (PostgreSQL: the server's, unless a
+// clock was injected; SQLite: the sink's own). A caller that shows a stored
+// time against now (a lease that has expired, a key that is due) asks the
+// sink, not its own clock, which may differ from the server's.
+type Clock interface {
+	Now(ctx context.Context) (time.Time, error)
+}

@@ -616,6 +616,22 @@ func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // nowArg is the $now of every statement: NULL means the database clock
 // (coalesce($n::timestamptz, now())), else the injected clock.
+// Now is the time by the clock the sink's statements use (sink.Clock): the
+// server's now() as a statement there would see it, or the injected clock.
+func (s *Sink) Now(ctx context.Context) (time.Time, error) {
+	if !s.dbClock {
+		return s.opt.Now(), nil
+	}
+	var t time.Time
+	err := s.withConn(ctx, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, `SELECT now()`).Scan(&t)
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("postgres: the server's time: %w", err)
+	}
+	return t.UTC(), nil
+}
+
 func (s *Sink) nowArg() any {
 	if s.dbClock {
 		return nil

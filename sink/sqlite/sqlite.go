@@ -783,6 +783,9 @@ func (s *Sink) Close() error {
 
 func (s *Sink) nowNS() int64 { return s.opt.Now().UnixNano() }
 
+// Now is the sink's clock (sink.Clock): the one its times are written by.
+func (s *Sink) Now(context.Context) (time.Time, error) { return s.opt.Now(), nil }
+
 func fromNS(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +61,53 @@ func TestPurgePostgresMeasuresAgeWithServerClock(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, old); !errors.Is(err, sink.ErrNotFound) {
 		t.Errorf("%s, done 3h ago by the server's clock, after purge --older-than 1h: %v; want it purged", old, err)
+	}
+}
+
+// TestStatusPostgresJudgesLeasesByServerClock: status says that a lease
+// has expired, or that a pending key is due, by the clock that wrote those
+// times. The PostgreSQL server's clock here runs 2h behind this machine's:
+// a key claimed for 10 minutes, and one backing off for an hour, are
+// neither expired nor due by the server's clock, the one claims are
+// granted by. Judged by this machine's clock, status called the lease
+// expired ("the next drain, poll or serve takes the key over") and the
+// other key due now.
+func TestStatusPostgresJudgesLeasesByServerClock(t *testing.T) {
+	dsn, _, skew := pgtest.SkewedSchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Backoff: the whole hour (Rand 1 → the top of [0, ceiling)).
+	s, err := postgres.Open(ctx, dsn, sink.Options{RetryBase: time.Hour, RetryMax: time.Hour, Rand: func() float64 { return 0.999 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	skew(-2 * time.Hour)
+	const held, backing = "gemini:batches/skew-held", "gemini:batches/skew-backing"
+	for _, k := range []string{held, backing} {
+		if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourcePoll}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Claim(ctx, held, "w", 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, backing, "w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Fail(ctx, backing, c.Token, sink.Failure{Cause: "boom"}); err != nil || st != sink.StatePending {
+		t.Fatalf("Fail = %s, %v; want pending", st, err)
+	}
+
+	r := gemrecon(t, "--db", dsn, "status", held)
+	wantCode(t, r, exitNotDone)
+	if strings.Contains(r.stdout, "expired") || !strings.Contains(r.stdout, "held by w until") {
+		t.Errorf("status of a key claimed 10 minutes ago by the server's clock:\n%s\nwant a live lease, not expired", r.stdout)
+	}
+	r = gemrecon(t, "--db", dsn, "status", backing)
+	wantCode(t, r, exitNotDone)
+	if strings.Contains(r.stdout, "due now") || !strings.Contains(r.stdout, "next attempt") {
+		t.Errorf("status of a key backing off by the server's clock:\n%s\nwant a next attempt that is not due now", r.stdout)
 	}
 }
