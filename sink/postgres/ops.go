@@ -682,7 +682,8 @@ const (
 		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING first_source, confirmed, batch_state` +
 		fencedMid + `upd.first_source, upd.confirmed, upd.batch_state` + fencedTail
 	// $4 permanent, $5 max attempts, $6 backoff µs per attempt (1-based,
-	// the last element serves any later attempt), $7 not-before, $8 cause,
+	// the last element serves any later attempt), $7 not-before as a delay
+	// from now in µs (NULL: none; see Fail), $8 cause,
 	// $9 uncounted (Failure.NoAttempt: attempts go back to their value before
 	// the claim, the key to pending at $7 — now if that has passed — or
 	// after the backoff of the restored count; never dead).
@@ -691,13 +692,13 @@ const (
 			dead_reason = CASE WHEN NOT $9 AND ($4 OR attempts >= $5) THEN $10 ELSE '' END,
 			attempts = CASE WHEN $9 THEN greatest(attempts - 1, 0) ELSE attempts END,
 			next_attempt_at = CASE
-				WHEN $9 AND $7::timestamptz IS NOT NULL THEN greatest(` + now3 + `, $7::timestamptz)
+				WHEN $9 AND $7::bigint IS NOT NULL THEN ` + now3 + ` + greatest($7::bigint, 0) * interval '1 microsecond'
 				WHEN $9 THEN ` + now3 + `
 					+ ($6::bigint[])[least(greatest(attempts - 1, 1), cardinality($6::bigint[]))] * interval '1 microsecond'
 				WHEN $4 OR attempts >= $5 THEN NULL ELSE
-				greatest(` + now3 + `
-					+ ($6::bigint[])[least(greatest(attempts, 1), cardinality($6::bigint[]))] * interval '1 microsecond',
-					$7::timestamptz) END,
+				` + now3 + ` + greatest(
+					($6::bigint[])[least(greatest(attempts, 1), cardinality($6::bigint[]))],
+					coalesce($7::bigint, 0)) * interval '1 microsecond' END,
 			last_error = $8, lease_owner = NULL, lease_until = NULL
 		WHERE key = $1 AND state = 'claimed' AND token = $2 RETURNING state` +
 		fencedMid + `upd.state` + fencedTail
@@ -820,9 +821,15 @@ func (s *Sink) Fail(ctx context.Context, key string, token int64, f sink.Failure
 	for i := range backoffs {
 		backoffs[i] = micros(sink.Backoff(i+1, s.opt.RetryBase, s.opt.RetryMax, fixed))
 	}
+	// NotBefore is a time by the caller's clock (its now plus a
+	// Retry-After or a recheck delay), and next_attempt_at is compared with
+	// the server's: the statement gets the delay from now, measured by the
+	// sink's own idea of now (the injected clock, else this process's), and
+	// adds it to the server's now. An absolute time handed over as it is
+	// made a key wait longer, or not at all, by the difference of the clocks.
 	var notBefore any
 	if !f.NotBefore.IsZero() {
-		notBefore = f.NotBefore
+		notBefore = micros(f.NotBefore.Sub(s.opt.Now()))
 	}
 	cause := sink.TruncateError(f.Cause)
 	var ok bool
