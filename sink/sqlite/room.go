@@ -27,8 +27,8 @@ const maxWrite = 64<<10 + 24
 // one line that names the cause and what to do, or returns nil when se is not
 // such an error. SQLITE_FULL is what SQLite makes of ENOSPC (and of a write
 // cut short at a limit); EFBIG (a file-size limit) and EDQUOT (a quota) come
-// out as SQLITE_IOERR_WRITE, _TRUNCATE or _SHMSIZE, like a failing disk's
-// EIO: the driver does not pass the errno on, so the cause is looked for
+// out as SQLITE_IOERR_WRITE or _TRUNCATE, like a failing disk's EIO: the
+// driver does not pass the errno on, so the cause is looked for
 // (roomCause), and an I/O error without one is said to be what it may be.
 // A failed fsync (SQLITE_IOERR_FSYNC) is not one of these: it leaves the
 // commit's outcome unknown, and is reported as it is. Nor is a shared-memory
