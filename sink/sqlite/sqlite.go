@@ -716,11 +716,14 @@ func (s *Sink) fail(err error) error {
 // a lock (-1: not measured).
 func classify(path string, err error, waited, busy time.Duration) error {
 	var le *lockedError
-	if errors.As(err, &le) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrFileReplaced) || errors.Is(err, ErrNotWAL) {
+	if errors.As(err, &le) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrFileReplaced) || errors.Is(err, ErrNotWAL) || errors.Is(err, ErrNoRoom) {
 		return err // classified already
 	}
 	var se *msqlite.Error
 	if errors.As(err, &se) {
+		if nr := noRoomError(path, err, se); nr != nil {
+			return nr
+		}
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
 			return &lockedError{path: path, busy: busy, waited: waited, err: err}
