@@ -228,7 +228,7 @@ func rawOrNil(b []byte) json.RawMessage {
 }
 
 // printStatus writes e as aligned text; now only says whether a lease has
-// expired or a next attempt is due (as this machine's clock sees it).
+// expired or a next attempt is due (by the sink's clock, sinkNow).
 func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }

@@ -11,8 +11,9 @@ import (
 
 // interrupts is how a gemrecon process answers SIGINT and SIGTERM (run in
 // main.go feeds it). The first cancels the command's context: nothing new is
-// claimed, and running effects get --grace to finish. The second ends that
-// grace at once (dispatch.Dispatcher.EndGrace): the effects are killed, and
+// claimed, and running effects get --grace to finish (serve's background
+// workers only once its HTTP drain is over: serve.Start). The second ends
+// that grace at once (dispatch.Dispatcher.EndGrace): the effects are killed, and
 // their outcomes recorded, exactly as when the grace runs out, so the
 // command exits as it would then, only sooner. Later ones are only logged:
 // gemrecon never exits while an effect it started may still run (a key

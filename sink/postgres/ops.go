@@ -523,11 +523,13 @@ func (s *Sink) Claim(ctx context.Context, key, owner string, lease time.Duration
 // confirming sighting of a webhook-first key (confirmSightingSQL: the API's
 // operation becomes the payload, the webhook body moves to the extras)
 // therefore got the confirmed row without the webhook body: the effect's
-// event lacked it (ClaimDue never waits: it skips locked rows). Such a
-// claim is confirmed, first seen by webhook, and has no webhook body; a new
-// statement sees what that transaction committed. A failure here leaves the
-// claims as they are (the claim is made and must be handed over; its
-// extras are only what they were).
+// event lacked it. ClaimDue, which skips locked rows, meets the same when
+// that transaction commits after the statement's snapshot and before the
+// statement locks the row: it then locks and claims the newest version
+// without waiting. Such a claim is confirmed, first seen by webhook, and
+// has no webhook body; a new statement sees what that transaction
+// committed. A failure here leaves the claims as they are (the claim is
+// made and must be handed over; its extras are only what they were).
 func (s *Sink) freshExtras(ctx context.Context, rows []claimRow) {
 	var keys []string
 	for _, r := range rows {
@@ -636,6 +638,7 @@ func (s *Sink) ClaimDue(ctx context.Context, owner string, lease time.Duration, 
 		if err != nil {
 			return out, fmt.Errorf("postgres: claim due: %w", err)
 		}
+		s.freshExtras(ctx, got)
 		claimed := 0
 		for _, r := range got {
 			if r.state == string(sink.StateClaimed) {

@@ -614,8 +614,6 @@ func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 }
 
-// nowArg is the $now of every statement: NULL means the database clock
-// (coalesce($n::timestamptz, now())), else the injected clock.
 // Now is the time by the clock the sink's statements use (sink.Clock): the
 // server's now() as a statement there would see it, or the injected clock.
 func (s *Sink) Now(ctx context.Context) (time.Time, error) {
@@ -632,6 +630,8 @@ func (s *Sink) Now(ctx context.Context) (time.Time, error) {
 	return t.UTC(), nil
 }
 
+// nowArg is the $now of every statement: NULL means the database clock
+// (coalesce($n::timestamptz, now())), else the injected clock.
 func (s *Sink) nowArg() any {
 	if s.dbClock {
 		return nil

@@ -419,3 +419,31 @@ func TestUpgradeFromV1(t *testing.T) {
 		t.Fatalf("Stats = %+v, %v", st, err)
 	}
 }
+
+// The refusal of a --db that is a symbolic link to nothing says what to do,
+// and only what works: a link to a missing file is refused wherever that
+// file would be, in a directory gemrecon may write included (as here), so
+// "point it at a path where gemrecon may create it" would only give the
+// same refusal again. What works: point the link at the database, or give
+// the path of the file to create instead of the link.
+func TestOpenLinkToNothingSaysWhatWorks(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gemrecon.db")
+	if err := os.Symlink(filepath.Join(dir, "elsewhere.db"), path); err != nil {
+		t.Fatal(err)
+	}
+	_, err := openRW(path, sink.Options{})
+	if err == nil {
+		t.Fatal("Open of a link to nothing succeeded")
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "where gemrecon may create it") {
+		t.Errorf("error %q: advises pointing the link at a path gemrecon may create, which it already does (refused all the same)", msg)
+	}
+	if !strings.Contains(msg, "point it at the database") || !strings.Contains(msg, "path of the file to create") {
+		t.Errorf("error %q: want it to say: point the link at the database, or give the path of the file to create", msg)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "elsewhere.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the link's target was created: %v", err)
+	}
+}

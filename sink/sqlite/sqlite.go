@@ -334,7 +334,7 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 			if readOnly {
 				return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, what)
 			}
-			return fmt.Errorf("sqlite sink %s: %s, or at a path in a directory where gemrecon may create it", path, what)
+			return fmt.Errorf("sqlite sink %s: %s, or give the path of the file to create instead of the link (gemrecon does not create a link's target)", path, what)
 		}
 		if readOnly {
 			return fmt.Errorf("sqlite sink %s: %w (nothing recorded yet: run a writing command such as poll first)", path, sink.ErrNoDatabase)
