@@ -375,6 +375,9 @@ var errShutdown = errors.New("interrupted by shutdown")
 // any goroutine, any number of times.
 func (d *Dispatcher) EndGrace() { d.endGrace() }
 
+// GraceEnded is closed once EndGrace was called.
+func (d *Dispatcher) GraceEnded() <-chan struct{} { return d.hurry.Done() }
+
 // graceContext returns a context for effects that is cancelled (cause
 // errShutdown) Grace after ctx is done — at once after EndGrace —, and a
 // release function.

@@ -5,8 +5,9 @@
 // together and stopped in order. On shutdown the server stops accepting and
 // drains its requests first; the dispatcher's workers outlive it, so that
 // accepted keys still get their effect started, and then get the
-// dispatcher's grace to finish; what is left is pending in the database for
-// the next run. A dispatcher that stops on its own (its effect broke: the
+// dispatcher's grace to finish — unless the grace is ended (a second
+// signal: Dispatcher.EndGrace), which stops the workers at once; what is
+// left is pending in the database for the next run. A dispatcher that stops on its own (its effect broke: the
 // NDJSON stdout went away) stops the server too: accepting deliveries that
 // nothing here can run would hide it.
 package serve
@@ -76,6 +77,24 @@ func Start(ctx context.Context, cfg Config) *Server {
 			})
 		})
 	}
+	// A second signal (dispatch's EndGrace during the shutdown) stops the
+	// workers now rather than after the HTTP drain: no new effect starts,
+	// and the running ones are killed at once (their grace is over), so
+	// that a long drain neither keeps them running nor starts effects that
+	// would be killed when it ends, each a used attempt.
+	go func() {
+		select {
+		case <-serveCtx.Done():
+		case <-s.done:
+			return
+		}
+		select {
+		case <-cfg.Dispatcher.GraceEnded():
+			log.Info("grace ended: stopping the background workers before the HTTP drain is over")
+			stopWork()
+		case <-s.done:
+		}
+	}()
 	go func() {
 		defer close(s.done)
 		defer stopWork()

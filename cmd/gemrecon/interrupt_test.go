@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -149,6 +151,75 @@ func TestServeSecondSIGTERMStopsSyncEffectNow(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) })
 	e := storedEntry(t, db, "gemini:batches/slow")
+	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
+		t.Errorf("after two SIGTERMs the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
+	}
+}
+
+// TestServeSecondSIGTERMStopsBackgroundEffectsDuringADrain: serve (inbox
+// mode) keeps its background workers through the HTTP drain after the
+// first SIGTERM; a second one must stop them at once, not when the drain
+// ends. Here a request whose body never comes holds the drain open (until
+// the 30 s read timeout) while a background effect that ignores SIGTERM
+// runs under --grace 1m: after the second SIGTERM the effect's process
+// group is gone within seconds, and the key is pending, interrupted by
+// shutdown. Before, the effect ran on until the drain was over.
+func TestServeSecondSIGTERMStopsBackgroundEffectsDuringADrain(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "s.db")
+	pidFile := filepath.Join(dir, "effect.pid")
+	addr := freeAddr(t)
+	cmd := child(t, "--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr,
+		"--grace", "1m", "--drain-timeout", "2m", "--lease", "5m", "--effect-timeout", "4m",
+		"--exec", "trap '' TERM; echo $$ > "+shellQuote(pidFile)+".tmp && mv "+shellQuote(pidFile)+".tmp "+shellQuote(pidFile)+"; sleep 60")
+	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
+	resp, err := http.Post("http://"+addr+"/webhook", "application/json", strings.NewReader(`{"type":"batch.succeeded","data":{"id":"bg"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("webhook answered %d, want 202", resp.StatusCode)
+	}
+	waitFile(t, pidFile, 30*time.Second)
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+
+	// A request in flight: headers sent, the body not.
+	slow, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	if _, err := io.WriteString(slow, "POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the server take the request
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return strings.Contains(stderr.String(), "interrupt again to stop them now") })
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	waitFor(t, 10*time.Second, func() bool { return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) })
+	if took := time.Since(sent); took > 8*time.Second {
+		t.Errorf("the background effect was killed %v after the second SIGTERM, with the drain still open", took)
+	}
+	slow.Close() // the drain ends
+	if code := waitExit(t, cmd, 40*time.Second, stderr); code != exitOK {
+		t.Errorf("serve exited %d, want 0\n%s", code, stderr)
+	}
+	e := storedEntry(t, db, "gemini:batches/bg")
 	if e.State != sink.StatePending || !strings.Contains(e.LastError, "interrupted by shutdown") {
 		t.Errorf("after two SIGTERMs the key is %s (last error %q), want pending, interrupted by shutdown\n%s", e.State, e.LastError, stderr)
 	}
