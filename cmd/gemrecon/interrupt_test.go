@@ -6,9 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,16 +61,7 @@ func TestSecondInterruptStopsEffectsNow(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = cmd.Process.Kill() })
-				waitFile(t, pidFile, 30*time.Second)
-				b, err := os.ReadFile(pidFile)
-				if err != nil {
-					t.Fatal(err)
-				}
-				pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+				pgid := effectGroup(t, pidFile)
 
 				if err := cmd.Process.Signal(tc.sig); err != nil {
 					t.Fatal(err)
@@ -181,16 +170,7 @@ func TestServeSecondSIGTERMStopsBackgroundEffectsDuringADrain(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("webhook answered %d, want 202", resp.StatusCode)
 	}
-	waitFile(t, pidFile, 30*time.Second)
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	pgid := effectGroup(t, pidFile)
 
 	// A request in flight: headers sent, the body not.
 	slow, err := net.Dial("tcp", addr)

@@ -81,16 +81,7 @@ func serveSyncEffect(t *testing.T, id string, serveArgs ...string) (*exec.Cmd, *
 		resp.Body.Close()
 		answered <- resp.StatusCode
 	}()
-	waitFile(t, pidFile, 30*time.Second)
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	pgid := effectGroup(t, pidFile)
 	return cmd, stderr, db, answered, pgid
 }
 
@@ -107,4 +98,22 @@ func storedEntry(t *testing.T, db, key string) sink.Entry {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// effectGroup waits for an --exec effect to write its pid ($$, the leader
+// of its process group) into pidFile, and returns it; the group is killed
+// at cleanup, whatever the test left running.
+func effectGroup(t *testing.T, pidFile string) int {
+	t.Helper()
+	waitFile(t, pidFile, 30*time.Second)
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	return pgid
 }
