@@ -33,7 +33,7 @@ var ErrFileReplaced = errors.New("the database file was deleted or replaced whil
 func corruptError(path string, cause error) error {
 	return fmt.Errorf("sqlite sink %s: %w (%w; %w): stop every gemrecon that uses it, then restore it from a backup, "+
 		"or move it away (with its -wal and -shm files) so that an empty one is created, in which completions seen again run their effect again; "+
-		"`sqlite3 %s 'PRAGMA integrity_check'` shows the damage", path, ErrCorrupt, sink.ErrUnusable, cause, path)
+		"`sqlite3 %s 'PRAGMA integrity_check'` shows the damage", path, ErrCorrupt, sink.ErrUnusable, cause, shellWord(path))
 }
 
 // replacedError is the one-line message of a path that no longer names the
@@ -390,3 +390,20 @@ func isCorruption(err error) bool {
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// shellWord quotes path for a shell command line that a message suggests
+// (single quotes, unless it needs none): a path with a space or a quote
+// in it is one word when pasted.
+func shellWord(path string) string {
+	plain := path != ""
+	for _, r := range path {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+,:@%", r)) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return path
+	}
+	return "'" + strings.ReplaceAll(path, "'", `'\''`) + "'"
+}

@@ -74,6 +74,7 @@ type Sink struct {
 	ident      *identity   // the opened file; nil when read-only
 	dsnParams  string      // see config
 	broken     atomic.Pointer[brokenErr]
+	opened     atomic.Bool // Open has returned the sink (checkConn)
 
 	rdb *sql.DB // reader pool
 	wdb *sql.DB // one writer connection; nil when read-only
@@ -300,6 +301,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	s.quit = make(chan struct{})
 	s.exited = make(chan struct{})
 	go s.writeLoop()
+	s.opened.Store(true)
 	return s, nil
 }
 
@@ -659,13 +661,22 @@ func (s *Sink) checkConn(ctx context.Context, c driver.Conn) error {
 	}
 	if mode != "wal" {
 		return fmt.Errorf("sqlite sink %s: %w: SQLite kept it in journal mode %q when asked for WAL (it does so when it cannot switch), and gemrecon needs WAL mode: "+
-			"refusing to use it; run gemrecon again once `sqlite3 %s 'PRAGMA journal_mode=WAL'` prints wal", s.path, ErrNotWAL, mode, s.path)
+			"refusing to use it; run gemrecon again once `sqlite3 %s 'PRAGMA journal_mode=WAL'` prints wal", s.path, ErrNotWAL, mode, shellWord(s.path))
 	}
 	file, err := connText(ctx, c, qMainFile)
 	if err != nil {
 		return err
 	}
-	return s.ident.sameFile(s.path, file)
+	if err := s.ident.sameFile(s.path, file); err != nil {
+		// A connection opened later (the reader pool reconnects) on
+		// another file: the path names another file now, and the sink is
+		// broken, as its next commit's identity check would find.
+		if s.opened.Load() {
+			s.markBroken(err)
+		}
+		return err
+	}
+	return nil
 }
 
 // connText runs q on a driver connection and returns its one text value.

@@ -127,6 +127,11 @@ func TestLinkRetargetedWhileOpen(t *testing.T) {
 	if refused == 0 {
 		t.Fatal("no new reader connection was refused on the retargeted link")
 	}
+	// The refusal breaks the sink (ErrFileReplaced's rule), as the next
+	// commit's identity check would: nothing more is acknowledged.
+	if err := s.Broken(); !errors.Is(err, ErrFileReplaced) {
+		t.Errorf("Broken after a refused reader = %v, want ErrFileReplaced", err)
+	}
 }
 
 // When the name SQLite gives its file no longer names the file the sink

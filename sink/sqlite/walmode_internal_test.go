@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -89,5 +90,20 @@ func TestReadOnlyReadsARollbackModeFile(t *testing.T) {
 	defer w.Close()
 	if err := w.rdb.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
 		t.Fatalf("after a writing Open: %q, %v", mode, err)
+	}
+}
+
+// TestShellWordIsOneWord: the command lines that messages suggest name the
+// database as one shell word, whatever its path holds: a real sh gets the
+// path back unchanged. Before, a path with a space was two words.
+func TestShellWordIsOneWord(t *testing.T) {
+	for _, p := range []string{"/var/lib/gemrecon/gemrecon.db", "my db.db", "it's.db", `a"b$c\d`, "tab\there.db"} {
+		out, err := exec.Command("sh", "-c", "printf %s "+shellWord(p)).Output()
+		if err != nil {
+			t.Fatalf("sh with %q: %v", shellWord(p), err)
+		}
+		if string(out) != p {
+			t.Errorf("shellWord(%q) = %s, which sh reads as %q", p, shellWord(p), out)
+		}
 	}
 }
