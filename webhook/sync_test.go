@@ -14,7 +14,9 @@ import (
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/sink"
+	"github.com/gemrecon/gemrecon/sink/postgres"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -200,5 +202,44 @@ func TestSyncDeadKey(t *testing.T) {
 	}
 	if e, err := s.Get(context.Background(), "gemini:batches/d1"); err != nil || e.State != sink.StateDead || e.Attempts != 1 {
 		t.Errorf("after the redeliveries: %+v, %v; want dead after 1 attempt", e, err)
+	}
+}
+
+// TestSyncBackingOffByTheServersClock: on PostgreSQL a key's next attempt is
+// written by the server's clock, so --sync must judge "backing off" by it
+// too. With the server's clock 2h behind this machine's, a key backing off
+// for an hour looked due by this machine's clock: the redelivery waited out
+// --sync-wait for a claim the server would not grant, instead of answering
+// 202 at once.
+func TestSyncBackingOffByTheServersClock(t *testing.T) {
+	dsn, _, skew := pgtest.SkewedSchema(t)
+	skew(-2 * time.Hour)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := postgres.Open(ctx, dsn, sink.Options{RetryBase: time.Hour, RetryMax: time.Hour, Rand: func() float64 { return 0.999 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	effects := filepath.Join(t.TempDir(), "effects")
+	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: &appendEffect{path: effects, fail: func(context.Context, string) error { return errors.New("downstream said no") }},
+		Logger: slog.New(slog.DiscardHandler), Grace: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: 3 * time.Second, Dispatcher: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := serve(t, h, webhook.ServerOptions{})
+	if r := post(t, base, event("skew1")); r.Code != 500 || r.Status != "retry" {
+		t.Fatalf("first delivery = %d %q, want 500 retry", r.Code, r.Status)
+	}
+	start := time.Now()
+	if r := post(t, base, event("skew1")); r.Code != 202 || r.Status != "duplicate" {
+		t.Errorf("redelivery while backing off = %d %q, want 202 duplicate", r.Code, r.Status)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("redelivery while backing off (by the server's clock) took %v, want an answer without waiting --sync-wait (3s)", el)
 	}
 }
