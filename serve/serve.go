@@ -7,9 +7,10 @@
 // accepted keys still get their effect started, and then get the
 // dispatcher's grace to finish — unless the grace is ended (a second
 // signal: Dispatcher.EndGrace), which stops the workers at once; what is
-// left is pending in the database for the next run. A dispatcher that stops on its own (its effect broke: the
-// NDJSON stdout went away) stops the server too: accepting deliveries that
-// nothing here can run would hide it.
+// left is pending in the database for the next run. A dispatcher that
+// stops on its own (its effect broke: the NDJSON stdout went away) stops
+// the server too: accepting deliveries that nothing here can run would
+// hide it.
 package serve
 
 import (

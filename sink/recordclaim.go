@@ -27,3 +27,15 @@ type RecordClaimer interface {
 type Clock interface {
 	Now(ctx context.Context) (time.Time, error)
 }
+
+// NowOf is now by s's clock when s is a Clock that answers, else this
+// machine's: what a caller compares a stored time with (a lease's end, a
+// next attempt).
+func NowOf(ctx context.Context, s any) time.Time {
+	if c, ok := s.(Clock); ok {
+		if t, err := c.Now(ctx); err == nil {
+			return t
+		}
+	}
+	return time.Now()
+}

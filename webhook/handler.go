@@ -507,17 +507,6 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 	return 0, false
 }
 
-// sinkNow is now by the sink's clock (sink.Clock: on PostgreSQL the
-// server's, which wrote the key's next attempt), else this machine's.
-func (h *handler) sinkNow(ctx context.Context) time.Time {
-	if c, ok := h.cfg.Sink.(sink.Clock); ok {
-		if t, err := c.Now(ctx); err == nil {
-			return t
-		}
-	}
-	return time.Now()
-}
-
 // runSync runs the key's effect in the request: 200 once done, 500 when the
 // effect failed in this request (the sender retries), 202 when another live
 // holder has it past SyncWait, and 202 "dead" for a key that was dead
@@ -592,7 +581,7 @@ func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 					"key": key, "status": string(sink.StateDead), "error": "the key is dead (nothing ran; `gemrecon retry` runs it again): " + e.LastError})
 				return
 			case sink.StatePending:
-				if e.NextAttemptAt.After(h.sinkNow(ctx).Add(pause)) {
+				if e.NextAttemptAt.After(sink.NowOf(ctx, h.cfg.Sink).Add(pause)) {
 					// Backing off after a failed attempt: nothing to wait
 					// for here; the background workers retry it when due.
 					writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})

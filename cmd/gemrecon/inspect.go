@@ -161,7 +161,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 	if o.asJSON {
 		writeJSON(a.stdout, entryJSON(e, true))
 	} else {
-		printStatus(a.stdout, e, sinkNow(ctx, s))
+		printStatus(a.stdout, e, sink.NowOf(ctx, s))
 	}
 	switch e.State {
 	case sink.StateDone:
@@ -228,7 +228,7 @@ func rawOrNil(b []byte) json.RawMessage {
 }
 
 // printStatus writes e as aligned text; now only says whether a lease has
-// expired or a next attempt is due (by the sink's clock, sinkNow).
+// expired or a next attempt is due (by the sink's clock, sink.NowOf).
 func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
@@ -435,12 +435,12 @@ func (a *app) runStats(ctx context.Context, o *statsOptions) error {
 		writeJSON(a.stdout, st)
 		return nil
 	}
-	printStats(a.stdout, st, sinkNow(ctx, s))
+	printStats(a.stdout, st, sink.NowOf(ctx, s))
 	return nil
 }
 
 // printStats writes st as aligned text; now only says whether a pass lease
-// has expired (by the sink's clock, sinkNow). Scopes, holders and sources
+// has expired (by the sink's clock, sink.NowOf). Scopes, holders and sources
 // are stored by other processes: they are printed through printable, as
 // list and status print keys and errors (spec §12).
 func printStats(w io.Writer, st sink.Stats, now time.Time) {
@@ -530,16 +530,4 @@ func exactArgs(n int) cobra.PositionalArgs {
 		}
 		return nil
 	}
-}
-
-// sinkNow is now by the clock that wrote s's times (sink.Clock: on
-// PostgreSQL the server's), so that "expired" and "due now" agree with the
-// claims the sink grants; this machine's clock when it cannot be asked.
-func sinkNow(ctx context.Context, s sink.Sink) time.Time {
-	if c, ok := s.(sink.Clock); ok {
-		if t, err := c.Now(ctx); err == nil {
-			return t
-		}
-	}
-	return time.Now()
 }

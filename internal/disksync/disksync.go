@@ -30,11 +30,14 @@ type Result struct {
 
 // Median is the median of Each (0 when empty): the time of a typical sync,
 // which the device's occasional slow syncs do not move as they move Rate.
-func (s Result) Median() time.Duration {
-	if len(s.Each) == 0 {
+func (s Result) Median() time.Duration { return Median(s.Each) }
+
+// Median is the median of ds (0 when empty); ds is not reordered.
+func Median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
 		return 0
 	}
-	c := slices.Clone(s.Each)
+	c := slices.Clone(ds)
 	slices.Sort(c)
 	if len(c)%2 == 1 {
 		return c[len(c)/2]

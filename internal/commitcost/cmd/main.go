@@ -194,7 +194,7 @@ func report(ctx context.Context, c config, out io.Writer) error {
 		}
 		add("sqlite new", perSecond(c.n, d))
 		for _, step := range []string{commitcost.StepRecordClaim, commitcost.StepComplete} {
-			add("p50 "+step, micros(disksync.Result{Each: steps[step]}.Median()))
+			add("p50 "+step, micros(disksync.Median(steps[step])))
 		}
 		for _, done := range []bool{false, true} {
 			s, err := openSQLite(ctx, dir, "dup")
