@@ -6,6 +6,7 @@ package sink
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -129,6 +130,12 @@ type Claim struct {
 	Webhook []byte
 	// ResultsFile is where the batch's results were written (NoteResults).
 	ResultsFile string
+	// Rerun: the key was done and an operator sent it back (spec §7); its
+	// effect is told so.
+	Rerun bool
+	// NoResults: the operator asked for the attempt to run without the
+	// batch's results (retry --without-results, spec §9.5).
+	NoResults bool
 }
 
 // Confirmation is the API's answer about a claimed key (Sink.Confirm).
@@ -336,13 +343,17 @@ type Sink interface {
 	// Record notes a sighting. A new key becomes pending and due now, durably,
 	// before Record returns; it is confirmed when the sighting is FromAPI, and
 	// needs confirmation when it is Dynamic. A known key only updates
-	// sighting statistics, which may be buffered in memory and written lazily
+	// sighting statistics, which are buffered in memory and written lazily
 	// (a duplicate must not cost a disk sync) — except a sighting from the
 	// API of an unconfirmed key, which confirms it durably (spec §9.2: the
 	// operation becomes the payload, a pending key is due now, a key dead as
 	// DeadUnknownToAPI is pending again). A terminal state that differs from
 	// the stored batch state is a conflict (spec §9.4).
 	Record(ctx context.Context, s Sighting) (RecordResult, error)
+	// RecordAndClaim is Record, and when the key can then be claimed as the
+	// dispatcher would claim it (req's options) and no other key is due
+	// before it, a claim in the same commit; otherwise the claim is nil.
+	RecordAndClaim(ctx context.Context, s Sighting, req ClaimRequest) (RecordResult, *Claim, error)
 	// Claim takes the key for one attempt: allowed when pending and due, or
 	// claimed with an expired lease (takeover). Increments token and attempt
 	// in one durable commit. ErrNotClaimable / ErrNotFound otherwise (also
@@ -369,8 +380,10 @@ type Sink interface {
 	// Fail returns the key to pending with backoff, or to dead when permanent
 	// or attempts reached the maximum. Fenced like Complete. Returns the new state.
 	Fail(ctx context.Context, key string, token int64, f Failure) (State, error)
-	// Retry moves a dead key to pending, due now (operator action).
-	Retry(ctx context.Context, key string) error
+	// Retry moves a dead key to pending, due now, with a fresh attempt
+	// budget (operator action; ErrNotDead otherwise), or with o.Rerun a
+	// done key (ErrNotDone otherwise).
+	Retry(ctx context.Context, key string, o RetryOptions) error
 	// Due lists keys that can be claimed now, oldest first.
 	Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error)
 	// Get returns one key's entry, or ErrNotFound.
@@ -379,17 +392,14 @@ type Sink interface {
 	List(ctx context.Context, opt ListOptions) ([]Entry, error)
 	// Stats summarises the sink.
 	Stats(ctx context.Context) (Stats, error)
-	// Purge deletes done rows done for longer than olderThan and returns
-	// how many. The age is measured with the clock that wrote the done
-	// times (the sink's: Options.Now, or on PostgreSQL without it the
-	// database's now()), never the caller's: a caller whose clock runs
-	// ahead would otherwise purge keys done less than olderThan ago, inside
-	// a poll's lookback. A negative olderThan is an error. The lookback
-	// guard is PurgeRequest.Check (spec §7).
-	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
-	// PurgeKeys is Purge returning the keys it deleted (purge --results-dir
-	// removes their results files).
-	PurgeKeys(ctx context.Context, olderThan time.Duration) ([]string, error)
+	// Purge deletes the keys done for longer than olderThan and returns
+	// them. The age is measured with the clock that wrote the done times
+	// (the sink's: Options.Now, or on PostgreSQL without it the database's
+	// now()), never the caller's: a caller whose clock runs ahead would
+	// otherwise purge keys done less than olderThan ago, inside a poll's
+	// lookback. A negative olderThan is an error. The lookback guard is
+	// PurgeRequest.Check (spec §7).
+	Purge(ctx context.Context, olderThan time.Duration) ([]string, error)
 	// NoteLookback records that a poll used this lookback (0 = forever), so
 	// that MaxLookback can guard purge.
 	NoteLookback(ctx context.Context, lookback time.Duration) error
@@ -494,3 +504,15 @@ func TruncateError(s string) string {
 	}
 	return "…" + s[i:]
 }
+
+// NewStats returns empty Stats with every state and dead reason at 0.
+func NewStats() Stats {
+	return Stats{
+		ByState:      map[State]int64{StatePending: 0, StateClaimed: 0, StateDone: 0, StateDead: 0},
+		FirstSource:  map[string]int64{},
+		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0},
+	}
+}
+
+// PayloadHash is the SHA-256 both backends keep beside a stored payload.
+func PayloadHash(p []byte) [32]byte { return sha256.Sum256(p) }

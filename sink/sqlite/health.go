@@ -125,7 +125,7 @@ type brokenErr struct{ err error }
 
 // markBroken makes every later write, Record and Ping of the sink fail with
 // err (the first such error wins) and logs it, once, at error level.
-func (s *Sink) markBroken(err error) {
+func (s *db) markBroken(err error) {
 	if s.broken.CompareAndSwap(nil, &brokenErr{err: err}) {
 		s.log.Error("sqlite sink: THE DATABASE IS UNUSABLE; every write and readiness check fails from now on", "db", s.path, "err", err)
 	}
@@ -135,7 +135,7 @@ func (s *Sink) markBroken(err error) {
 // (ErrCorrupt) or a path that stopped naming the opened file
 // (ErrFileReplaced) — or nil while it is usable. A broken sink stays broken:
 // its writes, Records and Pings fail with that error.
-func (s *Sink) Broken() error {
+func (s *db) Broken() error {
 	if b := s.broken.Load(); b != nil {
 		return b.err
 	}
@@ -143,7 +143,7 @@ func (s *Sink) Broken() error {
 }
 
 // writable is the check of every write: read-only and broken sinks refuse.
-func (s *Sink) writable() error {
+func (s *db) writable() error {
 	if s.wdb == nil {
 		return fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
 	}
@@ -201,7 +201,7 @@ func (id *identity) sameFile(path, file string) error {
 
 // checkIdentity fails unless the path still names the file the sink opened:
 // one stat, made after every commit.
-func (s *Sink) checkIdentity() error {
+func (s *db) checkIdentity() error {
 	var st syscall.Stat_t
 	if err := syscall.Stat(s.path, &st); err != nil {
 		return replacedError(s.path, fmt.Sprintf("the path names no file now: %v", err))
@@ -229,7 +229,7 @@ type schemaObject struct {
 //
 // Every figure comes from one read transaction: another process may be
 // migrating the file meanwhile.
-func (s *Sink) checkStructure(ctx context.Context, pool *sql.DB) error {
+func (s *db) checkStructure(ctx context.Context, pool *sql.DB) error {
 	db, err := pool.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return s.fail(err)
