@@ -198,13 +198,14 @@ func (m *Machine) write(ctx context.Context, fn func(tx Tx) (out error, err erro
 	return out
 }
 
-// load is Load, with ErrNotFound for a key that is not stored.
-func load(tx Tx, key string) (Row, error) {
+// load is Load for an operation on a stored key: a key that is not stored
+// is the outcome ErrNotFound, any other error the transaction's.
+func load(tx Tx, key string) (r Row, out, err error) {
 	r, ok, err := tx.Load(key)
 	if err == nil && !ok {
-		err = ErrNotFound
+		out = ErrNotFound
 	}
-	return r, err
+	return r, out, err
 }
 
 // fenced counts and logs a write refused by fence (spec §3): its error is
@@ -462,9 +463,9 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 	}
 	var c Claim
 	err := m.write(ctx, func(tx Tx) (error, error) {
-		r, err := load(tx, key)
-		if err != nil {
-			return err, nil
+		r, nf, err := load(tx, key)
+		if nf != nil || err != nil {
+			return nf, err
 		}
 		out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, ClaimOptionsOf(opts))
 		if store {
@@ -553,9 +554,9 @@ func (m *Machine) Renew(ctx context.Context, key string, token int64, lease time
 // else counts the write as fenced (spec §3).
 func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, fn func(tx Tx, r Row) error) error {
 	err := m.write(ctx, func(tx Tx) (error, error) {
-		r, err := load(tx, key)
-		if err != nil {
-			return err, nil
+		r, out, err := load(tx, key)
+		if out != nil || err != nil {
+			return out, err
 		}
 		if out, err := m.fenced(tx, op, r, token); out != nil || err != nil {
 			return out, err
@@ -626,13 +627,13 @@ func (m *Machine) NoteResults(ctx context.Context, key string, token int64, file
 // Retry moves a dead key to pending, or with o.Rerun a done key (see Sink).
 func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 	err := m.write(ctx, func(tx Tx) (error, error) {
-		r, err := load(tx, key)
-		if err != nil {
-			return err, nil
+		r, nf, err := load(tx, key)
+		if nf != nil || err != nil {
+			return nf, err
 		}
-		out, err := retry(r, o, tx.Now())
-		if err != nil {
-			return err, nil
+		out, rerr := retry(r, o, tx.Now())
+		if rerr != nil {
+			return rerr, nil
 		}
 		return nil, tx.Update(out)
 	})
