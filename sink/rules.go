@@ -134,22 +134,21 @@ func claim(r Row, owner string, lease time.Duration, now time.Time, maxAttempts 
 	takeover := false
 	switch {
 	case o.SkipNeedsConfirm && r.NeedsConfirm:
-		return r, false, fmt.Errorf("%s needs confirmation, which this claimer cannot give: %w", KeyText(r.Key), ErrNotClaimable)
+		return r, false, fmt.Errorf("needs confirmation, which this claimer cannot give: %w", ErrNotClaimable)
 	case r.State == StatePending && !r.NextAttempt.After(now):
 	case r.State == StateClaimed && !r.LeaseUntil.After(now):
 		takeover = true
 		if r.Attempts >= maxAttempts {
 			out = r
 			out.State, out.LastError, out.DeadReason, out.Owner, out.LeaseUntil = StateDead, leaseExpired, "", "", time.Time{}
-			return out, true, fmt.Errorf("%s: attempt %d of %d outlived its lease, the key is now dead: %w",
-				KeyText(r.Key), r.Attempts, maxAttempts, ErrNotClaimable)
+			return out, true, fmt.Errorf("attempt %d of %d outlived its lease, key is now dead: %w", r.Attempts, maxAttempts, ErrNotClaimable)
 		}
 	case r.State == StatePending:
-		return r, false, fmt.Errorf("%s is pending, next attempt at %s: %w", KeyText(r.Key), r.NextAttempt.Format(time.RFC3339Nano), ErrNotClaimable)
+		return r, false, fmt.Errorf("pending, next attempt at %s: %w", r.NextAttempt.Format(time.RFC3339Nano), ErrNotClaimable)
 	case r.State == StateClaimed:
-		return r, false, fmt.Errorf("%s is claimed under a live lease until %s: %w", KeyText(r.Key), r.LeaseUntil.Format(time.RFC3339Nano), ErrNotClaimable)
+		return r, false, fmt.Errorf("claimed under a live lease until %s: %w", r.LeaseUntil.Format(time.RFC3339Nano), ErrNotClaimable)
 	default:
-		return r, false, fmt.Errorf("%s is %s: %w", KeyText(r.Key), r.State, ErrNotClaimable)
+		return r, false, fmt.Errorf("%s: %w", r.State, ErrNotClaimable)
 	}
 	out = r
 	out.State, out.Token, out.Attempts, out.Owner = StateClaimed, r.Token+1, r.Attempts+1, owner
@@ -164,7 +163,7 @@ func claim(r Row, owner string, lease time.Duration, now time.Time, maxAttempts 
 // (spec §3 "Fencing tokens"): the caller counts and logs the refusal.
 func fence(r Row, token int64) error {
 	if r.State != StateClaimed || r.Token != token {
-		return fmt.Errorf("%s with token %d (current token %d, state %s): %w", KeyText(r.Key), token, r.Token, r.State, ErrFenced)
+		return fmt.Errorf("with token %d (current token %d, state %s): %w", token, r.Token, r.State, ErrFenced)
 	}
 	return nil
 }
@@ -240,9 +239,9 @@ type RetryOptions struct {
 func retry(r Row, o RetryOptions, now time.Time) (Row, error) {
 	switch {
 	case o.Rerun && r.State != StateDone:
-		return r, fmt.Errorf("%s is %s, not done: %w", KeyText(r.Key), r.State, ErrNotDone)
+		return r, fmt.Errorf("state is %s: %w", r.State, ErrNotDone)
 	case !o.Rerun && r.State != StateDead:
-		return r, fmt.Errorf("%s is %s, not dead: %w", KeyText(r.Key), r.State, ErrNotDead)
+		return r, fmt.Errorf("state is %s: %w", r.State, ErrNotDead)
 	}
 	r.State, r.Attempts, r.NextAttempt, r.Owner, r.LeaseUntil, r.DeadReason = StatePending, 0, now, "", time.Time{}, ""
 	r.NoResults = r.NoResults || o.WithoutResults
