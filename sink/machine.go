@@ -77,6 +77,11 @@ type Tx interface {
 	StorePass(r PassRow) error
 	// Exec runs an --sql script with its named parameters (spec §4).
 	Exec(script string, params map[string]any) error
+	// AddHistory appends a to the key's history; with keep > 0 the entries
+	// before the last keep are then deleted and counted as dropped.
+	AddHistory(key string, a Attempt, keep int) error
+	// EndAttempt ends the running attempt entry of token with its outcome.
+	EndAttempt(key string, token int64, end time.Time, outcome, errText string) error
 }
 
 // ErrNotDone: a rerun was asked for a key that is not done.
@@ -217,7 +222,34 @@ func (m *Machine) fenced(tx Tx, op string, r Row, token int64) (error, error) {
 	}
 	m.log.Error(m.name+": fenced outcome discarded: the claim's token is no longer current",
 		"op", op, "key", r.Key, "token", token, "current_token", r.Token, "state", r.State)
-	return err, tx.CountFenced()
+	// On record without trimming: a stale holder rewrites none of the
+	// current holder's entries.
+	now := tx.Now()
+	return err, errors.Join(tx.CountFenced(), tx.AddHistory(r.Key,
+		Attempt{Kind: KindFenced, Token: token, Start: now, End: now, Outcome: OutcomeFenced, Error: op}, 0))
+}
+
+// claimed stores a claim the rules decided (prev → out, at now): the row,
+// and in the history the end of an attempt whose lease expired (a takeover)
+// and the new attempt.
+func (m *Machine) claimed(tx Tx, prev, out Row, o ClaimOptions, now time.Time, insert []byte) error {
+	var err error
+	if insert != nil {
+		var ok bool
+		if ok, err = tx.Insert(out, insert); err == nil && !ok {
+			err = errInsertRace
+		}
+	} else {
+		err = tx.Update(out)
+	}
+	if err == nil && prev.State == StateClaimed {
+		err = tx.EndAttempt(out.Key, prev.Token, prev.LeaseUntil, OutcomeLeaseExpired, "")
+	}
+	if err != nil || out.State != StateClaimed {
+		return err
+	}
+	return tx.AddHistory(out.Key, Attempt{Kind: KindAttempt, Token: out.Token, Command: o.Command, Holder: out.Owner,
+		Start: now, Outcome: OutcomeRunning}, HistoryKept)
 }
 
 func checkSighting(sg Sighting) error {
@@ -305,37 +337,39 @@ func (m *Machine) record(ctx context.Context, sg Sighting, req *ClaimRequest) (R
 		// no other key is due before it: a new key is due at now, so any
 		// key already due is older.
 		var claimed Row
+		var o ClaimOptions
 		if req != nil && out.claimable(now) {
-			o := ClaimOptionsOf(req.Opts)
+			o = ClaimOptionsOf(req.Opts)
 			first, err := tx.Due(1, o.SkipNeedsConfirm)
 			if err != nil {
 				return err
 			}
 			if len(first) == 0 || kind == sightConfirm && first[0].Key == sg.Key {
-				if cl, _, err := claim(out, req.Owner, req.Lease, now, m.opt.MaxAttempts, o); err == nil {
-					claimed = cl
+				claimed, _, _ = claim(out, req.Owner, req.Lease, now, m.opt.MaxAttempts, o)
+			}
+		}
+		if claimed.State != StateClaimed {
+			if kind == sightNew {
+				ok, err := tx.Insert(out, sg.Payload)
+				if err == nil && !ok {
+					err = errInsertRace
 				}
-			}
-		}
-		if claimed.State == StateClaimed {
-			out, rr.State = claimed, StateClaimed
-		}
-		if kind == sightNew {
-			ok, err := tx.Insert(out, sg.Payload)
-			if err != nil || !ok {
-				return errors.Join(err, errInsertRace)
-			}
-		} else if claimed.State == StateClaimed {
-			if err := tx.Update(out); err != nil {
 				return err
 			}
+			return nil
 		}
-		if claimed.State == StateClaimed {
-			cl, err := claimOf(tx, out)
-			c = &cl
+		rr.State = StateClaimed
+		var insert []byte
+		if kind == sightNew {
+			insert = append([]byte{}, sg.Payload...) // not nil: insert
+			out = Row{}
+		}
+		if err := m.claimed(tx, out, claimed, o, now, insert); err != nil {
 			return err
 		}
-		return nil
+		cl, err := claimOf(tx, claimed)
+		c = &cl
+		return err
 	})
 	if errors.Is(err, errInsertRace) { // PostgreSQL: inserted by another meanwhile
 		return m.record(ctx, sg, req)
@@ -467,9 +501,10 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 		if nf != nil || err != nil {
 			return nf, err
 		}
-		out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, ClaimOptionsOf(opts))
+		o := ClaimOptionsOf(opts)
+		out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
 		if store {
-			if err := tx.Update(out); err != nil {
+			if err := m.claimed(tx, r, out, o, tx.Now(), nil); err != nil {
 				return nil, err
 			}
 		}
@@ -512,7 +547,7 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 			for _, r := range rows {
 				out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
 				if store {
-					if err := tx.Update(out); err != nil {
+					if err := m.claimed(tx, r, out, o, tx.Now(), nil); err != nil {
 						return err
 					}
 				}
@@ -572,8 +607,17 @@ func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, 
 // Complete marks a claimed key done when token is current.
 func (m *Machine) Complete(ctx context.Context, key string, token int64) error {
 	return m.fencedWrite(ctx, "complete", key, token, func(tx Tx, r Row) error {
-		return tx.Update(complete(r, tx.Now()))
+		return m.ended(tx, complete(r, tx.Now()), OutcomeOK, "")
 	})
+}
+
+// ended stores the row of an attempt's outcome, and ends its entry in the
+// history.
+func (m *Machine) ended(tx Tx, out Row, outcome, errText string) error {
+	if err := tx.Update(out); err != nil {
+		return err
+	}
+	return tx.EndAttempt(out.Key, out.Token, tx.Now(), outcome, errText)
 }
 
 // CompleteSQL runs an --sql script and marks the key done in one
@@ -583,7 +627,7 @@ func (m *Machine) CompleteSQL(ctx context.Context, key string, token int64, scri
 		if err := tx.Exec(script, params); err != nil {
 			return err
 		}
-		return tx.Update(complete(r, tx.Now()))
+		return m.ended(tx, complete(r, tx.Now()), OutcomeOK, "")
 	})
 }
 
@@ -597,7 +641,14 @@ func (m *Machine) Fail(ctx context.Context, key string, token int64, f Failure) 
 	err := m.fencedWrite(ctx, "fail", key, token, func(tx Tx, r Row) error {
 		out := fail(r, f, delay, !f.NotBefore.IsZero(), tx.Now(), m.opt)
 		state = out.State
-		return tx.Update(out)
+		outcome := OutcomeFailed
+		switch {
+		case f.Interrupted:
+			outcome = OutcomeInterrupted
+		case f.NoAttempt:
+			outcome = OutcomeHandedBack
+		}
+		return m.ended(tx, out, outcome, out.LastError)
 	})
 	return state, err
 }
@@ -635,7 +686,14 @@ func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 		if rerr != nil {
 			return rerr, nil
 		}
-		return nil, tx.Update(out)
+		kind := KindRetry
+		if o.Rerun {
+			kind = KindRerun
+		}
+		if err := tx.Update(out); err != nil {
+			return nil, err
+		}
+		return nil, tx.AddHistory(key, Attempt{Kind: kind, Token: r.Token, Holder: o.By, Start: tx.Now()}, HistoryKept)
 	})
 	if err != nil {
 		return m.errorf("retry", key, err)

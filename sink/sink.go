@@ -165,6 +165,9 @@ type ClaimOptions struct {
 	// dynamically verified) to another claimer: a process that cannot
 	// confirm passes it, so it never claims such a key only to hand it back.
 	SkipNeedsConfirm bool
+	// Command names what claims (poll, serve, drain), for the key's
+	// history.
+	Command string
 }
 
 // ClaimOption sets a ClaimOptions field.
@@ -172,6 +175,9 @@ type ClaimOption func(*ClaimOptions)
 
 // SkipNeedsConfirm is the claim option of a process that cannot confirm keys.
 func SkipNeedsConfirm() ClaimOption { return func(o *ClaimOptions) { o.SkipNeedsConfirm = true } }
+
+// ByCommand names the command that claims, in the key's history.
+func ByCommand(name string) ClaimOption { return func(o *ClaimOptions) { o.Command = name } }
 
 // ClaimOptionsOf applies opts.
 func ClaimOptionsOf(opts []ClaimOption) ClaimOptions {
@@ -197,6 +203,9 @@ type Failure struct {
 	// DeadReason is stored when the failure makes the key dead (e.g.
 	// DeadUnknownToAPI); "" for an ordinary failure of the effect.
 	DeadReason string
+	// Interrupted: a shutdown stopped the effect (the key's history says
+	// so; otherwise a failure like any other).
+	Interrupted bool
 }
 
 // StateConflict reports whether a sighting's state conflicts with the
@@ -237,10 +246,53 @@ type Entry struct {
 	DeadReason string `json:"dead_reason,omitempty"`
 	// ResultsFile is where the batch's results were written, if anywhere.
 	ResultsFile string `json:"results_file"`
-	Payload     []byte `json:"-"`
+	// Reruns counts the operator's reruns of the key once done.
+	Reruns int `json:"reruns"`
+	// History is the key's last HistoryKept attempts and operator actions,
+	// oldest first (Get only); Dropped counts older entries no longer kept.
+	History []Attempt `json:"history,omitempty"`
+	Dropped int       `json:"history_dropped,omitempty"`
+	Payload []byte    `json:"-"`
 	// Webhook is the first webhook body, when a webhook saw the key.
 	Webhook []byte `json:"-"`
 }
+
+// HistoryKept bounds a key's history: the last entries are kept, and the
+// older ones only counted.
+const HistoryKept = 20
+
+// Attempt is one entry of a key's history (spec §3 "History"): an attempt
+// from its claim to its outcome, a fenced outcome, or an operator's retry
+// or rerun.
+type Attempt struct {
+	Kind    string    `json:"kind"` // KindAttempt, KindFenced, KindRetry, KindRerun
+	Token   int64     `json:"token"`
+	Command string    `json:"command,omitempty"` // the claiming command: poll, serve, drain
+	Holder  string    `json:"holder,omitempty"`  // the lease owner, or who asked (user@host)
+	Start   time.Time `json:"start"`
+	End     time.Time `json:"end,omitzero"`
+	Outcome string    `json:"outcome,omitempty"` // Outcome* (attempts and fenced outcomes)
+	Error   string    `json:"error,omitempty"`
+}
+
+// Kinds of history entries.
+const (
+	KindAttempt = "attempt"
+	KindFenced  = "fenced"
+	KindRetry   = "retry"
+	KindRerun   = "rerun"
+)
+
+// Outcomes of attempts in the history.
+const (
+	OutcomeRunning      = "running" // not ended yet (or its holder died: the takeover ends it)
+	OutcomeOK           = "ok"
+	OutcomeFailed       = "failed"
+	OutcomeFenced       = "fenced"
+	OutcomeLeaseExpired = "lease expired"
+	OutcomeHandedBack   = "handed back"
+	OutcomeInterrupted  = "interrupted"
+)
 
 // ListOptions filters List.
 type ListOptions struct {

@@ -296,6 +296,24 @@ func (t *pgTx) Exec(script string, params map[string]any) error {
 	return nil
 }
 
+func (t *pgTx) AddHistory(key string, a sink.Attempt, keep int) error {
+	if err := t.exec(`INSERT INTO gemrecon_history (key, seq, kind, token, command, holder, started, ended, outcome, error)
+		SELECT $1, coalesce(max(seq), 0) + 1, $2, $3, $4, $5, $6, $7, $8, $9 FROM gemrecon_history WHERE key = $1`,
+		key, a.Kind, a.Token, a.Command, a.Holder, a.Start, null(a.End), a.Outcome, a.Error); err != nil || keep <= 0 {
+		return err
+	}
+	return t.exec(`WITH gone AS (
+			DELETE FROM gemrecon_history WHERE key = $1
+				AND seq <= (SELECT max(seq) FROM gemrecon_history WHERE key = $1) - $2 RETURNING 1)
+		UPDATE gemrecon_keys SET history_dropped = history_dropped + (SELECT count(*) FROM gone)
+		WHERE key = $1 AND EXISTS (SELECT 1 FROM gone)`, key, keep)
+}
+
+func (t *pgTx) EndAttempt(key string, token int64, end time.Time, outcome, errText string) error {
+	return t.exec(`UPDATE gemrecon_history SET ended = $1, outcome = $2, error = $3
+		WHERE key = $4 AND token = $5 AND kind = 'attempt' AND outcome = 'running'`, end, outcome, errText, key, token)
+}
+
 // withCtxErr makes an error caused by the context's end (the server
 // cancelled the statement on request) match ctx.Err() too.
 func withCtxErr(ctx context.Context, err error) error {
@@ -327,7 +345,7 @@ func (s *pg) Peek(ctx context.Context, key string) (sink.Row, bool, error) {
 var entryColumns = `k.key, state, attempts, token, first_source, sources, seen_count, first_seen_at,
 	last_seen_at, coalesce(lease_owner, ''), lease_until, next_attempt_at, done_at,
 	coalesce(last_error, ''), conflicts, payload, confirmed, batch_state, needs_confirm, dead_reason,
-	coalesce(x.results_file, ''), ` + webhookExpr("k")
+	coalesce(x.results_file, ''), reruns, history_dropped, ` + webhookExpr("k")
 
 const entryFrom = ` FROM gemrecon_keys k LEFT JOIN gemrecon_key_extras x ON x.key = k.key `
 
@@ -337,18 +355,41 @@ func scanEntry(row pgx.Row) (sink.Entry, error) {
 	var leaseUntil, next, done *time.Time
 	err := row.Scan(&e.Key, &state, &e.Attempts, &e.Token, &e.FirstSource, &e.Sources, &e.SeenCount,
 		&e.FirstSeenAt, &e.LastSeenAt, &e.LeaseOwner, &leaseUntil, &next, &done, &e.LastError,
-		&e.Conflicts, &e.Payload, &e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Webhook)
+		&e.Conflicts, &e.Payload, &e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile,
+		&e.Reruns, &e.Dropped, &e.Webhook)
 	e.State = sink.State(state)
 	e.FirstSeenAt, e.LastSeenAt = e.FirstSeenAt.UTC(), e.LastSeenAt.UTC()
 	e.LeaseUntil, e.NextAttemptAt, e.DoneAt = at(leaseUntil), at(next), at(done)
 	return e, err
 }
 
+// Entry reads a key and its history from one snapshot.
 func (s *pg) Entry(ctx context.Context, key string) (sink.Entry, error) {
 	var e sink.Entry
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		var err error
-		e, err = scanEntry(c.QueryRow(ctx, `SELECT `+entryColumns+entryFrom+`WHERE k.key = $1`, key))
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if e, err = scanEntry(tx.QueryRow(ctx, `SELECT `+entryColumns+entryFrom+`WHERE k.key = $1`, key)); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT kind, token, command, holder, started, ended, outcome, error
+			FROM gemrecon_history WHERE key = $1 ORDER BY seq`, key)
+		if err != nil {
+			return err
+		}
+		e.History, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sink.Attempt, error) {
+			var a sink.Attempt
+			var end *time.Time
+			err := r.Scan(&a.Kind, &a.Token, &a.Command, &a.Holder, &a.Start, &end, &a.Outcome, &a.Error)
+			a.Start, a.End = a.Start.UTC(), at(end)
+			return a, err
+		})
+		if len(e.History) == 0 {
+			e.History = nil
+		}
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -151,7 +151,7 @@ func Run(t *testing.T, open Opener) {
 		{"RecordAndClaim", testRecordAndClaim},
 		{"PingFlush", testPingFlush},
 	}
-	for _, tt := range slices.Concat(tests, passTests, noAttemptTests, confirmTests) {
+	for _, tt := range slices.Concat(tests, passTests, noAttemptTests, confirmTests, historyTests) {
 		t.Run(tt.name, func(t *testing.T) { tt.f(t, open) })
 	}
 }
@@ -723,7 +723,7 @@ func testPurge(t *testing.T, open Opener) {
 	}
 	n, err := e.s.Purge(e.ctx, time.Hour-time.Microsecond)
 	if err != nil || len(n) != 1 || n[0] != "old" {
-		t.Fatalf("Purge(1h-1µs) of keys done 1h and 0 ago = %d, %v; want [old]", n, err)
+		t.Fatalf("Purge(1h-1µs) of keys done 1h and 0 ago = %q, %v; want [old]", n, err)
 	}
 	_, err = e.s.Get(e.ctx, "old")
 	e.wantErr("Get(purged)", err, sink.ErrNotFound)

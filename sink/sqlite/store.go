@@ -281,6 +281,29 @@ func (t *tx) Exec(script string, params map[string]any) error {
 	return nil
 }
 
+func (t *tx) AddHistory(key string, a sink.Attempt, keep int) error {
+	if _, err := t.exec(`INSERT INTO gemrecon_history (key, seq, kind, token, command, holder, started, ended, outcome, error)
+		SELECT ?1, coalesce(max(seq), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 FROM gemrecon_history WHERE key = ?1`,
+		key, a.Kind, a.Token, a.Command, a.Holder, toNS(a.Start), toNS(a.End), a.Outcome, a.Error); err != nil || keep <= 0 {
+		return err
+	}
+	res, err := t.exec(`DELETE FROM gemrecon_history WHERE key = ?1
+		AND seq <= (SELECT max(seq) FROM gemrecon_history WHERE key = ?1) - ?2`, key, keep)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		_, err = t.exec(`UPDATE gemrecon_keys SET history_dropped = history_dropped + ? WHERE key = ?`, n, key)
+	}
+	return err
+}
+
+func (t *tx) EndAttempt(key string, token int64, end time.Time, outcome, errText string) error {
+	_, err := t.exec(`UPDATE gemrecon_history SET ended = ?1, outcome = ?2, error = ?3
+		WHERE key = ?4 AND token = ?5 AND kind = 'attempt' AND outcome = 'running'`, toNS(end), outcome, errText, key, token)
+	return err
+}
+
 func hash(p []byte) []byte {
 	h := sink.PayloadHash(p)
 	return h[:]
@@ -307,7 +330,7 @@ func (s *db) Peek(ctx context.Context, key string) (sink.Row, bool, error) {
 const selectEntry = `SELECT k.key, k.state, k.attempts, k.token, k.first_source, k.sources, k.seen_count,
 	k.first_seen_at, k.last_seen_at, k.lease_owner, k.lease_until, k.next_attempt_at, k.done_at, k.last_error,
 	k.conflicts, p.payload, k.confirmed, k.batch_state, k.needs_confirm, k.dead_reason,
-	coalesce(p.results_file, ''), ` + webhookExpr + `
+	coalesce(p.results_file, ''), k.reruns, k.history_dropped, ` + webhookExpr + `
 	FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key `
 
 func scanEntry(sc scanner) (sink.Entry, error) {
@@ -318,7 +341,7 @@ func scanEntry(sc scanner) (sink.Entry, error) {
 	)
 	err := sc.Scan(&e.Key, &st, &e.Attempts, &e.Token, &e.FirstSource, &sources, &e.SeenCount, &first, &last,
 		&e.LeaseOwner, &leaseUntil, &nextAt, &doneAt, &e.LastError, &e.Conflicts, &e.Payload,
-		&e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Webhook)
+		&e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Reruns, &e.Dropped, &e.Webhook)
 	e.State = sink.State(st)
 	e.Sources = strings.FieldsFunc(sources, func(r rune) bool { return r == ',' })
 	e.FirstSeenAt, e.LastSeenAt = fromNS(first), fromNS(last)
@@ -326,12 +349,36 @@ func scanEntry(sc scanner) (sink.Entry, error) {
 	return e, err
 }
 
+// Entry reads a key and its history in one read transaction.
 func (s *db) Entry(ctx context.Context, key string) (sink.Entry, error) {
-	e, err := scanEntry(s.rdb.QueryRowContext(ctx, selectEntry+`WHERE k.key = ?`, key))
+	tx, err := s.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return sink.Entry{}, s.fail(err)
+	}
+	defer tx.Rollback()
+	e, err := scanEntry(tx.QueryRowContext(ctx, selectEntry+`WHERE k.key = ?`, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sink.Entry{}, sink.ErrNotFound
 	}
-	return e, s.fail(err)
+	if err != nil {
+		return e, s.fail(err)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT kind, token, command, holder, started, ended, outcome, error
+		FROM gemrecon_history WHERE key = ? ORDER BY seq`, key)
+	if err != nil {
+		return e, s.fail(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a sink.Attempt
+		var start, end int64
+		if err := rows.Scan(&a.Kind, &a.Token, &a.Command, &a.Holder, &start, &end, &a.Outcome, &a.Error); err != nil {
+			return e, s.fail(err)
+		}
+		a.Start, a.End = fromNS(start), fromNS(end)
+		e.History = append(e.History, a)
+	}
+	return e, s.fail(rows.Err())
 }
 
 func (s *db) Entries(ctx context.Context, o sink.ListOptions) ([]sink.Entry, error) {
