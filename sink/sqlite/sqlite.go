@@ -212,7 +212,11 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if s.wconn, err = s.wdb.Conn(ctx); err != nil {
 		return fail(s.fail(err))
 	}
-	if err := s.checkIdentity(); err != nil {
+	var name string
+	if err := s.wconn.QueryRowContext(ctx, qMainFile).Scan(&name); err != nil {
+		return fail(s.fail(err))
+	}
+	if err := errors.Join(s.ident.sameFile(path, name), s.ident.watchSides(path, name), s.checkIdentity()); err != nil {
 		return fail(err)
 	}
 	s.ops = make(chan *op, maxBatch)
@@ -300,6 +304,9 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		}
 	}
 	if !readOnly {
+		if err := checkSides(path); err != nil {
+			return err
+		}
 		if err := syscall.Access(path, 2); err != nil { // W_OK
 			return fmt.Errorf("sqlite sink %s: database file is read-only (%v): fix its permissions or use a read-only command", path, err)
 		}
@@ -308,6 +315,31 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		}
 	}
 	return nil
+}
+
+// checkSides refuses a database whose -wal exists without its -shm, or the
+// other way round: SQLite deletes both when the last connection closes, so
+// one alone says that one was deleted while a process may still use the
+// database through it. SQLite would build a new -shm beside the other
+// process's orphaned one (or read a -wal the other's -shm does not
+// describe), and two processes writing through two WAL-indexes corrupt the
+// file (spec §3 "A deleted or replaced file").
+func checkSides(path string) error {
+	name, err := sqliteName(path)
+	if err != nil {
+		return nil // SQLite, which resolves it too, says what is wrong
+	}
+	wal, shm := exists(name+"-wal"), exists(name+"-shm")
+	if wal == shm {
+		return nil
+	}
+	there, gone := name+"-wal", name+"-shm"
+	if shm {
+		there, gone = gone, there
+	}
+	return fmt.Errorf("sqlite sink %s: %s exists without %s: one was deleted, and a process may still use the database through it; "+
+		"refusing to open it, which could corrupt it: stop every process that uses the database, then remove %s and run again",
+		path, there, gone, shellWord(there))
 }
 
 // sqliteName is the name SQLite's unix VFS gives the existing file at path

@@ -13,7 +13,7 @@ import (
 )
 
 // fileID is the device and inode of the file at path.
-func fileID(t *testing.T, path string) [2]uint64 {
+func testFileID(t *testing.T, path string) [2]uint64 {
 	t.Helper()
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -62,8 +63,18 @@ func (s *db) Write(ctx context.Context, fn func(sink.Tx) error) error {
 // in one transaction and answers each after the one commit.
 func (s *db) writeLoop() {
 	defer close(s.exited)
+	// An idle writer still looks at the files every second: a -wal deleted
+	// under it is rescued (checkIdentity) before a kill loses it.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		select {
+		case <-tick.C:
+			if s.Broken() == nil {
+				if err := s.checkIdentity(); err != nil {
+					s.markBroken(err)
+				}
+			}
 		case o := <-s.ops:
 			s.runBatch(s.gather([]*op{o}))
 		case <-s.quit:
