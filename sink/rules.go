@@ -303,6 +303,9 @@ func endPass(r PassRow, l PassLease, o PassOutcome, now time.Time) PassRow {
 	if o.FullScan {
 		r.LastFullScan = o.Start
 	}
+	if o.Unfinished != nil {
+		r.Unfinished, r.OldestUnfinished = o.Unfinished, o.OldestUnfinished
+	}
 	if l.Token != 0 {
 		r.Holder, r.HeldUntil = "", time.Time{}
 	}

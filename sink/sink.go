@@ -340,6 +340,10 @@ type PassRecord struct {
 	Holder    string    `json:"holder,omitempty"`
 	HeldUntil time.Time `json:"held_until,omitzero"`
 	Token     int64     `json:"token"`
+	// Unfinished and OldestUnfinished are the last listing's unfinished
+	// batches (PassOutcome).
+	Unfinished       map[string]int64 `json:"unfinished,omitempty"`
+	OldestUnfinished time.Time        `json:"oldest_unfinished,omitzero"`
 }
 
 // PassLease is a held pass lease of one scope (spec §5.5).
@@ -355,6 +359,11 @@ type PassOutcome struct {
 	Start, End time.Time
 	Success    bool // listed fully and every effect succeeded (exit 0)
 	FullScan   bool // read every page to the end without an error
+	// Unfinished counts the batches the pass listed that had not finished,
+	// by state, and OldestUnfinished is the creation of the oldest (spec
+	// §5.5); nil when the listing failed, which keeps the last figures.
+	Unfinished       map[string]int64
+	OldestUnfinished time.Time
 }
 
 // ErrPassHeld is wrapped by AcquirePass when another live holder has the

@@ -248,16 +248,17 @@ func (t *pgTx) NoteLookback(d time.Duration) error {
 }
 
 const passColumns = `scope, last_start, last_end, coalesce(last_holder, ''), last_success, last_full_scan,
-	coalesce(holder, ''), held_until, token, ended_at`
+	coalesce(holder, ''), held_until, token, ended_at, unfinished, oldest_unfinished`
 
 func scanPass(row pgx.Row) (sink.PassRow, error) {
 	var (
-		r                                        sink.PassRow
-		start, end, success, full, held, endedAt *time.Time
+		r                                                sink.PassRow
+		start, end, success, full, held, endedAt, oldest *time.Time
 	)
-	err := row.Scan(&r.Scope, &start, &end, &r.LastHolder, &success, &full, &r.Holder, &held, &r.Token, &endedAt)
+	err := row.Scan(&r.Scope, &start, &end, &r.LastHolder, &success, &full, &r.Holder, &held, &r.Token, &endedAt,
+		&r.Unfinished, &oldest)
 	r.LastStart, r.LastEnd, r.LastSuccess, r.LastFullScan = at(start), at(end), at(success), at(full)
-	r.HeldUntil, r.EndedAt = at(held), at(endedAt)
+	r.HeldUntil, r.EndedAt, r.OldestUnfinished = at(held), at(endedAt), at(oldest)
 	return r, err
 }
 
@@ -271,11 +272,13 @@ func (t *pgTx) LoadPass(scope string) (sink.PassRow, bool, error) {
 
 func (t *pgTx) StorePass(r sink.PassRow) error {
 	return t.exec(`INSERT INTO gemrecon_passes (scope, last_start, last_end, last_holder, last_success, last_full_scan,
-		holder, held_until, token, ended_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		holder, held_until, token, ended_at, unfinished, oldest_unfinished)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT (scope) DO UPDATE SET last_start = $2, last_end = $3, last_holder = $4, last_success = $5,
-			last_full_scan = $6, holder = $7, held_until = $8, token = $9, ended_at = $10`,
+			last_full_scan = $6, holder = $7, held_until = $8, token = $9, ended_at = $10, unfinished = $11,
+			oldest_unfinished = $12`,
 		r.Scope, null(r.LastStart), null(r.LastEnd), nullText(r.LastHolder), null(r.LastSuccess), null(r.LastFullScan),
-		nullText(r.Holder), null(r.HeldUntil), r.Token, null(r.EndedAt))
+		nullText(r.Holder), null(r.HeldUntil), r.Token, null(r.EndedAt), r.Unfinished, null(r.OldestUnfinished))
 }
 
 // Exec runs an --sql script in the transaction: the simple protocol runs a

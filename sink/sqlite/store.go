@@ -232,16 +232,21 @@ func (t *tx) NoteLookback(d time.Duration) error {
 	return err
 }
 
-const passColumns = `scope, last_start, last_end, last_holder, last_success, last_full_scan, holder, held_until, token, ended_at`
+const passColumns = `scope, last_start, last_end, last_holder, last_success, last_full_scan, holder, held_until, token, ended_at,
+	unfinished, oldest_unfinished`
 
 func scanPass(sc scanner) (sink.PassRow, error) {
 	var (
-		r                                      sink.PassRow
-		start, end, success, full, held, ended int64
+		r                                              sink.PassRow
+		start, end, success, full, held, ended, oldest int64
+		unfinished                                     string
 	)
-	err := sc.Scan(&r.Scope, &start, &end, &r.LastHolder, &success, &full, &r.Holder, &held, &r.Token, &ended)
+	err := sc.Scan(&r.Scope, &start, &end, &r.LastHolder, &success, &full, &r.Holder, &held, &r.Token, &ended, &unfinished, &oldest)
 	r.LastStart, r.LastEnd, r.LastSuccess, r.LastFullScan = fromNS(start), fromNS(end), fromNS(success), fromNS(full)
-	r.HeldUntil, r.EndedAt = fromNS(held), fromNS(ended)
+	r.HeldUntil, r.EndedAt, r.OldestUnfinished = fromNS(held), fromNS(ended), fromNS(oldest)
+	if err == nil && unfinished != "" {
+		err = json.Unmarshal([]byte(unfinished), &r.Unfinished)
+	}
 	return r, err
 }
 
@@ -254,11 +259,19 @@ func (t *tx) LoadPass(scope string) (sink.PassRow, bool, error) {
 }
 
 func (t *tx) StorePass(r sink.PassRow) error {
-	_, err := t.exec(`INSERT INTO gemrecon_passes (`+passColumns+`) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+	unfinished := ""
+	if r.Unfinished != nil {
+		b, err := json.Marshal(r.Unfinished)
+		if err != nil {
+			return err
+		}
+		unfinished = string(b)
+	}
+	_, err := t.exec(`INSERT INTO gemrecon_passes (`+passColumns+`) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
 		ON CONFLICT (scope) DO UPDATE SET last_start = ?2, last_end = ?3, last_holder = ?4, last_success = ?5,
-			last_full_scan = ?6, holder = ?7, held_until = ?8, token = ?9, ended_at = ?10`,
+			last_full_scan = ?6, holder = ?7, held_until = ?8, token = ?9, ended_at = ?10, unfinished = ?11, oldest_unfinished = ?12`,
 		r.Scope, toNS(r.LastStart), toNS(r.LastEnd), r.LastHolder, toNS(r.LastSuccess), toNS(r.LastFullScan),
-		r.Holder, toNS(r.HeldUntil), r.Token, toNS(r.EndedAt))
+		r.Holder, toNS(r.HeldUntil), r.Token, toNS(r.EndedAt), unfinished, toNS(r.OldestUnfinished))
 	return err
 }
 
