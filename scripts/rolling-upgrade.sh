@@ -90,7 +90,7 @@ for _ in $(seq "${FINISH_TRIES:-90}"); do
 	"$new" poll --exec "$effect" --lease 4s --effect-timeout 2s --log-level error --force >/dev/null 2>&1 || true
 	states=$("$new" stats --json 2>/dev/null | tr -d ' \n' | grep -o '"by_state":{[^}]*}' || true)
 	idle=$(curl -sf "$base/emulator/status" | grep -c '"idle":true' || true)
-	[[ $states == *'"pending":0'* && $states == *'"claimed":0'* && $idle == 1 ]] && break
+	[[ $states == *'"pending":0'* && $states == *'"claimed":0'* && $states == *"\"done\":$BATCHES"* && $idle == 1 ]] && break
 	sleep 1
 done
 
