@@ -45,6 +45,16 @@ const (
 	BackendVertex = "vertex"
 )
 
+// API versions gemrecon speaks, set on every client it builds so that
+// neither the SDK's default (v1 for the Gemini API from genai v1.78.0) nor
+// GOOGLE_GENAI_API_VERSION can move them: the WebhookService exists only on
+// v1beta, and batches, files and downloads are documented there
+// (docs/gemini-api.md, "Building the client").
+const (
+	APIVersionGemini = "v1beta"
+	APIVersionVertex = "v1beta1"
+)
+
 // Defaults used by DefaultConfig (and by New where a field is zero and zero
 // has no meaning of its own).
 const (
@@ -345,12 +355,13 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 		APIKey:     cfg.APIKey,
 		HTTPClient: &http.Client{Transport: t},
 		HTTPOptions: genai.HTTPOptions{
-			BaseURL: cfg.BaseURL,
+			BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini,
 		},
 	}
 	if cfg.Backend == BackendVertex {
 		cc.Backend = genai.BackendVertexAI
 		cc.Project, cc.Location = cfg.Project, cfg.Location
+		cc.HTTPOptions.APIVersion = APIVersionVertex
 		if cfg.APIKey == "" && !cfg.NoCredentials {
 			// The SDK only finds ADC itself when it builds its own client;
 			// ours must carry the token, so wrap it here (the auth layer sits

@@ -112,7 +112,7 @@ func (a *app) webhooksClient(ctx context.Context, f *webhooksFlags) (*interactio
 		APIKey:      key,
 		Backend:     genai.BackendGeminiAPI,
 		HTTPClient:  &http.Client{Timeout: poller.DefaultRequestTimeout},
-		HTTPOptions: genai.HTTPOptions{BaseURL: f.baseURL},
+		HTTPOptions: genai.HTTPOptions{BaseURL: f.baseURL, APIVersion: poller.APIVersionGemini},
 	})
 	if err != nil {
 		return nil, withCode(exitFatal, fmt.Errorf("genai client: %w", err))

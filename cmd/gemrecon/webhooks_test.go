@@ -68,6 +68,9 @@ func webhooksAPI(t *testing.T) *geminifake.Server {
 	t.Helper()
 	t.Setenv("GEMINI_API_KEY", testAPIKey)
 	t.Setenv("GOOGLE_API_KEY", "")
+	// The stand-in serves the WebhookService on v1beta only, as the API
+	// does: every webhooks test shows that this cannot move the version.
+	t.Setenv("GOOGLE_GENAI_API_VERSION", "v1")
 	return fakeAPI(t)
 }
 

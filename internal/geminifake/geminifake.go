@@ -609,6 +609,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 		_, _ = w.Write([]byte(f.Body))
 		return
 	}
+	// Batches and files are served on v1 too (the SDK's default from
+	// v1.78.0); the WebhookService is on v1beta only, as on the API.
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/"); ok && !strings.HasPrefix(rest, "webhooks") {
+		r.URL.Path, r.URL.RawPath = "/v1beta/"+rest, ""
+	}
 	if s.serveWebhooks(w, r) { // webhooks.go
 		return
 	}
