@@ -293,9 +293,9 @@ type PassStats struct {
 	// UnknownTypes: of those handed over, operations whose metadata @type
 	// is none of knownTypes (recorded all the same, with the raw operation).
 	UnknownTypes int
-	Pages      int // list pages read
-	Requests   int // HTTP requests sent, retries included
-	Retries    int // of which retries
+	Pages        int // list pages read
+	Requests     int // HTTP requests sent, retries included
+	Retries      int // of which retries
 	// FullScan: the pass read every page to the end (the last page had no
 	// next token) without an error: every operation the API listed was seen.
 	FullScan bool

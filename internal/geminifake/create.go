@@ -85,7 +85,7 @@ type createBody struct {
 		InputConfig *struct {
 			FileName      string `json:"fileName"`
 			EmbedFileName string `json:"file_name"` // the SDK's spelling for an embedding batch
-			Requests *struct {
+			Requests      *struct {
 				Requests []struct {
 					Request  json.RawMessage   `json:"request"`
 					Metadata map[string]string `json:"metadata"`
