@@ -1,7 +1,7 @@
 package geminifake
 
 // batches.create as the Gemini API serves it to the SDK's Batches.Create
-// (google.golang.org/genai v1.77.0, batches.go: create,
+// (google.golang.org/genai v1.79.1, batches.go: create,
 // createBatchJobParametersToMldev, batchJobSourceToMldev,
 // createBatchJobConfigToMldev):
 //
