@@ -229,10 +229,6 @@ type Results struct {
 	EndTime  time.Time
 }
 
-// None reports that the operation names no results (not succeeded, or
-// succeeded without an output).
-func (r Results) None() bool { return r.File == "" && !r.HasInlined && r.Location == "" }
-
 // ResultsOf reads where a batch operation's results are from its raw JSON
 // (as listed or fetched): Gemini API metadata.output.responsesFile or
 // metadata.output.inlinedResponses.inlinedResponses[] — for generateContent
