@@ -1,11 +1,14 @@
 // Package poller lists Gemini batch operations (Gemini API or Vertex AI
-// batch prediction jobs) with google.golang.org/genai and hands every
-// terminal one to a callback: one reconciliation pass of spec §5.
+// batch prediction jobs) and hands every terminal one to a callback: one
+// reconciliation pass of spec §5. google.golang.org/genai builds its client
+// (key, base URL, pinned API version, Vertex credentials); the requests and
+// the reading of their answers are its own, with encoding/json, one
+// operation at a time (the SDK's mapping drops fields and panics on shapes
+// the API sends: docs/gemini-api.md).
 //
-// It owns what the SDK does not do: a rate limiter every HTTP request waits
-// on, bounded retries honouring google.rpc.RetryInfo and Retry-After, the
-// raw operation as the API sent it (the SDK drops a failed batch's error on
-// the Gemini backend), the lookback stop rule (spec §5.2: paging ends early
+// It owns a rate limiter every HTTP request waits on, bounded retries
+// honouring google.rpc.RetryInfo and Retry-After, the raw operation as the
+// API sent it (done, error, response, batchStats), the lookback stop rule (spec §5.2: paging ends early
 // only once the listing has shown itself newest first), the scope a pass
 // lists (spec §5.5), and refusing to loop on a repeated page token or on
 // fresh tokens for pages that list nothing new (ErrEndlessListing). It
@@ -139,7 +142,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	// maxBody replaces MaxResponseBody when non-zero: for tests, whose
-	// pages at the limit would otherwise be 64 MiB for the SDK to decode.
+	// pages at the limit would otherwise be 64 MiB to decode.
 	maxBody int64
 }
 

@@ -72,7 +72,7 @@ type transport struct {
 	byKind [numKinds]atomic.Int64
 	// maxBody bounds how much of one response the transport buffers:
 	// MaxResponseBody, except in tests (Config.maxBody), which would
-	// otherwise need a 64 MiB page whose decoding by the SDK takes seconds.
+	// otherwise need a 64 MiB page whose decoding takes seconds.
 	maxBody int64
 }
 
