@@ -154,6 +154,10 @@ const (
 	// cannot fetch and the key may not run unconfirmed. A later sighting
 	// from the API revives it.
 	DeadUnknownToAPI = "unknown_to_api"
+	// DeadResultsExpired: the batch's results file is gone from the API
+	// (404, or 403 while the credential works) and the batch ended more
+	// than 48 h ago, longer than the API keeps files (spec §9.5).
+	DeadResultsExpired = "results_expired"
 	// DeadEffect is how Stats names every other dead key: the effect failed
 	// permanently or ran out of attempts (stored as "").
 	DeadEffect = "effect"
