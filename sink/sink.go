@@ -575,7 +575,7 @@ func NewStats() Stats {
 	return Stats{
 		ByState:      map[State]int64{StatePending: 0, StateClaimed: 0, StateDone: 0, StateDead: 0},
 		FirstSource:  map[string]int64{},
-		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0},
+		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0, DeadResultsExpired: 0},
 	}
 }
 
