@@ -93,6 +93,8 @@ type Config struct {
 	SQL *sqlscript.Script
 	// Owner names this holder in leases (default hostname:pid:random).
 	Owner string
+	// Command names what claims (poll, serve, drain) in the keys' history.
+	Command string
 	// Lease is how long a claim holds before another process may take it
 	// over (default 10m); it is renewed every Lease/3 while the effect runs.
 	Lease time.Duration
@@ -868,6 +870,9 @@ func eventFor(c sink.Claim) effect.Event {
 		Confirmed:  c.Confirmed,
 		BatchState: c.BatchState,
 		Webhook:    jsonOrString(c.Webhook),
+		Rerun:      c.Rerun,
+
+		WithoutResults: c.NoResults,
 	}
 	return ev
 }

@@ -230,6 +230,7 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 		return err
 	}
 	defer s.Close()
+	dcfg.Command = "poll"
 	d, err := a.dispatcher(dcfg, s, nil, api)
 	if err != nil {
 		return err

@@ -190,6 +190,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	defer s.Close()
 	a.warn(api)
 	m := metrics.New(s)
+	dcfg.Command = "serve"
 	d, err := a.dispatcher(dcfg, s, m.Observer(), api)
 	if err != nil {
 		return err
