@@ -1,3 +1,10 @@
+// Package ingest turns sightings of a completion into recorded keys, for
+// both sources (spec §9.1): a verified webhook body (webhook.go, called by
+// package webhook) and a listed operation (listed.go, called by the pass
+// loop of package reconcile). Each path is the canonical key (canon), the
+// check of what a key may be (spec §12), sink.Record, the deliveries
+// metrics, and, for webhooks, waking dispatch. No command or handler
+// records a sighting any other way.
 package ingest
 
 import (
@@ -44,7 +51,7 @@ func (l Listed) Record(ctx context.Context, op poller.Operation) (ListedOutcome,
 		err = fmt.Errorf("%w: the listed name is not valid UTF-8 or holds an unpaired surrogate escape", canon.ErrInvalidKey)
 	}
 	if err != nil {
-		l.Metrics.ObserveDelivery(sink.SourcePoll, OutcomeInvalid)
+		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
 		if l.Logger != nil {
 			l.Logger.Warn("listed operation has a name that cannot be a key; skipped",
 				"name", canon.Quote(op.Name), "err", err)

@@ -1,7 +1,7 @@
 // Package serve owns the lifecycle of a webhook receiver process — `gemrecon
 // serve`, and the demo's receiver (spec §6): the HTTP server
 // (webhook.Serve), the background dispatcher that runs the accepted keys,
-// and the reconciliation passes of --poll-every (ingest.Poll), started
+// and the reconciliation passes of --poll-every (reconcile.Poll), started
 // together and stopped in order. On shutdown the server stops accepting and
 // drains its requests first; the dispatcher's workers outlive it, so that
 // accepted keys still get their effect started, and then get the
@@ -23,7 +23,7 @@ import (
 	"sync"
 
 	"github.com/gemrecon/gemrecon/dispatch"
-	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -38,8 +38,8 @@ type Config struct {
 	Dispatcher *dispatch.Dispatcher
 	// Poll, when set, runs reconciliation passes while the server runs;
 	// OnPass hears each one's result.
-	Poll   *ingest.Poll
-	OnPass func(ingest.Result)
+	Poll   *reconcile.Poll
+	OnPass func(reconcile.Result)
 	// Logger receives the shutdown line (default: discard).
 	Logger *slog.Logger
 }
@@ -71,7 +71,7 @@ func Start(ctx context.Context, cfg Config) *Server {
 	})
 	if cfg.Poll != nil {
 		wg.Go(func() {
-			_ = cfg.Poll.Watch(serveCtx, func(r ingest.Result) {
+			_ = cfg.Poll.Watch(serveCtx, func(r reconcile.Result) {
 				if cfg.OnPass != nil {
 					cfg.OnPass(r)
 				}

@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gemrecon/gemrecon/dispatch"
-	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
@@ -126,9 +126,9 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	var pcfg ingest.PollConfig
+	var pcfg reconcile.PollConfig
 	var plcfg poller.Config
-	if o.pollEvery != 0 { // a negative --poll-every is ingest's error
+	if o.pollEvery != 0 { // a negative --poll-every is reconcile's error
 		if plcfg, err = a.listingPoller(&o.pf); err != nil {
 			return err
 		}
@@ -182,7 +182,7 @@ func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.Conf
 
 // startServe opens the sink, wires the receiver and runs it until ctx is
 // done.
-func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg ingest.PollConfig, api apiSetup) error {
+func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg reconcile.PollConfig, api apiSetup) error {
 	s, err := a.openSink(ctx, o.ef.sinkOptions())
 	if err != nil {
 		return err
@@ -209,7 +209,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
 			return err
 		}
-		sc.OnPass = func(r ingest.Result) {
+		sc.OnPass = func(r reconcile.Result) {
 			a.printSummary(r)
 			if err := r.Err(); err != nil && ctx.Err() == nil {
 				a.logger.Error("poll pass failed; the next pass retries", "err", err)
