@@ -73,11 +73,13 @@ const (
 	OutcomeSkipped Outcome = "skipped"
 )
 
-// Observer hears about every attempt (metrics).
+// Observer hears about every attempt: *metrics.Metrics is one. Its
+// outcome is an Outcome's name, a plain string so that metrics need not
+// import dispatch.
 type Observer interface {
-	// EffectFinished is called once per attempt with its outcome and the
+	// ObserveEffect is called once per attempt with its outcome and the
 	// effect's running time.
-	EffectFinished(key string, outcome Outcome, d time.Duration)
+	ObserveEffect(outcome string, d time.Duration)
 }
 
 // Config configures a Dispatcher. Zero fields take the defaults
@@ -515,7 +517,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 		if v != nil {
 			defer func() {
 				if d.cfg.Observer != nil {
-					d.cfg.Observer.EffectFinished(c.Key, out, d.cfg.Now().Sub(start))
+					d.cfg.Observer.ObserveEffect(string(out), d.cfg.Now().Sub(start))
 				}
 			}()
 			if v.fenced {
@@ -561,7 +563,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	defer func() {
 		if d.cfg.Observer != nil {
-			d.cfg.Observer.EffectFinished(c.Key, out, elapsed)
+			d.cfg.Observer.ObserveEffect(string(out), elapsed)
 		}
 	}()
 

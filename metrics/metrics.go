@@ -23,7 +23,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -221,15 +220,16 @@ func RecordOutcome(r sink.RecordResult) string {
 	}
 }
 
-// ObserveEffect counts one finished dispatch attempt and its duration. A
-// fenced result also counts in gemrecon_fenced_total.
-func (m *Metrics) ObserveEffect(result dispatch.Outcome, d time.Duration) {
+// ObserveEffect counts one finished dispatch attempt and its duration
+// under its outcome (a dispatch.Outcome's name), which makes m a
+// dispatch.Observer. A fenced result also counts in gemrecon_fenced_total.
+func (m *Metrics) ObserveEffect(result string, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.effects.WithLabelValues(string(result)).Inc()
-	m.effectDuration.WithLabelValues(string(result)).Observe(d.Seconds())
-	if result == dispatch.OutcomeFenced {
+	m.effects.WithLabelValues(result).Inc()
+	m.effectDuration.WithLabelValues(result).Observe(d.Seconds())
+	if result == "fenced" { // dispatch.OutcomeFenced
 		m.fenced.Inc()
 	}
 }

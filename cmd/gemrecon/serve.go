@@ -190,7 +190,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	defer s.Close()
 	a.warn(api)
 	m := metrics.New(s)
-	d, err := a.dispatcher(dcfg, s, m.Observer(), api)
+	d, err := a.dispatcher(dcfg, s, m, api)
 	if err != nil {
 		return err
 	}

@@ -255,7 +255,7 @@ func (r *run) startServe(ctx context.Context, ln net.Listener) error {
 	r.metrics = metrics.New(r.sink)
 	dc := dispatch.DefaultConfig()
 	dc.Sink, dc.Effect, dc.Lease, dc.EffectTimeout, dc.Grace = r.sink, r.eff, 30*time.Second, 10*time.Second, 5*time.Second
-	dc.Logger, dc.Observer, dc.Confirm, dc.API, dc.Results = r.log, r.metrics.Observer(), true, r.poller, dir
+	dc.Logger, dc.Observer, dc.Confirm, dc.API, dc.Results = r.log, r.metrics, true, r.poller, dir
 	dc.RecheckBase, dc.RecheckMax, dc.DownloadTimeout = 100*time.Millisecond, time.Second, time.Minute
 	if r.disp, err = dispatch.New(dc); err != nil {
 		return err
