@@ -194,8 +194,8 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	if err != nil {
 		return err
 	}
-	wcfg.Sink, wcfg.Dispatcher, wcfg.Metrics = s, d, m
-	h, err := webhook.NewHandler(wcfg)
+	wcfg.Dispatcher, wcfg.Metrics = d, m
+	h, err := serve.Receiver(wcfg, s)
 	if err != nil {
 		return usage(err)
 	}

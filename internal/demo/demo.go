@@ -2,7 +2,7 @@
 // starts the emulator (internal/emulator: the Gemini API stand-in with its
 // WebhookService and key set) and the very wiring of serve — the sink, the
 // dispatcher with confirmation and results (dispatch), the receiver
-// (webhook.NewHandler, run by package serve) — and of poll (reconcile.Poll),
+// (serve.Receiver, run by package serve) — and of poll (reconcile.Poll),
 // then tells what happened to five batches whose completions arrive by
 // signed webhook, twice, or not at all, and are seen again by a poll pass:
 // each runs its effect once. Everything it starts is stopped before Run
@@ -265,8 +265,8 @@ func (r *run) startServe(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	wc := webhook.DefaultConfig()
-	wc.Sink, wc.Secrets, wc.Dynamic, wc.Dispatcher, wc.Metrics, wc.Logger = r.sink, []string{r.secret}, dyn, r.disp, r.metrics, r.log
-	h, err := webhook.NewHandler(wc)
+	wc.Secrets, wc.Dynamic, wc.Dispatcher, wc.Metrics, wc.Logger = []string{r.secret}, dyn, r.disp, r.metrics, r.log
+	h, err := serve.Receiver(wc, r.sink)
 	if err != nil {
 		return err
 	}
