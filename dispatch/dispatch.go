@@ -569,7 +569,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	switch {
 	case d.completer != nil && runErr == nil: // it completed the claim itself (sql.go)
-		log.Debug("dispatch: effect done (in the transaction that marked the key done)", "duration", elapsed)
+		log.Info("dispatch: effect ok (in the transaction that marked the key done)", "duration", elapsed)
 		out = OutcomeDone
 	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
@@ -743,7 +743,7 @@ func (d *Dispatcher) complete(ctx, runCtx context.Context, log *slog.Logger, c s
 	})
 	switch {
 	case err == nil:
-		log.Debug("dispatch: effect done", "duration", elapsed)
+		log.Info("dispatch: effect ok", "duration", elapsed)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
@@ -818,7 +818,7 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 		// The effect's transaction committed (the key is done with this
 		// claim's token) although it reported an error, as when the
 		// context ended during the commit: the outcome is the commit's.
-		log.Debug("dispatch: effect done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+		log.Info("dispatch: effect ok (its commit's answer was an error)", "duration", elapsed, "err", cause)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)

@@ -441,7 +441,6 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "database unavailable, retry later: "+a.Err.Error())
 		return
 	}
-	h.log.Debug("webhook recorded", "key", a.Key, "status", a.Outcome)
 	if h.cfg.Sync && a.Result.State != sink.StateDone {
 		h.runSync(w, r, a.Key, a.Outcome)
 		return
