@@ -42,6 +42,10 @@ const (
 	// judged because the Gemini API's key set could not be fetched (503;
 	// the sender retries). Apart from unavailable, which is the database.
 	OutcomeJWKSUnavailable = "jwks_unavailable"
+	// OutcomeOverloaded: a webhook answered 503 before its body was read,
+	// over the receiver's cap of unverified bytes or of connections; the
+	// sender retries.
+	OutcomeOverloaded = "overloaded"
 )
 
 // DefaultStatsTTL is how long one sink.Stats result serves scrapes.

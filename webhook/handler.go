@@ -20,12 +20,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -102,6 +102,18 @@ type Config struct {
 	Path string
 	// MaxBody is the largest body accepted (default DefaultMaxBody); larger is 413.
 	MaxBody int64
+	// MaxUnverified caps the bytes of bodies read but not yet verified,
+	// summed over every request (default DefaultMaxUnverified, at least
+	// MaxBody): a request that would go over gets 503 with Retry-After
+	// before its body is read.
+	MaxUnverified int64
+	// MaxConns caps the connections Serve keeps open (default
+	// DefaultMaxConns), beside ProbeConns spare ones for the probes.
+	MaxConns int
+	// SecretSource says where Secrets came from — a flag, a file, the
+	// environment, never their values — for the line that logs refused
+	// signatures.
+	SecretSource string
 	// Sync runs the effect inside the request through Dispatcher.RunKey.
 	Sync bool
 	// SyncWait is how long a Sync request waits for a key that another live
@@ -116,7 +128,8 @@ type Config struct {
 	Logger *slog.Logger
 	// RetryAfter is the Retry-After of a 503 (default DefaultRetryAfter).
 	RetryAfter time.Duration
-	// Now is the clock for signature timestamps; nil means time.Now.
+	// Now is the clock for signature timestamps and the refusals' log
+	// lines; nil means time.Now.
 	Now func() time.Time
 }
 
@@ -133,6 +146,11 @@ type Handler struct {
 	// background workers' effects do.
 	stopping context.Context
 	stopSync context.CancelFunc
+	// unverified is the bytes of bodies being read or verified
+	// (readVerified); sigWarn and loadWarn space the WARN lines of
+	// refusals.
+	unverified        atomic.Int64
+	sigWarn, loadWarn throttle
 }
 
 // runCounter counts running --sync requests, so that Serve can wait for
@@ -193,6 +211,15 @@ func NewHandler(cfg Config) (*Handler, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
+	if cfg.MaxUnverified <= 0 {
+		cfg.MaxUnverified = DefaultMaxUnverified
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -221,7 +248,8 @@ func NewHandler(cfg Config) (*Handler, error) {
 // caller adds the Sink, the verifiers and what it changes, then checks it
 // with Validate.
 func DefaultConfig() Config {
-	return Config{Path: DefaultPath, MaxBody: DefaultMaxBody, SyncWait: DefaultSyncWait, RetryAfter: DefaultRetryAfter}
+	return Config{Path: DefaultPath, MaxBody: DefaultMaxBody, MaxUnverified: DefaultMaxUnverified, MaxConns: DefaultMaxConns,
+		SyncWait: DefaultSyncWait, RetryAfter: DefaultRetryAfter}
 }
 
 // ErrNoVerifier is wrapped by Validate's error for a Config that verifies
@@ -246,6 +274,10 @@ func (c Config) Validate() error {
 		return field.Errorf(p, "{Path} %q is taken by a built-in endpoint", c.Path)
 	case c.MaxBody <= 0:
 		return field.Errorf(p, "{MaxBody} must be positive")
+	case c.MaxUnverified < c.MaxBody:
+		return field.Errorf(p, "{MaxUnverified} %d is below {MaxBody} %d: a body of the largest size could never be read", c.MaxUnverified, c.MaxBody)
+	case c.MaxConns < 1:
+		return field.Errorf(p, "{MaxConns} must be positive")
 	case c.SyncWait < 0:
 		return field.Errorf(p, "{SyncWait} must not be negative")
 	case c.InsecureNoVerify && c.Dynamic != nil:
@@ -288,6 +320,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // ServeHTTP serves the receiver's routes.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if onSpareConn(r) {
+		w.Header().Set("Connection", "close") // one answer: the spare is free again for the next probe
+	}
 	switch r.URL.Path {
 	case h.cfg.Path:
 		if r.Method != http.MethodPost {
@@ -382,26 +417,25 @@ func clip(s string) string {
 }
 
 func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
-	// 1. Body, bounded. A declared length over the limit fails before reading.
+	// 1. What the connection and the headers decide, before a byte of the
+	// body is read (spec §6): a spare connection, a declared length over
+	// the limit, a signature no body could make pass.
+	if onSpareConn(r) {
+		h.overloaded(w, r, fmt.Sprintf("over the %d open connections this receiver keeps", h.cfg.MaxConns))
+		return
+	}
 	if r.ContentLength > h.cfg.MaxBody {
 		h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
 			fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, h.cfg.MaxBody))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
-				fmt.Sprintf("body is over the %d-byte limit", h.cfg.MaxBody))
-			return
-		}
-		h.reject(w, r, http.StatusBadRequest, metrics.OutcomeBadRequest, "reading body: "+err.Error())
+	if !h.checkHeaders(w, r) {
 		return
 	}
 
-	// 2. Signature, over the exact bytes received.
-	verification, ok := h.verify(w, r, body)
+	// 2. The body, bounded, and its signature, over the exact bytes
+	// received.
+	body, verification, ok := h.readVerified(w, r)
 	if !ok {
 		return
 	}
@@ -475,7 +509,7 @@ func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 			return ingest.VerifiedStatic, true
 		}
 		if h.dynamic == nil {
-			h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+hmacErr.Error())
+			h.refuseSignature(w, r, hmacErr, nil)
 			return 0, false
 		}
 	}
@@ -485,18 +519,12 @@ func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 		h.log.Debug("webhook verified by a dynamic signature; its key is confirmed with the API before it runs",
 			"scheme", res.Scheme, "kid", clip(res.KeyID), "webhook_id", clip(r.Header.Get("webhook-id")))
 		return ingest.VerifiedDynamic, true
-	case errors.Is(err, dynamic.ErrNoEntry) && hmacErr != nil:
-		h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+hmacErr.Error())
 	case errors.Is(err, dynamic.ErrUnavailable):
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(h.cfg.RetryAfter, KeysRetryAfter)/time.Second)))
 		h.reject(w, r, http.StatusServiceUnavailable, metrics.OutcomeJWKSUnavailable,
 			"dynamic signature: "+err.Error()+"; retry later")
 	default:
-		msg := "dynamic signature: " + err.Error()
-		if hmacErr != nil {
-			msg = "signature: " + hmacErr.Error() + "; " + msg
-		}
-		h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, msg)
+		h.refuseSignature(w, r, hmacErr, err)
 	}
 	return 0, false
 }

@@ -98,6 +98,7 @@ func Serve(ctx context.Context, ln net.Listener, h *Handler, opts ServerOptions)
 	o := opts.withDefaults()
 	srv := &http.Server{
 		Handler:           h,
+		ConnContext:       connContext,
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		ReadTimeout:       o.ReadTimeout,
 		WriteTimeout:      o.WriteTimeout,
@@ -106,7 +107,7 @@ func Serve(ctx context.Context, ln net.Listener, h *Handler, opts ServerOptions)
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(newLimitListener(ln, h.cfg.MaxConns)) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("webhook server: %w", err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
+	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // The work shows as it happens (issue 24 item 5): at the default level a
@@ -46,6 +47,30 @@ func TestServeLogsEachNewKeyAndOutcome(t *testing.T) {
 		if got := lines(want.pattern); len(got) != want.n {
 			t.Errorf("%d lines match %s, want %d:\n%s", len(got), want.pattern, want.n, stderr)
 		}
+	}
+
+	// A delivery refused for its signature is a WARN line that says where
+	// the secrets came from (never them), how far webhook-timestamp is from
+	// now, and what to check; at most one per 10 s (webhook's
+	// TestSignatureRefusalsWarnOncePer10s counts them).
+	const otherSecret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+	body := `{"type":"batch.succeeded","version":"v1","data":{"id":"forged"}}`
+	h, err := webhook.Sign(otherSecret, "msg-forged", time.Now().Add(-2*time.Minute), []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, resp := postJSON(t, url, body, h); code != 401 {
+		t.Fatalf("a delivery signed with another secret = %d %s", code, resp)
+	}
+	waitFor(t, 10*time.Second, func() bool { return len(lines(`level=WARN msg="webhook: deliveries refused`)) > 0 })
+	warn := lines(`level=WARN msg="webhook: deliveries refused`)[0]
+	for _, want := range []string{"refused=1 ", `secrets="1 from GEMRECON_WEBHOOK_SECRET"`, "timestamp_age=2m", `check="that the webhook's signing secret`} {
+		if !strings.Contains(warn, want) {
+			t.Errorf("the refusal's WARN line lacks %s:\n%s", want, warn)
+		}
+	}
+	if strings.Contains(stderr.String(), strings.TrimPrefix(unusableSecret, "whsec_")) || strings.Contains(stderr.String(), strings.TrimPrefix(otherSecret, "whsec_")) {
+		t.Errorf("the log holds a secret:\n%s", stderr)
 	}
 }
 
