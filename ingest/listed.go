@@ -47,8 +47,8 @@ func (l Listed) Record(ctx context.Context, op poller.Operation) (ListedOutcome,
 	if err == nil {
 		err = canon.CheckKey(key)
 	}
-	if op.NameInvalid {
-		err = fmt.Errorf("%w: the listed name is not valid UTF-8 or holds an unpaired surrogate escape", canon.ErrInvalidKey)
+	if op.Invalid != "" {
+		err = fmt.Errorf("%w: %s", canon.ErrInvalidKey, op.Invalid)
 	}
 	if err != nil {
 		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -81,6 +82,8 @@ type worldOptions struct {
 	noConfirm  bool // a dispatcher without the API (no credentials, or --confirm never)
 	resultsDir string
 	api        *geminifake.Server // share a stand-in between two worlds
+	pageSize   int                // the poller's (0: its default)
+	logs       io.Writer          // the poll pass's log (nil: discarded)
 }
 
 func newWorld(t *testing.T, o worldOptions) *world {
@@ -106,6 +109,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 	pc := poller.DefaultConfig()
 	pc.APIKey, pc.BaseURL, pc.Now = testKey, w.api.URL(), w.clock.Now
 	pc.Sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	pc.PageSize = cmp.Or(o.pageSize, pc.PageSize)
 	if w.poller, err = poller.New(context.Background(), pc); err != nil {
 		t.Fatal(err)
 	}
@@ -127,8 +131,12 @@ func newWorld(t *testing.T, o worldOptions) *world {
 	if w.hooks, err = ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: w.metrics}); err != nil {
 		t.Fatal(err)
 	}
+	var logger *slog.Logger
+	if o.logs != nil {
+		logger = slog.New(slog.NewTextHandler(o.logs, nil))
+	}
 	if w.poll, err = NewPoll(PollConfig{Sink: s, Poller: w.poller, Dispatcher: w.disp, Metrics: w.metrics,
-		FullScanEvery: DefaultFullScanEvery, Now: w.clock.Now}); err != nil {
+		FullScanEvery: DefaultFullScanEvery, Now: w.clock.Now, Logger: logger}); err != nil {
 		t.Fatal(err)
 	}
 	return w

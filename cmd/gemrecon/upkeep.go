@@ -83,9 +83,9 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 	}
 	var failed, never int
 	for _, k := range keys {
-		err := s.Retry(ctx, k)
+		err := s.Retry(ctx, k, sink.RetryOptions{})
 		if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
-			if err = s.Retry(ctx, as); !errors.Is(err, sink.ErrNotFound) {
+			if err = s.Retry(ctx, as, sink.RetryOptions{}); !errors.Is(err, sink.ErrNotFound) {
 				k = as
 			}
 		}
@@ -144,7 +144,7 @@ func (a *app) retryAllDead(ctx context.Context, s sink.Sink) error {
 		fmt.Fprintln(a.stdout, line)
 	}
 	for _, e := range dead {
-		err := s.Retry(ctx, e.Key)
+		err := s.Retry(ctx, e.Key, sink.RetryOptions{})
 		if errors.Is(err, sink.ErrNotDead) || errors.Is(err, sink.ErrNotFound) {
 			// The sink's error carries the state only as text: Get says
 			// what the key is now.
@@ -233,19 +233,14 @@ func (a *app) runPurge(ctx context.Context, o *purgeOptions) error {
 	if dial.IsPostgres(a.db) {
 		clock = "the PostgreSQL server's clock"
 	}
-	if dir == nil {
-		n, err := s.Purge(ctx, o.req.OlderThan)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v by %s\n", n, o.req.OlderThan, clock)
-		return nil
-	}
-	keys, err := s.PurgeKeys(ctx, o.req.OlderThan)
+	keys, err := s.Purge(ctx, o.req.OlderThan)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v by %s\n", len(keys), o.req.OlderThan, clock)
+	if dir == nil {
+		return nil
+	}
 	return a.removeResults(dir, keys)
 }
 

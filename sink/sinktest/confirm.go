@@ -32,7 +32,7 @@ import (
 //     confirmation alone.
 //   - A failure's DeadReason is kept while the key is dead and counted in
 //     Stats.DeadByReason; Retry clears it.
-//   - NoteResults is fenced and shows in Entry and Claim; PurgeKeys
+//   - NoteResults is fenced and shows in Entry and Claim; Purge
 //     returns what it deleted.
 var confirmTests = []struct {
 	name string
@@ -343,7 +343,7 @@ func testDeadByReason(t *testing.T, open Opener) {
 	if st.DeadByReason[sink.DeadUnknownToAPI] != 2 || st.DeadByReason[sink.DeadEffect] != 1 || st.ByState[sink.StateDead] != 3 {
 		t.Fatalf("Stats = dead %d by reason %v; want 3: 2 unknown to the API, 1 effect", st.ByState[sink.StateDead], st.DeadByReason)
 	}
-	if err := e.s.Retry(e.ctx, "a"); err != nil {
+	if err := e.s.Retry(e.ctx, "a", sink.RetryOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if en := e.get("a"); en.DeadReason != "" || en.State != sink.StatePending {
@@ -392,12 +392,12 @@ func testPurgeKeys(t *testing.T, open Opener) {
 		}
 	}
 	e.clk.Advance(time.Hour)
-	keys, err := e.s.PurgeKeys(e.ctx, 30*time.Minute)
+	keys, err := e.s.Purge(e.ctx, 30*time.Minute)
 	if slices.Sort(keys); err != nil || !slices.Equal(keys, []string{"a", "b"}) {
-		t.Fatalf("PurgeKeys = %q, %v; want [a b]", keys, err)
+		t.Fatalf("Purge = %q, %v; want [a b]", keys, err)
 	}
-	if keys, err := e.s.PurgeKeys(e.ctx, 30*time.Minute); err != nil || len(keys) != 0 {
-		t.Fatalf("PurgeKeys again = %q, %v; want none", keys, err)
+	if keys, err := e.s.Purge(e.ctx, 30*time.Minute); err != nil || len(keys) != 0 {
+		t.Fatalf("Purge again = %q, %v; want none", keys, err)
 	}
 	if _, err := e.s.Get(e.ctx, "a"); !errors.Is(err, sink.ErrNotFound) {
 		t.Fatalf("Get(purged) = %v", err)
