@@ -73,11 +73,13 @@ const (
 	OutcomeSkipped Outcome = "skipped"
 )
 
-// Observer hears about every attempt (metrics).
+// Observer hears about every attempt: *metrics.Metrics is one. Its
+// outcome is an Outcome's name, a plain string so that metrics need not
+// import dispatch.
 type Observer interface {
-	// EffectFinished is called once per attempt with its outcome and the
+	// ObserveEffect is called once per attempt with its outcome and the
 	// effect's running time.
-	EffectFinished(key string, outcome Outcome, d time.Duration)
+	ObserveEffect(outcome string, d time.Duration)
 }
 
 // Config configures a Dispatcher. Zero fields take the defaults
@@ -517,7 +519,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 		if v != nil {
 			defer func() {
 				if d.cfg.Observer != nil {
-					d.cfg.Observer.EffectFinished(c.Key, out, d.cfg.Now().Sub(start))
+					d.cfg.Observer.ObserveEffect(string(out), d.cfg.Now().Sub(start))
 				}
 			}()
 			if v.fenced {
@@ -563,13 +565,13 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	defer func() {
 		if d.cfg.Observer != nil {
-			d.cfg.Observer.EffectFinished(c.Key, out, elapsed)
+			d.cfg.Observer.ObserveEffect(string(out), elapsed)
 		}
 	}()
 
 	switch {
 	case d.completer != nil && runErr == nil: // it completed the claim itself (sql.go)
-		log.Debug("dispatch: effect done (in the transaction that marked the key done)", "duration", elapsed)
+		log.Info("dispatch: effect ok (in the transaction that marked the key done)", "duration", elapsed)
 		out = OutcomeDone
 	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
@@ -743,7 +745,7 @@ func (d *Dispatcher) complete(ctx, runCtx context.Context, log *slog.Logger, c s
 	})
 	switch {
 	case err == nil:
-		log.Debug("dispatch: effect done", "duration", elapsed)
+		log.Info("dispatch: effect ok", "duration", elapsed)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
@@ -818,7 +820,7 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 		// The effect's transaction committed (the key is done with this
 		// claim's token) although it reported an error, as when the
 		// context ended during the commit: the outcome is the commit's.
-		log.Debug("dispatch: effect done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+		log.Info("dispatch: effect ok (its commit's answer was an error)", "duration", elapsed, "err", cause)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)
