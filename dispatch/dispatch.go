@@ -208,6 +208,16 @@ type Dispatcher struct {
 	// hurry is done once EndGrace was called: a shutdown's grace is over.
 	hurry    context.Context
 	endGrace context.CancelFunc
+
+	// slots holds a token for every effect running, or claim granted and
+	// waiting for its effect: Concurrency in all, shared by Drain and the
+	// claims made where keys are recorded (TakeSlot). freed is signalled
+	// whenever one is given back.
+	slots chan struct{}
+	freed chan struct{}
+	// live is where TakeSlot's claims run (Live); nil: nowhere.
+	liveMu sync.Mutex
+	live   *live
 }
 
 // New fills cfg's zero fields with their defaults, checks it (Validate, and
@@ -265,6 +275,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	hurry, endGrace := context.WithCancel(context.Background())
 	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
+		slots: make(chan struct{}, cfg.Concurrency), freed: make(chan struct{}, 1),
 		hurry: hurry, endGrace: endGrace}, nil
 }
 
@@ -331,6 +342,8 @@ func (d *Dispatcher) Kick() {
 func (d *Dispatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
+	stop := d.Live(ctx)
+	defer stop()
 	failures := 0
 	for {
 		sum, err := d.Drain(ctx)
