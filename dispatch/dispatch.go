@@ -215,9 +215,10 @@ type Dispatcher struct {
 	// whenever one is given back.
 	slots chan struct{}
 	freed chan struct{}
-	// live is where TakeSlot's claims run (Live); nil: nowhere.
+	// live is the session of Run, where TakeSlot's claims run; nil
+	// while Run is not running.
 	liveMu sync.Mutex
-	live   *live
+	live   *Session
 }
 
 // New fills cfg's zero fields with their defaults, checks it (Validate, and
@@ -342,8 +343,16 @@ func (d *Dispatcher) Kick() {
 func (d *Dispatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
-	stop := d.Live(ctx)
-	defer stop()
+	s := d.Session(ctx)
+	d.liveMu.Lock()
+	d.live = s
+	d.liveMu.Unlock()
+	defer func() {
+		d.liveMu.Lock()
+		d.live = nil
+		d.liveMu.Unlock()
+		_, _ = s.Stop() // the workers' outcomes are logged, not summed
+	}()
 	failures := 0
 	for {
 		sum, err := d.Drain(ctx)

@@ -3,95 +3,126 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// A completion that comes alone costs two commits (spec §3 "A claim in the
-// commit that records"): where a key is recorded (package ingest), a free
-// slot of this dispatcher is taken first (TakeSlot), the sink records the
-// sighting and claims the key in one commit (sink.RecordAndClaim, with the
-// dispatcher's own claim request), and the claim runs in that slot as a
-// claim of Drain would. With no free slot the key is only recorded, and
-// waits for a Drain.
+// A webhook's completion that comes alone costs two commits (spec §3 "A
+// claim in the commit that records"): where the key is recorded (package
+// ingest), a free slot of this dispatcher is taken first (TakeSlot), the
+// sink records the sighting and claims the key in one commit
+// (sink.RecordAndClaim, with the dispatcher's own claim request), and the
+// claim runs in that slot as a claim of Drain would. With no free slot the
+// key is only recorded, and waits for a Drain.
 
-// live is where the claims handed to TakeSlot's slots run: under ctx, with
-// the dispatcher's grace once it is done (graceContext), counted apart from
-// any Drain until Live's stop.
-type live struct {
+// Session is where claims made where keys are recorded run: under its
+// context, with the dispatcher's grace once that is done (graceContext),
+// counted apart from any Drain until Stop. Run opens one for the
+// dispatcher's TakeSlot (serve's webhooks).
+type Session struct {
+	d           *Dispatcher
 	ctx, runCtx context.Context
+	release     func()
 	wg          sync.WaitGroup
 	mu          sync.Mutex
 	sum         Summary
 	errs        []error
 }
 
-// Live makes TakeSlot hand out slots whose claims run under ctx (serve's
-// workers, Run; a poll pass, for its listing and drain) until stop is
-// called. stop waits for those claims — the grace applies once ctx is done
-// — and returns what they did.
-func (d *Dispatcher) Live(ctx context.Context) (stop func() (Summary, error)) {
+// Session opens a session whose claims run under ctx.
+func (d *Dispatcher) Session(ctx context.Context) *Session {
 	runCtx, release := d.graceContext(ctx)
-	l := &live{ctx: ctx, runCtx: runCtx}
-	d.liveMu.Lock()
-	prev := d.live
-	d.live = l
-	d.liveMu.Unlock()
-	return func() (Summary, error) {
-		d.liveMu.Lock()
-		if d.live == l {
-			d.live = prev
-		}
-		d.liveMu.Unlock()
-		l.wg.Wait()
-		release()
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.sum, errors.Join(l.errs...)
-	}
+	return &Session{d: d, ctx: ctx, runCtx: runCtx, release: release}
+}
+
+// Stop waits for the session's claims — the grace applies once its
+// context is done — and returns what they did.
+func (s *Session) Stop() (Summary, error) {
+	s.wg.Wait()
+	s.release()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sum, errors.Join(s.errs...)
 }
 
 // TakeSlot takes a free slot for a claim made where a key is recorded: req
 // is the claim to ask sink.RecordAndClaim for (this dispatcher's owner,
 // lease and options), and hand starts a claim granted for it in the slot,
-// or with nil gives the slot back. ok is false when no slot is free, none
-// is live (Live), the live context is done or the effect broke: then the
-// key is only recorded.
-func (d *Dispatcher) TakeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok bool) {
-	d.liveMu.Lock()
-	l := d.live
-	d.liveMu.Unlock()
-	if l == nil || l.ctx.Err() != nil || d.brokenErr() != nil {
-		return req, nil, false
-	}
-	select {
-	case d.slots <- struct{}{}:
-	default:
+// or with nil gives the slot back. ok is false when no slot is free, the
+// session's context is done or the effect broke: then the key is only
+// recorded.
+func (s *Session) TakeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok bool) {
+	d := s.d
+	if s.ctx.Err() != nil || d.brokenErr() != nil || !d.takeSlot() {
 		return req, nil, false
 	}
 	asked := d.cfg.Now() // the lease cannot start earlier
-	l.wg.Add(1)
+	s.wg.Add(1)
 	hand = func(c *sink.Claim) {
 		if c == nil {
 			d.giveSlot()
-			l.wg.Done()
+			s.wg.Done()
 			return
 		}
 		go func() {
-			defer l.wg.Done()
+			defer s.wg.Done()
 			defer d.giveSlot()
-			out, err := d.runClaim(l.ctx, l.runCtx, *c, asked, nil, 0)
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			l.sum.Claimed++
-			l.sum.add(out)
+			out, err := d.runClaim(s.ctx, s.runCtx, *c, asked, nil, 0)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.sum.Claimed++
+			s.sum.add(out)
 			if err != nil {
-				l.errs = append(l.errs, err)
+				s.errs = append(s.errs, err)
 			}
 		}()
 	}
 	return d.Request(), hand, true
+}
+
+// Now is the dispatcher's clock.
+func (s *Session) Now() time.Time { return s.d.cfg.Now() }
+
+// TakeSlot is the TakeSlot of the session Run keeps open (serve's
+// webhooks); ok is false while Run is not running.
+func (d *Dispatcher) TakeSlot() (sink.ClaimRequest, func(*sink.Claim), bool) {
+	d.liveMu.Lock()
+	s := d.live
+	d.liveMu.Unlock()
+	if s == nil {
+		return sink.ClaimRequest{}, nil, false
+	}
+	return s.TakeSlot()
+}
+
+// Now is the dispatcher's clock (Config.Now).
+func (d *Dispatcher) Now() time.Time { return d.cfg.Now() }
+
+// Inline is a claimer for keys whose claim the caller runs itself (serve
+// --sync, RunClaimWithin): every key is claimed where it is recorded when
+// it can be, and no slot is taken.
+type Inline struct{ *Dispatcher }
+
+// TakeSlot is the dispatcher's claim request, with no slot: the caller
+// runs the claim.
+func (i Inline) TakeSlot() (sink.ClaimRequest, func(*sink.Claim), bool) {
+	return i.Request(), nil, true
+}
+
+// RunClaimWithin runs c, granted where its key was recorded at asked (by
+// Now), as RunKeyWithin runs the claim it makes. Once ctx is done it runs
+// nothing and hands the claim back without using an attempt.
+func (d *Dispatcher) RunClaimWithin(ctx context.Context, c sink.Claim, asked time.Time, confirmWait time.Duration) (Outcome, error) {
+	if err := errors.Join(ctx.Err(), d.brokenErr()); err != nil {
+		d.giveBack(ctx, &drainState{}, c)
+		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", c.Key, err)
+	}
+	runCtx, release := d.graceContext(ctx)
+	defer release()
+	return d.runClaim(ctx, runCtx, c, asked, nil, confirmWait)
 }
 
 // Request is the claim this dispatcher makes (sink.RecordAndClaim).
@@ -116,15 +147,4 @@ func (d *Dispatcher) giveSlot() {
 	case d.freed <- struct{}{}:
 	default:
 	}
-}
-
-// Add adds what o did to s (a Drain's summary and a Live's).
-func (s *Summary) Add(o Summary) {
-	s.Claimed += o.Claimed
-	s.OK += o.OK
-	s.Failed += o.Failed
-	s.Dead += o.Dead
-	s.Fenced += o.Fenced
-	s.Unconfirmed += o.Unconfirmed
-	s.HandedBack += o.HandedBack
 }

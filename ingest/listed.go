@@ -39,36 +39,55 @@ type ListedOutcome struct {
 	Result  sink.RecordResult
 }
 
-// Record records one listed terminal operation. Only a database error is
+// RecordPage records the listed terminal operations of one page, those
+// that must commit in one commit (sink.RecordAll: a pass moves to the next
+// page only once this page's keys are durable). Only a database error is
 // returned (the pass stops listing); a name that cannot be a key is an
 // Invalid outcome.
-func (l Listed) Record(ctx context.Context, op poller.Operation) (ListedOutcome, error) {
-	key, err := canon.Key(op.Name)
-	if err == nil {
-		err = canon.CheckKey(key)
-	}
-	if op.Invalid != "" {
-		err = fmt.Errorf("%w: %s", canon.ErrInvalidKey, op.Invalid)
-	}
-	if err != nil {
-		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
-		if l.Logger != nil {
-			l.Logger.Warn("listed operation has a name that cannot be a key; skipped",
-				"name", canon.Quote(op.Name), "err", err)
+func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]ListedOutcome, error) {
+	outs := make([]ListedOutcome, len(ops))
+	var sgs []sink.Sighting
+	var at []int // the outcome of each sighting
+	for i, op := range ops {
+		key, err := canon.Key(op.Name)
+		if err == nil {
+			err = canon.CheckKey(key)
 		}
-		return ListedOutcome{Invalid: true}, nil
+		if op.Invalid != "" {
+			err = fmt.Errorf("%w: %s", canon.ErrInvalidKey, op.Invalid)
+		}
+		if err != nil {
+			l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
+			if l.Logger != nil {
+				l.Logger.Warn("listed operation has a name that cannot be a key; skipped",
+					"name", canon.Quote(op.Name), "err", err)
+			}
+			outs[i].Invalid = true
+			continue
+		}
+		outs[i].Key = key
+		sgs = append(sgs, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw, State: op.State, FromAPI: true, EndTime: op.EndTime})
+		at = append(at, i)
 	}
-	res, err := l.Sink.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw, State: op.State, FromAPI: true})
+	if len(sgs) == 0 {
+		return outs, nil
+	}
+	res, err := l.Sink.RecordAll(ctx, sgs)
 	if err != nil {
-		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeUnavailable)
-		return ListedOutcome{Key: key}, err
+		for range sgs {
+			l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeUnavailable)
+		}
+		return outs, err
 	}
-	l.Metrics.ObserveRecord(sink.SourcePoll, res)
-	logRecord(l.Logger, key, sink.SourcePoll, res)
-	if res.Confirmed && l.Logger != nil {
-		l.Logger.Info("a key first seen by webhook is confirmed by the listing", "key", key, "batch_state", op.State, "state", res.State)
+	for j, i := range at {
+		outs[i].Result = res[j]
+		l.Metrics.ObserveRecord(sink.SourcePoll, res[j])
+		logRecord(l.Logger, sgs[j].Key, sink.SourcePoll, res[j])
+		if res[j].Confirmed && l.Logger != nil {
+			l.Logger.Info("a key first seen by webhook is confirmed by the listing", "key", sgs[j].Key, "batch_state", ops[i].State, "state", res[j].State)
+		}
 	}
-	return ListedOutcome{Key: key, Result: res}, nil
+	return outs, nil
 }
 
 // logRecord says what Record did with a sighting: at the default level for

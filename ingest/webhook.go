@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/metrics"
@@ -30,9 +31,49 @@ const (
 	VerifiedDynamic
 )
 
-// Recorder is what the ingest paths need of the sink: Record.
+// Recorder is what the ingest paths need of the sink.
 type Recorder interface {
 	Record(ctx context.Context, s sink.Sighting) (sink.RecordResult, error)
+	RecordAll(ctx context.Context, s []sink.Sighting) ([]sink.RecordResult, error)
+	RecordAndClaim(ctx context.Context, s sink.Sighting, req sink.ClaimRequest) (sink.RecordResult, *sink.Claim, error)
+}
+
+// Claimer gives out effect slots for keys claimed in the commit that
+// records them (spec §3 "A claim in the commit that records"): the
+// dispatcher's TakeSlot. hand starts a granted claim in the slot (nil:
+// gives the slot back); a nil hand means the caller runs the claim itself
+// (serve --sync). ok is false when no slot is free: the key is only
+// recorded.
+type Claimer interface {
+	TakeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok bool)
+	// Now is the claimer's clock: a claim's lease is counted from just
+	// before it was asked for.
+	Now() time.Time
+}
+
+// record records sg, and claims its key in the same commit when c gives a
+// slot. It returns the claim, and when it was asked for, only when the
+// caller is to run it (a nil hand).
+func record(ctx context.Context, r Recorder, c Claimer, sg sink.Sighting) (sink.RecordResult, *sink.Claim, time.Time, error) {
+	var (
+		req  sink.ClaimRequest
+		hand func(*sink.Claim)
+		ok   bool
+	)
+	if c != nil {
+		req, hand, ok = c.TakeSlot()
+	}
+	if !ok {
+		res, err := r.Record(ctx, sg)
+		return res, nil, time.Time{}, err
+	}
+	asked := c.Now()
+	res, claim, err := r.RecordAndClaim(ctx, sg, req)
+	if hand == nil {
+		return res, claim, asked, err
+	}
+	hand(claim)
+	return res, nil, time.Time{}, err
 }
 
 // Kicker wakes the dispatcher after a sighting of a key that is not done.
@@ -46,8 +87,11 @@ type WebhookConfig struct {
 	// nothing.
 	Metrics *metrics.Metrics
 	// Kicker, when set, is kicked after each sighting of a key that is not
-	// done (nil: serve --sync runs the key itself).
+	// done and was not claimed where it was recorded (nil: serve --sync runs
+	// the key itself).
 	Kicker Kicker
+	// Claimer, when set, claims a key in the commit that records it.
+	Claimer Claimer
 	// Logger receives what is worth a line (default: discard).
 	Logger *slog.Logger
 }
@@ -95,6 +139,11 @@ type Answer struct {
 	State string
 	// Result is the sink's answer (Recorded).
 	Result sink.RecordResult
+	// Claim is the claim granted where the key was recorded, for the
+	// caller to run (a Claimer whose hand is nil: serve --sync), asked for
+	// at Asked by the Claimer's clock.
+	Claim *sink.Claim
+	Asked time.Time
 	// Outcome is the deliveries metric's outcome: accepted, duplicate or
 	// done (Recorded), ignored, invalid or unavailable.
 	Outcome string
@@ -124,7 +173,7 @@ func (w *Webhooks) Event(ctx context.Context, body []byte, v Verification) Answe
 		m.ObserveIgnored(ev.Type, ev.HasType)
 		return Answer{Kind: Ignored, Key: ev.Key, Type: ev.Type, State: ev.State, Outcome: metrics.OutcomeIgnored}
 	}
-	res, err := w.cfg.Sink.Record(ctx, sink.Sighting{
+	res, claim, asked, err := record(ctx, w.cfg.Sink, w.cfg.Claimer, sink.Sighting{
 		Key:     ev.Key,
 		Source:  sink.SourceWebhook,
 		Payload: ev.Operation,
@@ -145,10 +194,10 @@ func (w *Webhooks) Event(ctx context.Context, body []byte, v Verification) Answe
 		w.cfg.Logger.Warn("webhook: the event's batch state differs from the stored one (a conflict; the stored state stays)",
 			"key", ev.Key, "state", ev.State)
 	}
-	if res.State != sink.StateDone && w.cfg.Kicker != nil {
+	if res.State != sink.StateDone && res.State != sink.StateClaimed && w.cfg.Kicker != nil {
 		w.cfg.Kicker.Kick()
 	}
-	return Answer{Kind: Recorded, Key: ev.Key, Type: ev.Type, State: ev.State, Result: res, Outcome: outcome}
+	return Answer{Kind: Recorded, Key: ev.Key, Type: ev.Type, State: ev.State, Result: res, Outcome: outcome, Claim: claim, Asked: asked}
 }
 
 // invalid counts a body that cannot be used.

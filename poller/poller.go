@@ -314,6 +314,10 @@ type PassOptions struct {
 	// of spec §5.2, in case the listing is several newest-first runs joined
 	// end to end (which the stop rule cannot tell from one run).
 	FullScan bool
+	// PageEnd, when set, is called after each page's operations were handed
+	// over, before the next page is asked for: its error stops the pass as
+	// fn's does (a caller that records a page at once, spec §5.3).
+	PageEnd func() error
 }
 
 // Poller lists batch operations. One Poller may run passes one after the
@@ -522,6 +526,11 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 			}
 			if err := fn(*op); err != nil {
 				return stats, fmt.Errorf("poller: handling %s: %w", op.Name, err)
+			}
+		}
+		if opt.PageEnd != nil {
+			if err := opt.PageEnd(); err != nil {
+				return stats, fmt.Errorf("poller: page %d: %w", stats.Pages, err)
 			}
 		}
 		if !order.page(ops) && !stats.Unordered {

@@ -212,6 +212,9 @@ type Result struct {
 	// ErrPassLost); DrainErr the drain; RecordErr the pass record. Each is
 	// fatal (exit 1).
 	ListErr, DrainErr, RecordErr error
+	// page holds the terminal operations of the page being listed, recorded
+	// together at its end (spec §5.3).
+	page []poller.Operation
 	// Record is the scope's pass record read after this pass was recorded
 	// (for the textfile); RecordKnown is false when it could not be read.
 	Record      sink.PassRecord
@@ -322,8 +325,10 @@ func (p *Poll) begin(ctx context.Context, r *Result) (sink.PassLease, sink.PassR
 // lost) and records every terminal operation it hands over.
 func (p *Poll) list(ctx, listCtx context.Context, rec sink.PassRecord, r *Result) {
 	r.FullScanAsked = p.fullScanDue(rec, r.Start)
-	r.List, r.ListErr = p.cfg.Poller.PassWith(listCtx, poller.PassOptions{FullScan: r.FullScanAsked},
-		func(op poller.Operation) error { return p.sighting(ctx, r, op) })
+	r.List, r.ListErr = p.cfg.Poller.PassWith(listCtx,
+		poller.PassOptions{FullScan: r.FullScanAsked, PageEnd: func() error { return p.recordPage(ctx, r) }},
+		func(op poller.Operation) error { r.page = append(r.page, op); return nil })
+	r.page = nil
 	if cause := context.Cause(listCtx); r.ListErr != nil && errors.Is(cause, ErrPassLost) {
 		r.ListErr = fmt.Errorf("stopped listing after %d pages: %w", r.List.Pages, cause)
 	}
@@ -404,19 +409,25 @@ func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
 	return !now.Before(last.Add(p.cfg.FullScanEvery - p.cfg.Interval))
 }
 
-// sighting turns one listed terminal operation into a recorded key, through
-// Listed: it carries the state and says it comes from the API (spec §9.2).
-func (p *Poll) sighting(ctx context.Context, r *Result, op poller.Operation) error {
-	out, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.Record(ctx, op)
-	switch {
-	case err != nil:
+// recordPage turns the listed terminal operations of one page into
+// recorded keys, in one commit, through Listed: each carries its state and
+// says it comes from the API (spec §9.2).
+func (p *Poll) recordPage(ctx context.Context, r *Result) error {
+	ops := r.page
+	r.page = r.page[:0]
+	outs, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.RecordPage(ctx, ops)
+	if err != nil {
 		return err
-	case out.Invalid:
-		r.Invalid++ // spec §12: never recorded, never a reason to fail the pass
-	case out.Result.New:
-		r.New++
-	default:
-		r.Duplicates++
+	}
+	for _, out := range outs {
+		switch {
+		case out.Invalid:
+			r.Invalid++ // spec §12: never recorded, never a reason to fail the pass
+		case out.Result.New:
+			r.New++
+		default:
+			r.Duplicates++
+		}
 	}
 	return nil
 }

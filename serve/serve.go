@@ -56,7 +56,14 @@ func Receiver(cfg webhook.Config, s sink.Sink) (*webhook.Handler, error) {
 		cfg.Metrics = metrics.New(s)
 	}
 	ic := ingest.WebhookConfig{Sink: s, Metrics: cfg.Metrics, Logger: cfg.Logger}
-	if !cfg.Sync && cfg.Dispatcher != nil {
+	// A key is claimed in the commit that records it (spec §3): in a free
+	// slot of the background workers, or with --sync for the request to
+	// run itself.
+	if d, ok := cfg.Dispatcher.(*dispatch.Dispatcher); ok && cfg.Sync {
+		ic.Claimer = dispatch.Inline{Dispatcher: d}
+	} else if ok {
+		ic.Kicker, ic.Claimer = d, d
+	} else if cfg.Dispatcher != nil && !cfg.Sync {
 		ic.Kicker = cfg.Dispatcher
 	}
 	in, err := ingest.NewWebhooks(ic)

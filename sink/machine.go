@@ -289,102 +289,145 @@ func (m *Machine) RecordAndClaim(ctx context.Context, sg Sighting, req ClaimRequ
 }
 
 func (m *Machine) record(ctx context.Context, sg Sighting, req *ClaimRequest) (RecordResult, *Claim, error) {
-	if err := checkSighting(sg); err != nil {
+	rs, cs, err := m.recordAll(ctx, []Sighting{sg}, req)
+	if err != nil {
 		return RecordResult{}, nil, err
 	}
-	r, found, err := m.st.Peek(ctx, sg.Key)
-	err = stored(err)
-	if err != nil {
-		return RecordResult{}, nil, m.errorf("record", sg.Key, err)
-	}
-	if found {
-		if kind, _, conflict := sighting(r, true, sg, time.Time{}); kind == sightDuplicate {
-			m.noteDuplicate(r, sg, conflict)
-			return RecordResult{State: r.State, Conflict: conflict}, nil, nil
+	return rs[0], cs[0], nil
+}
+
+// RecordAll records sightings as Record does, those that must commit in
+// one commit: a poll pass records each listed page so (spec §5.3).
+func (m *Machine) RecordAll(ctx context.Context, sgs []Sighting) ([]RecordResult, error) {
+	rs, _, err := m.recordAll(ctx, sgs, nil)
+	return rs, err
+}
+
+// sightOut is what one sighting did inside a write.
+type sightOut struct {
+	rr        RecordResult
+	c         *Claim
+	dup, prev *Row // a duplicate after all (its row); a confirmation (the row before)
+}
+
+func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimRequest) ([]RecordResult, []*Claim, error) {
+	for _, sg := range sgs {
+		if err := checkSighting(sg); err != nil {
+			return nil, nil, err
 		}
 	}
-	var (
-		rr        RecordResult
-		c         *Claim
-		dup, prev *Row
-	)
-	err = m.stWrite(ctx, func(tx Tx) error {
-		rr, c, dup, prev = RecordResult{}, nil, nil, nil
-		now := tx.Now()
-		r, found, err := tx.Load(sg.Key)
+	rs, cs := make([]RecordResult, len(sgs)), make([]*Claim, len(sgs))
+	var write []int // the sightings that must commit
+	for i, sg := range sgs {
+		r, found, err := m.st.Peek(ctx, sg.Key)
 		if err != nil {
-			return err
+			return nil, nil, m.errorf("record", sg.Key, stored(err))
 		}
-		kind, out, conflict := sighting(r, found, sg, now)
-		switch kind {
-		case sightDuplicate: // became known since the look
-			dup, rr = &r, RecordResult{State: r.State, Conflict: conflict}
-			return nil
-		case sightConfirm:
-			prev, rr = &r, RecordResult{State: out.State, Confirmed: true, Conflict: conflict}
-			if err := tx.Update(out); err != nil {
+		if found {
+			if kind, _, conflict := sighting(r, true, sg, time.Time{}); kind == sightDuplicate {
+				m.noteDuplicate(r, sg, conflict)
+				rs[i] = RecordResult{State: r.State, Conflict: conflict}
+				continue
+			}
+		}
+		write = append(write, i)
+	}
+	if len(write) == 0 {
+		return rs, cs, nil
+	}
+	outs := make([]sightOut, len(write))
+	err := m.stWrite(ctx, func(tx Tx) error {
+		for j, i := range write {
+			var err error
+			if outs[j], err = m.sight(tx, sgs[i], req); err != nil {
 				return err
 			}
-			if len(sg.Payload) > 0 {
-				if err := tx.SetOperation(sg.Key, sg.Payload, r.FirstSource == SourceWebhook); err != nil {
-					return err
-				}
-			}
-		case sightNew:
-			rr = RecordResult{New: true, State: StatePending}
 		}
-		// The claim the dispatcher would make now, if this key is due and
-		// no other key is due before it: a new key is due at now, so any
-		// key already due is older.
-		var claimed Row
-		var o ClaimOptions
-		if req != nil && out.claimable(now) {
-			o = ClaimOptionsOf(req.Opts)
-			first, err := tx.Due(1, o.SkipNeedsConfirm)
-			if err != nil {
-				return err
-			}
-			if len(first) == 0 || kind == sightConfirm && first[0].Key == sg.Key {
-				claimed, _, _ = claim(out, req.Owner, req.Lease, now, m.opt.MaxAttempts, o)
-			}
-		}
-		if claimed.State != StateClaimed {
-			if kind == sightNew {
-				ok, err := tx.Insert(out, sg.Payload)
-				if err == nil && !ok {
-					err = errInsertRace
-				}
-				return err
-			}
-			return nil
-		}
-		rr.State = StateClaimed
-		var insert []byte
-		if kind == sightNew {
-			insert = append([]byte{}, sg.Payload...) // not nil: insert
-			out = Row{}
-		}
-		if err := m.claimed(tx, out, claimed, o, now, insert); err != nil {
-			return err
-		}
-		cl, err := claimOf(tx, claimed)
-		c = &cl
-		return err
+		return nil
 	})
 	if errors.Is(err, errInsertRace) { // PostgreSQL: inserted by another meanwhile
-		return m.record(ctx, sg, req)
+		return m.recordAll(ctx, sgs, req)
 	}
 	if err != nil {
-		return RecordResult{}, nil, m.errorf("record", sg.Key, err)
+		return nil, nil, m.errorf("record", sgs[write[0]].Key, err)
 	}
-	switch {
-	case dup != nil:
-		m.noteDuplicate(*dup, sg, rr.Conflict)
-	case prev != nil:
-		m.logConfirm(sg.Key, prev.BatchState, sg.State, rr.Conflict, prev.State == StateDead && rr.State != StateDead)
-		m.add(sg.Key, &Delta{N: 1, Sources: []string{sg.Source}})
+	for j, i := range write {
+		o, sg := outs[j], sgs[i]
+		rs[i], cs[i] = o.rr, o.c
+		switch {
+		case o.dup != nil:
+			m.noteDuplicate(*o.dup, sg, o.rr.Conflict)
+		case o.prev != nil:
+			m.logConfirm(sg.Key, o.prev.BatchState, sg.State, o.rr.Conflict, o.prev.State == StateDead && o.rr.State != StateDead)
+			m.add(sg.Key, &Delta{N: 1, Sources: []string{sg.Source}})
+		}
 	}
-	return rr, c, nil
+	return rs, cs, nil
+}
+
+// sight decides and stores what sg does to its key inside tx (on the held
+// row), and with req the claim of a key due now when no other key is.
+func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err error) {
+	now := tx.Now()
+	r, found, err := tx.Load(sg.Key)
+	if err != nil {
+		return o, err
+	}
+	kind, out, conflict := sighting(r, found, sg, now)
+	switch kind {
+	case sightDuplicate: // became known since the look
+		o.dup, o.rr = &r, RecordResult{State: r.State, Conflict: conflict}
+		return o, nil
+	case sightConfirm:
+		o.prev, o.rr = &r, RecordResult{State: out.State, Confirmed: true, Conflict: conflict}
+		if err := tx.Update(out); err != nil {
+			return o, err
+		}
+		if len(sg.Payload) > 0 {
+			if err := tx.SetOperation(sg.Key, sg.Payload, r.FirstSource == SourceWebhook); err != nil {
+				return o, err
+			}
+		}
+	case sightNew:
+		o.rr = RecordResult{New: true, State: StatePending}
+	}
+	// The claim the dispatcher would make now, if this key is due and no
+	// other key is due before it: a new key is due at now, so any key
+	// already due is older.
+	var claimed Row
+	var opts ClaimOptions
+	if req != nil && out.claimable(now) {
+		opts = ClaimOptionsOf(req.Opts)
+		first, err := tx.Due(1, opts.SkipNeedsConfirm)
+		if err != nil {
+			return o, err
+		}
+		if len(first) == 0 || kind == sightConfirm && first[0].Key == sg.Key {
+			claimed, _, _ = claim(out, req.Owner, req.Lease, now, m.opt.MaxAttempts, opts)
+		}
+	}
+	if claimed.State != StateClaimed {
+		if kind == sightNew {
+			ok, err := tx.Insert(out, sg.Payload)
+			if err == nil && !ok {
+				err = errInsertRace
+			}
+			return o, err
+		}
+		return o, nil
+	}
+	o.rr.State = StateClaimed
+	var insert []byte
+	if kind == sightNew {
+		insert = append([]byte{}, sg.Payload...) // not nil: insert
+		out = Row{}
+	}
+	if err := m.claimed(tx, out, claimed, opts, now, insert); err != nil {
+		return o, err
+	}
+	cl, err := claimOf(tx, claimed)
+	o.c = &cl
+	return o, err
 }
 
 // errInsertRace: the key was inserted by another transaction between this

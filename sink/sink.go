@@ -433,6 +433,9 @@ type Sink interface {
 	// DeadUnknownToAPI is pending again). A terminal state that differs from
 	// the stored batch state is a conflict (spec §9.4).
 	Record(ctx context.Context, s Sighting) (RecordResult, error)
+	// RecordAll records sightings as Record does, those that must commit
+	// in one commit.
+	RecordAll(ctx context.Context, s []Sighting) ([]RecordResult, error)
 	// RecordAndClaim is Record, and when the key can then be claimed as the
 	// dispatcher would claim it (req's options) and no other key is due
 	// before it, a claim in the same commit; otherwise the claim is nil.

@@ -68,6 +68,9 @@ const (
 type Dispatcher interface {
 	Kick()
 	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
+	// RunClaimWithin runs a claim granted where the key was recorded, at
+	// asked (Sync mode), as RunKeyWithin runs the claim it makes.
+	RunClaimWithin(ctx context.Context, c sink.Claim, asked time.Time, confirmWait time.Duration) (Outcome, error)
 }
 
 // Sink is what the receiver needs of the sink beside the ingest path's
@@ -476,7 +479,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if h.cfg.Sync && a.Result.State != sink.StateDone {
-		h.runSync(w, r, a.Key, a.Outcome)
+		h.runSync(w, r, a)
 		return
 	}
 	code := http.StatusAccepted
@@ -533,7 +536,8 @@ func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 // effect failed in this request (the sender retries), 202 when another live
 // holder has it past SyncWait, and 202 "dead" for a key that was dead
 // before the request (nothing ran, and a redelivery cannot change that).
-func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
+func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, a ingest.Answer) {
+	key, recorded := a.Key, a.Outcome
 	h.syncRuns.add(1)
 	defer h.syncRuns.add(-1)
 	ctx := r.Context()
@@ -554,7 +558,14 @@ func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded 
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
 	for {
-		out, err := h.cfg.Dispatcher.RunKeyWithin(runCtx, key, max(time.Until(deadline), time.Millisecond))
+		var out Outcome
+		var err error
+		if c := a.Claim; c != nil { // granted where it was recorded: run it
+			a.Claim = nil
+			out, err = h.cfg.Dispatcher.RunClaimWithin(runCtx, *c, a.Asked, max(time.Until(deadline), time.Millisecond))
+		} else {
+			out, err = h.cfg.Dispatcher.RunKeyWithin(runCtx, key, max(time.Until(deadline), time.Millisecond))
+		}
 		if err != nil && runCtx.Err() != nil {
 			// Shutting down before the key could be claimed: it is
 			// durable, and the next process runs it.

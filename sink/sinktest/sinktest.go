@@ -149,6 +149,7 @@ func Run(t *testing.T, open Opener) {
 		{"ConcurrentClaim", testConcurrentClaim},
 		{"ConcurrentClaimDue", testConcurrentClaimDue},
 		{"RecordAndClaim", testRecordAndClaim},
+		{"RecordAll", testRecordAll},
 		{"PingFlush", testPingFlush},
 	}
 	for _, tt := range slices.Concat(tests, passTests, noAttemptTests, confirmTests, historyTests) {
@@ -1002,6 +1003,38 @@ func testRecordAndClaim(t *testing.T, open Opener) {
 	}
 	if _, _, err := e.s.RecordAndClaim(e.ctx, sink.Sighting{Key: "z", Source: sink.SourcePoll}, sink.ClaimRequest{Owner: "o"}); err == nil {
 		t.Fatal("RecordAndClaim with no lease = nil error, want one")
+	}
+}
+
+// testRecordAll: a page of sightings recorded at once answers each as
+// Record would — new, a duplicate (also of a key new in the same page), a
+// confirmation — and counts every sighting.
+func testRecordAll(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	e.record("known", sink.SourcePoll, "p")
+	e.sight(hook("hooked", `{"h":1}`, "SUCCEEDED"))
+	rs, err := e.s.RecordAll(e.ctx, []sink.Sighting{
+		{Key: "a", Source: sink.SourcePoll, Payload: []byte("a")},
+		{Key: "known", Source: sink.SourcePoll, Payload: []byte("p")},
+		{Key: "a", Source: sink.SourceWebhook, Payload: []byte("a2")},
+		listed("hooked", `{"op":1}`, "SUCCEEDED"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []sink.RecordResult{{New: true, State: sink.StatePending}, {State: sink.StatePending},
+		{State: sink.StatePending}, {State: sink.StatePending, Confirmed: true}}
+	if !slices.Equal(rs, want) {
+		t.Fatalf("RecordAll = %+v, want %+v", rs, want)
+	}
+	if en := e.get("a"); en.SeenCount != 2 || string(en.Payload) != "a" || !slices.Equal(en.Sources, []string{"poll", "webhook"}) {
+		t.Fatalf("Get(a) = seen %d, payload %q, sources %v", en.SeenCount, en.Payload, en.Sources)
+	}
+	if en := e.get("hooked"); !en.Confirmed || string(en.Payload) != `{"op":1}` || string(en.Webhook) != `{"h":1}` {
+		t.Fatalf("Get(hooked) = %+v", en)
+	}
+	if rs, err := e.s.RecordAll(e.ctx, nil); err != nil || len(rs) != 0 {
+		t.Fatalf("RecordAll(nothing) = %v, %v", rs, err)
 	}
 }
 

@@ -155,7 +155,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
 	}
-	if err := checkFile(path, opt.ReadOnly, ms); err != nil {
+	if err := checkFile(path, opt.ReadOnly, opt.BusyTimeout, ms); err != nil {
 		return nil, err
 	}
 	s := &db{path: path, opt: opt, log: cfg.logger, migrations: ms, dsnParams: cfg.dsnParams}
@@ -231,7 +231,7 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 // directory, a file that is not SQLite, a damaged header, a schema this
 // binary may not use, a file this process may not write, and (read-only) a
 // missing file. A missing file is created with mode 0600.
-func checkFile(path string, readOnly bool, ms []migration) error {
+func checkFile(path string, readOnly bool, busy time.Duration, ms []migration) error {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -304,7 +304,7 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		}
 	}
 	if !readOnly {
-		if err := checkSides(path); err != nil {
+		if err := checkSides(path, busy); err != nil {
 			return err
 		}
 		if err := syscall.Access(path, 2); err != nil { // W_OK
@@ -318,20 +318,26 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 }
 
 // checkSides refuses a database whose -wal exists without its -shm, or the
-// other way round: SQLite deletes both when the last connection closes, so
-// one alone says that one was deleted while a process may still use the
-// database through it. SQLite would build a new -shm beside the other
-// process's orphaned one (or read a -wal the other's -shm does not
-// describe), and two processes writing through two WAL-indexes corrupt the
-// file (spec §3 "A deleted or replaced file").
-func checkSides(path string) error {
+// other way round, for longer than wait: SQLite deletes both when the last
+// connection closes, one after the other, so one alone for longer than that
+// says that one was deleted while a process may still use the database
+// through it. SQLite would build a new -shm beside the other process's
+// orphaned one (or read a -wal the other's -shm does not describe), and two
+// processes writing through two WAL-indexes corrupt the file (spec §3 "A
+// deleted or replaced file").
+func checkSides(path string, wait time.Duration) error {
 	name, err := sqliteName(path)
 	if err != nil {
 		return nil // SQLite, which resolves it too, says what is wrong
 	}
-	wal, shm := exists(name+"-wal"), exists(name+"-shm")
-	if wal == shm {
-		return nil
+	var wal, shm bool
+	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
+		if wal, shm = exists(name+"-wal"), exists(name+"-shm"); wal == shm {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			break
+		}
 	}
 	there, gone := name+"-wal", name+"-shm"
 	if shm {
