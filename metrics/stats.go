@@ -26,9 +26,9 @@ type statsCollector struct {
 	fetched bool
 	queries int // Stats calls made (tests)
 
-	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource, deadByReason *prometheus.Desc
+	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource, deadByReason, expiring *prometheus.Desc
 	// The pass records of spec §5.5, per scope.
-	lastSuccess, lastPassEnd, lastFullScan *prometheus.Desc
+	lastSuccess, lastPassEnd, lastFullScan, unfinished, oldestUnfinished *prometheus.Desc
 }
 
 func newStatsCollector(s StatsReader, opt Options) *statsCollector {
@@ -61,7 +61,13 @@ func newStatsCollector(s StatsReader, opt Options) *statsCollector {
 		dbConflicts: prometheus.NewDesc("gemrecon_db_conflicts_total",
 			"Sightings whose terminal batch state differed from the stored one (spec §9.4; the API's state wins).", nil, nil),
 		deadByReason: prometheus.NewDesc("gemrecon_dead_keys",
-			"Dead keys by reason: unknown_to_api (the API does not know the batch: 404, or 403 for another project's; a later listing revives it) or effect (the effect failed permanently or for the last time).", []string{"reason"}, nil),
+			"Dead keys by reason: unknown_to_api (the API does not know the batch: 404, or 403 for another project's; a later listing revives it), results_expired (the API no longer has the results: retry --without-results) or effect (the effect failed permanently or for the last time).", []string{"reason"}, nil),
+		expiring: prometheus.NewDesc("gemrecon_results_expiring_keys",
+			"Keys of succeeded batches not done yet whose results the API deletes within 6 h (48 h after the batch ended).", nil, nil),
+		unfinished: prometheus.NewDesc("gemrecon_poll_unfinished_batches",
+			"Batches the last poll pass of the scope listed that had not finished, by state (spec §5.5).", []string{"scope", "state"}, nil),
+		oldestUnfinished: prometheus.NewDesc("gemrecon_poll_oldest_unfinished_created_timestamp_seconds",
+			"Unix time the oldest unfinished batch the last pass of the scope listed was created (absent: none); the API expires it 48 h later.", []string{"scope"}, nil),
 		firstSource: prometheus.NewDesc("gemrecon_keys_by_first_source",
 			"Keys by the source that saw them first; keys first seen by poll are webhooks that were missed.", []string{"source"}, nil),
 		lastSuccess: prometheus.NewDesc("gemrecon_poll_last_success_timestamp_seconds",
@@ -94,7 +100,7 @@ func (c *statsCollector) get() (sink.Stats, error) {
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.dbUp, c.keys, c.oldestPending, c.latency,
 		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource, c.deadByReason,
-		c.lastSuccess, c.lastPassEnd, c.lastFullScan} {
+		c.lastSuccess, c.lastPassEnd, c.lastFullScan, c.expiring, c.unfinished, c.oldestUnfinished} {
 		ch <- d
 	}
 }
@@ -127,9 +133,10 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for src, n := range st.FirstSource {
 		gauge(c.firstSource, float64(n), src)
 	}
-	for _, reason := range []string{sink.DeadUnknownToAPI, sink.DeadEffect} {
+	for _, reason := range []string{sink.DeadUnknownToAPI, sink.DeadResultsExpired, sink.DeadEffect} {
 		gauge(c.deadByReason, float64(st.DeadByReason[reason]), reason)
 	}
+	gauge(c.expiring, float64(st.ResultsExpiring))
 	for _, p := range st.Passes {
 		timestamp := func(d *prometheus.Desc, t time.Time) {
 			if !t.IsZero() {
@@ -139,5 +146,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		timestamp(c.lastSuccess, p.LastSuccess)
 		timestamp(c.lastPassEnd, p.LastEnd)
 		timestamp(c.lastFullScan, p.LastFullScan)
+		timestamp(c.oldestUnfinished, p.OldestUnfinished)
+		for state, n := range p.Unfinished {
+			gauge(c.unfinished, float64(n), p.Scope, state)
+		}
 	}
 }

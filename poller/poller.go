@@ -318,6 +318,9 @@ type PassOptions struct {
 	// over, before the next page is asked for: its error stops the pass as
 	// fn's does (a caller that records a page at once, spec §5.3).
 	PageEnd func() error
+	// Unfinished, when set, sees every listed operation that has not
+	// finished (spec §5.5: batches stuck, or about to expire).
+	Unfinished func(Operation)
 }
 
 // Poller lists batch operations. One Poller may run passes one after the
@@ -513,6 +516,9 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 				allOld = false
 			}
 			if !op.Terminal {
+				if opt.Unfinished != nil {
+					opt.Unfinished(*op)
+				}
 				continue
 			}
 			stats.Terminal++

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/field"
@@ -215,6 +216,10 @@ type Result struct {
 	// page holds the terminal operations of the page being listed, recorded
 	// together at its end (spec §5.3).
 	page []poller.Operation
+	// Unfinished counts the listed batches that had not finished, by state,
+	// and OldestUnfinished is the creation of the oldest (spec §5.5).
+	Unfinished       map[string]int64
+	OldestUnfinished time.Time
 	// Record is the scope's pass record read after this pass was recorded
 	// (for the textfile); RecordKnown is false when it could not be read.
 	Record      sink.PassRecord
@@ -325,8 +330,9 @@ func (p *Poll) begin(ctx context.Context, r *Result) (sink.PassLease, sink.PassR
 // lost) and records every terminal operation it hands over.
 func (p *Poll) list(ctx, listCtx context.Context, rec sink.PassRecord, r *Result) {
 	r.FullScanAsked = p.fullScanDue(rec, r.Start)
-	r.List, r.ListErr = p.cfg.Poller.PassWith(listCtx,
-		poller.PassOptions{FullScan: r.FullScanAsked, PageEnd: func() error { return p.recordPage(ctx, r) }},
+	r.Unfinished = map[string]int64{}
+	r.List, r.ListErr = p.cfg.Poller.PassWith(listCtx, poller.PassOptions{FullScan: r.FullScanAsked,
+		PageEnd: func() error { return p.recordPage(ctx, r) }, Unfinished: func(op poller.Operation) { p.unfinished(r, rec, op) }},
 		func(op poller.Operation) error { r.page = append(r.page, op); return nil })
 	r.page = nil
 	if cause := context.Cause(listCtx); r.ListErr != nil && errors.Is(cause, ErrPassLost) {
@@ -343,9 +349,11 @@ func (p *Poll) end(ctx context.Context, l sink.PassLease, lost error, r *Result)
 	if errors.Is(lost, sink.ErrFenced) {
 		p.cfg.Logger.Warn("not recording this poll pass: its pass lease was taken over", "scope", p.scope)
 	} else {
-		err := p.cfg.Sink.EndPass(ctx, l, sink.PassOutcome{
-			Start: r.Start, End: r.End, Success: r.Success(), FullScan: r.FullScan(),
-		})
+		o := sink.PassOutcome{Start: r.Start, End: r.End, Success: r.Success(), FullScan: r.FullScan()}
+		if r.ListErr == nil {
+			o.Unfinished, o.OldestUnfinished = r.Unfinished, r.OldestUnfinished
+		}
+		err := p.cfg.Sink.EndPass(ctx, l, o)
 		switch {
 		case errors.Is(err, sink.ErrFenced):
 			// Taken over after the last renewal: the listing, if it was
@@ -407,6 +415,35 @@ func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
 		return true
 	}
 	return !now.Before(last.Add(p.cfg.FullScanEvery - p.cfg.Interval))
+}
+
+// StuckAfter is how long a batch may stay pending or running before each
+// pass warns of it (spec §5.5): the API targets a day, and expires a batch
+// that has not finished after ExpiresAfter.
+const (
+	StuckAfter   = 24 * time.Hour
+	ExpiresAfter = 48 * time.Hour
+)
+
+// unfinished counts a listed batch that has not finished, and warns of one
+// pending or running for longer than StuckAfter: at most once per hour of
+// its age, whichever process lists it, because a pass warns only when an
+// hour of that age ended since the scope's previous pass began (rec).
+func (p *Poll) unfinished(r *Result, rec sink.PassRecord, op poller.Operation) {
+	r.Unfinished[op.State]++
+	if op.CreateTime.IsZero() {
+		return
+	}
+	if r.OldestUnfinished.IsZero() || op.CreateTime.Before(r.OldestUnfinished) {
+		r.OldestUnfinished = op.CreateTime
+	}
+	hour := func(at time.Time) int64 { return int64(at.Sub(op.CreateTime.Add(StuckAfter)) / time.Hour) }
+	if age := r.Start.Sub(op.CreateTime); age > StuckAfter &&
+		(rec.LastStart.IsZero() || rec.LastStart.Before(op.CreateTime.Add(StuckAfter)) || hour(rec.LastStart) < hour(r.Start)) {
+		p.cfg.Logger.Warn("a batch has not finished for over a day: the API expires it 48 h after its creation",
+			"batch", canon.Quote(op.Name), "state", op.State, "age", age.Round(time.Minute),
+			"expires_in", (ExpiresAfter - age).Round(time.Minute))
+	}
 }
 
 // recordPage turns the listed terminal operations of one page into

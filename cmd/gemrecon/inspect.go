@@ -282,6 +282,14 @@ func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	if e.ResultsFile != "" {
 		row("results file", printable(e.ResultsFile))
 	}
+	if e.BatchState == "SUCCEEDED" && e.State != sink.StateDone && !e.BatchEnd.IsZero() {
+		left := e.BatchEnd.Add(sink.ResultsKept).Sub(now)
+		kept := fmt.Sprintf("until %s (%s from now: the API deletes them 48 h after the batch ended)", fmtTime(e.BatchEnd.Add(sink.ResultsKept)), fmtAge(left))
+		if left <= 0 {
+			kept = fmt.Sprintf("no longer: they were deleted at %s (retry --without-results runs the effect without them)", fmtTime(e.BatchEnd.Add(sink.ResultsKept)))
+		}
+		row("results kept", kept)
+	}
 	row("conflicts", fmt.Sprint(e.Conflicts))
 	tw.Flush()
 	printHistory(w, e)
@@ -509,9 +517,10 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 		fmt.Fprintf(tw, "  %s:\t%d\n", s, st.ByState[s])
 	}
 	if st.ByState[sink.StateDead] > 0 {
-		fmt.Fprintf(tw, "    by reason:\tunknown to the API %d, effect %d\n",
-			st.DeadByReason[sink.DeadUnknownToAPI], st.DeadByReason[sink.DeadEffect])
+		fmt.Fprintf(tw, "    by reason:\tunknown to the API %d, results expired %d, effect %d\n",
+			st.DeadByReason[sink.DeadUnknownToAPI], st.DeadByReason[sink.DeadResultsExpired], st.DeadByReason[sink.DeadEffect])
 	}
+	fmt.Fprintf(tw, "results expiring:\t%d key(s) not done whose results the API deletes within %v\n", st.ResultsExpiring, sink.ResultsWarning)
 	fmt.Fprintf(tw, "oldest pending:\t%s\n", fmtAge(st.OldestPendingAge))
 	fmt.Fprintf(tw, "duplicates suppressed:\t%d\n", st.DuplicatesSuppressed)
 	srcs := make([]string, 0, len(st.FirstSource))
@@ -546,9 +555,29 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 		fmt.Fprintf(tw, "    last pass:\t%s\n", last)
 		fmt.Fprintf(tw, "    last success:\t%s\n", fmtTime(p.LastSuccess))
 		fmt.Fprintf(tw, "    last full scan:\t%s\n", fmtTime(p.LastFullScan))
+		fmt.Fprintf(tw, "    unfinished:\t%s\n", unfinishedLine(p, now))
 		fmt.Fprintf(tw, "    lease:\t%s\n", passLease(p, now))
 	}
 	tw.Flush()
+}
+
+// unfinishedLine says what the scope's last listing saw unfinished: the
+// count by state and the age of the oldest (the API expires a batch 48 h
+// after its creation).
+func unfinishedLine(p sink.PassRecord, now time.Time) string {
+	if len(p.Unfinished) == 0 {
+		return "none listed"
+	}
+	states := make([]string, 0, len(p.Unfinished))
+	for s, n := range p.Unfinished {
+		states = append(states, fmt.Sprintf("%s %d", printable(s), n))
+	}
+	sort.Strings(states)
+	line := strings.Join(states, ", ")
+	if !p.OldestUnfinished.IsZero() {
+		line += fmt.Sprintf("; the oldest created %s ago", fmtAge(now.Sub(p.OldestUnfinished)))
+	}
+	return line
 }
 
 // passLease describes a scope's pass lease.
