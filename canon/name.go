@@ -3,6 +3,7 @@ package canon
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode"
 )
@@ -49,25 +50,13 @@ func BareIDKeys(key string) []string {
 // whose "<collection>/<id>" pair ends a canonical name, or "" for any other
 // segment. Matching ignores case; batchJobs is an alias of batches.
 func collection(seg string) string {
-	// The length picks the one word to compare: every event's id passes
-	// through here (spec §12's collection-word test), most of them no word.
-	switch len(seg) {
-	case len("operations"):
-		if strings.EqualFold(seg, "operations") {
-			return "operations"
+	for _, c := range [...]string{"operations", "batches", "batchPredictionJobs"} {
+		if strings.EqualFold(seg, c) {
+			return c
 		}
-	case len("batches"):
-		if strings.EqualFold(seg, "batches") {
-			return "batches"
-		}
-	case len("batchJobs"):
-		if strings.EqualFold(seg, "batchJobs") {
-			return "batches"
-		}
-	case len("batchPredictionJobs"):
-		if strings.EqualFold(seg, "batchPredictionJobs") {
-			return "batchPredictionJobs"
-		}
+	}
+	if strings.EqualFold(seg, "batchJobs") {
+		return "batches"
 	}
 	return ""
 }
@@ -129,11 +118,10 @@ func lastPair(s string) string {
 // before them; what is left then holds no '?' or '#', so the search is not
 // repeated.
 func stripURL(s string, queryCut *bool) (rest string, ok bool) {
-	i := schemeLen(s)
-	if i == 0 || !strings.HasPrefix(s[i:], "://") {
+	if !urlScheme.MatchString(s) {
 		return s, false
 	}
-	rest = s[i+len("://"):]
+	rest = s[strings.Index(s, "://")+len("://"):] // a scheme holds no ':'
 	if !*queryCut {
 		*queryCut = true
 		if q := strings.IndexAny(rest, "?#"); q >= 0 {
@@ -146,7 +134,7 @@ func stripURL(s string, queryCut *bool) (rest string, ok bool) {
 	}
 	path := strings.TrimLeft(rest[slash:], "/")
 	seg, after, found := strings.Cut(path, "/")
-	if isAPIVersion(seg) {
+	if apiVersion.MatchString(seg) {
 		if !found {
 			return "", true
 		}
@@ -155,46 +143,10 @@ func stripURL(s string, queryCut *bool) (rest string, ok bool) {
 	return path, true
 }
 
-// schemeLen returns the length of the URL scheme (RFC 3986 §3.1) that s
-// starts with, 0 when there is none. It stops at the first byte that cannot
-// be part of a scheme.
-func schemeLen(s string) int {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
-		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return i
-		}
-	}
-	return len(s)
-}
-
-// isAPIVersion reports whether seg is an API version path segment: v1, v1beta,
-// v1alpha, v1beta1, v2alpha3 and the like.
-func isAPIVersion(seg string) bool {
-	if len(seg) < 2 || seg[0] != 'v' {
-		return false
-	}
-	i := 1
-	for i < len(seg) && '0' <= seg[i] && seg[i] <= '9' {
-		i++
-	}
-	if i == 1 {
-		return false
-	}
-	rest := seg[i:]
-	for _, stage := range [...]string{"alpha", "beta"} {
-		if strings.HasPrefix(rest, stage) {
-			rest = rest[len(stage):]
-			break
-		}
-	}
-	for j := 0; j < len(rest); j++ {
-		if rest[j] < '0' || rest[j] > '9' {
-			return false
-		}
-	}
-	return true
-}
+// urlScheme matches a URL's scheme (RFC 3986 §3.1) and "://"; apiVersion an
+// API version path segment: v1, v1beta, v1alpha, v1beta1, v2alpha3 and the
+// like. Go's regexp runs in time linear in the input.
+var (
+	urlScheme  = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+	apiVersion = regexp.MustCompile(`^v[0-9]+((alpha|beta)[0-9]*)?$`)
+)

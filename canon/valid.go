@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -72,25 +73,12 @@ func checkBytes(key string) error {
 // badChar returns the offset of the first byte of s that starts an invalid
 // UTF-8 sequence (r is then utf8.RuneError) or a Unicode control character
 // (category Cc: U+0000–U+001F, U+007F–U+009F; r is that character), and -1
-// when there is none. One pass; ASCII costs a comparison per byte.
+// when there is none.
 func badChar(s string) (int, rune) {
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c < 0x20 || c == 0x7f {
-				return i, rune(c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			return i, utf8.RuneError
-		}
-		if r <= 0x9f { // C1 controls; r ≥ 0x80 here
+	for i, r := range s {
+		if unicode.IsControl(r) || r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD") {
 			return i, r
 		}
-		i += size
 	}
 	return -1, 0
 }
