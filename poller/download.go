@@ -59,8 +59,9 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	trace := &passTrace{kind: kindDownload, stream: true}
-	req, err := p.request(context.WithValue(ctx, traceKey{}, trace), "files/"+id+":download", url.Values{"alt": {"media"}})
+	tctx, trace := withTrace(ctx, kindDownload)
+	trace.stream = true
+	req, err := p.request(tctx, "files/"+id+":download", url.Values{"alt": {"media"}})
 	if err != nil {
 		return 0, fmt.Errorf("poller: %s: %w", op, err)
 	}
@@ -89,19 +90,16 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 	}
 	// The idle timer runs only while waiting for data, not while w writes
 	// (a slow disk is not a stalled download).
-	arm, disarm := func() {}, func() {}
-	if idle > 0 {
-		timer := time.AfterFunc(time.Hour, func() { cancel(errStalled) })
-		timer.Stop()
-		defer timer.Stop()
-		arm, disarm = func() { timer.Reset(idle) }, func() { timer.Stop() }
-	}
+	timer := time.AfterFunc(time.Hour, func() { cancel(errStalled) })
+	timer.Stop()
 	buf := make([]byte, downloadBuffer)
 	var n int64
 	for {
-		arm()
+		if idle > 0 {
+			timer.Reset(idle)
+		}
 		r, rerr := resp.Body.Read(buf)
-		disarm()
+		timer.Stop()
 		if r > 0 {
 			wn, werr := w.Write(buf[:r])
 			n += int64(wn)
@@ -152,8 +150,8 @@ var ErrSizeUnknown = errors.New("the download's length cannot be checked")
 // request). A different size is a *TransientError (the caller starts
 // again); no size is ErrSizeUnknown.
 func (p *Poller) checkSize(ctx context.Context, op, id string, n int64) error {
-	trace := &passTrace{kind: kindDownload}
-	body, err := p.call(context.WithValue(ctx, traceKey{}, trace), "files/"+id, nil)
+	tctx, trace := withTrace(ctx, kindDownload)
+	body, err := p.call(tctx, "files/"+id, nil)
 	var apiErr genai.APIError
 	if errors.As(err, &apiErr) {
 		err = p.classify(ctx, "files.get "+truncate("files/"+id, 120), apiErr, trace.lastDelay)
@@ -299,26 +297,4 @@ type geminiOutput struct {
 
 type inlined struct {
 	InlinedResponses []json.RawMessage `json:"inlinedResponses"`
-}
-
-// untilHeaders bounds one attempt of a download by the timeout until its
-// response headers arrive; the body is then bounded by Download's idle
-// timer and the caller's context, not by a total time.
-func (t timeoutTransport) untilHeaders(req *http.Request) (*http.Response, error) {
-	ctx, cancel := context.WithCancel(req.Context())
-	timer := time.AfterFunc(t.timeout, cancel)
-	resp, err := t.base.RoundTrip(req.WithContext(ctx))
-	if !timer.Stop() {
-		if err == nil {
-			resp.Body.Close()
-		}
-		cancel()
-		return nil, fmt.Errorf("no response within %v: %w", t.timeout, context.DeadlineExceeded)
-	}
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil
 }

@@ -1,6 +1,7 @@
 package poller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,12 +63,10 @@ type TransientError struct {
 }
 
 func (e *TransientError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "poller: %s: %v", e.Op, e.Err)
 	if e.RetryAfter > 0 {
-		fmt.Fprintf(&b, " (the server asks to retry in %v)", e.RetryAfter)
+		return fmt.Sprintf("poller: %s: %v (the server asks to retry in %v)", e.Op, e.Err, e.RetryAfter)
 	}
-	return b.String()
+	return fmt.Sprintf("poller: %s: %v", e.Op, e.Err)
 }
 
 // Unwrap makes errors.Is match both ErrTransient and the cause (e.g.
@@ -75,7 +74,7 @@ func (e *TransientError) Error() string {
 func (e *TransientError) Unwrap() []error { return []error{ErrTransient, e.Err} }
 
 // RequestCounts counts the HTTP requests a Poller has sent by purpose,
-// retries included; their sum is Requests().
+// retries included.
 type RequestCounts struct {
 	List     int64 // list pages (Pass)
 	Get      int64 // Batches.Get (Get)
@@ -85,11 +84,8 @@ type RequestCounts struct {
 
 // RequestCounts returns how many requests of each kind this Poller sent.
 func (p *Poller) RequestCounts() RequestCounts {
-	t := p.transport
-	return RequestCounts{
-		List: t.byKind[kindList].Load(), Get: t.byKind[kindGet].Load(),
-		Probe: t.byKind[kindProbe].Load(), Download: t.byKind[kindDownload].Load(),
-	}
+	n := &p.transport.byKind
+	return RequestCounts{List: n[kindList].Load(), Get: n[kindGet].Load(), Probe: n[kindProbe].Load(), Download: n[kindDownload].Load()}
 }
 
 // Get fetches one batch — the request the SDK's Batches.Get sends, GET
@@ -112,8 +108,8 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 		return Operation{}, err
 	}
 	op := "get " + truncate(name, 120)
-	trace := &passTrace{kind: kindGet}
-	body, err := p.call(context.WithValue(ctx, traceKey{}, trace), path, nil)
+	tctx, trace := withTrace(ctx, kindGet)
+	body, err := p.call(tctx, path, nil)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Operation{}, &TransientError{Op: op, Err: ctx.Err()}
@@ -204,17 +200,7 @@ func badID(id string) string {
 	return ""
 }
 
-func numeric(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
+func numeric(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
 // classify turns an API error of Get or Download into one class. delay is
 // the server's delay on that answer (0: none).
@@ -232,7 +218,7 @@ func (p *Poller) classify(ctx context.Context, op string, e genai.APIError, dela
 		return fmt.Errorf("poller: %s: %w (%s)", op, ErrNotFound, what)
 	case e.Code == http.StatusForbidden:
 		return p.probe(ctx, op, what)
-	case e.Code == http.StatusRequestTimeout || retryableStatus(e.Code) || e.Code >= 500:
+	case retryableStatus(e.Code) || e.Code >= 500:
 		return &TransientError{Op: op, Status: e.Code, RetryAfter: delay, Err: errors.New(what)}
 	}
 	return fmt.Errorf("poller: %s: %w (%s)", op, ErrUnexpected, what)
@@ -243,8 +229,8 @@ func (p *Poller) classify(ctx context.Context, op string, e genai.APIError, dela
 // the batch is unknown to us; or the list is refused too, and the
 // credential is at fault. A probe that gets no answer decides nothing.
 func (p *Poller) probe(ctx context.Context, op, what string) error {
-	trace := &passTrace{kind: kindProbe}
-	_, err := p.call(context.WithValue(ctx, traceKey{}, trace), p.collection(), url.Values{"pageSize": {"1"}})
+	tctx, trace := withTrace(ctx, kindProbe)
+	_, err := p.call(tctx, p.collection(), url.Values{"pageSize": {"1"}})
 	if err == nil {
 		return fmt.Errorf("poller: %s: %w (%s, while the same credential lists batches: a batch of another project)",
 			op, ErrNotFound, what)
@@ -256,7 +242,7 @@ func (p *Poller) probe(ctx context.Context, op, what string) error {
 			Err: fmt.Errorf("%s; the credential probe did not finish: %w", what, ctx.Err())}
 	case errors.As(err, &pe) && (keyInvalid(pe) || pe.Code == http.StatusUnauthorized || pe.Code == http.StatusForbidden):
 		return p.authError(op, what+"; listing batches is refused too: "+describe(pe))
-	case errors.As(err, &pe) && pe.Code != http.StatusRequestTimeout && !retryableStatus(pe.Code) && pe.Code < 500:
+	case errors.As(err, &pe) && !retryableStatus(pe.Code) && pe.Code < 500:
 		return fmt.Errorf("poller: %s: %w (%s; the credential probe got %s)", op, ErrUnexpected, what, describe(pe))
 	case errors.As(err, &pe):
 		return &TransientError{Op: op, Status: pe.Code, RetryAfter: trace.lastDelay,
@@ -300,9 +286,5 @@ func fromAPI(e genai.APIError) bool {
 // statusWord is e's status for a message, without the code that an HTTP
 // status line repeats: "NOT_FOUND", or "Not Found".
 func statusWord(e genai.APIError) string {
-	status := strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" ")
-	if status == "" {
-		status = http.StatusText(e.Code)
-	}
-	return status
+	return cmp.Or(strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" "), http.StatusText(e.Code))
 }

@@ -20,6 +20,7 @@ package poller
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -323,26 +324,15 @@ type Poller struct {
 	client    *genai.Client // resolves the key, base URL and version; sends nothing
 	httpc     *http.Client  // the client's HTTP client: list, get and probe
 	transport *transport
-	scope     string
 }
 
 // New builds a Poller and its genai client. It sends no request.
 func New(ctx context.Context, cfg Config) (*Poller, error) {
-	if cfg.Backend == "" {
-		cfg.Backend = BackendGemini
-	}
-	if cfg.PageSize == 0 {
-		cfg.PageSize = DefaultPageSize
-	}
-	if cfg.Burst == 0 {
-		cfg.Burst = 1
-	}
+	cfg.Backend, cfg.PageSize, cfg.Burst = cmp.Or(cfg.Backend, BackendGemini), cmp.Or(cfg.PageSize, DefaultPageSize), cmp.Or(cfg.Burst, 1)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.BackoffMin <= 0 {
-		cfg.BackoffMin = DefaultBackoffMin
-	}
+	cfg.BackoffMin = cmp.Or(max(cfg.BackoffMin, 0), DefaultBackoffMin)
 	if cfg.BackoffMax < cfg.BackoffMin {
 		cfg.BackoffMax = max(DefaultBackoffMax, cfg.BackoffMin)
 	}
@@ -352,29 +342,20 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	limit, burst := rate.Inf, max(cfg.Burst, 1)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.maxBody = cmp.Or(cfg.maxBody, MaxResponseBody)
+	limit := rate.Inf
 	if cfg.QPS > 0 {
 		limit = rate.Limit(cfg.QPS)
 	}
-	var base http.RoundTripper
+	var rt http.RoundTripper = http.DefaultTransport.(*http.Transport).Clone()
 	if cfg.HTTPClient != nil && cfg.HTTPClient.Transport != nil {
-		base = cfg.HTTPClient.Transport
-	} else {
-		base = http.DefaultTransport.(*http.Transport).Clone()
-	}
-	if cfg.RequestTimeout > 0 {
-		base = timeoutTransport{base: base, timeout: cfg.RequestTimeout}
-	}
-	if cfg.maxBody <= 0 {
-		cfg.maxBody = MaxResponseBody
+		rt = cfg.HTTPClient.Transport
 	}
 	t := &transport{
-		base: base, limiter: rate.NewLimiter(limit, burst), maxRetries: cfg.MaxRetries,
-		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, sleep: cfg.Sleep, log: cfg.Logger,
-		maxBody: cfg.maxBody,
+		base: rt, limiter: rate.NewLimiter(limit, cfg.Burst), maxRetries: cfg.MaxRetries,
+		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, timeout: cfg.RequestTimeout,
+		sleep: cfg.Sleep, log: cfg.Logger, pageSize: cfg.PageSize, maxBody: cfg.maxBody,
 	}
 	cc := &genai.ClientConfig{
 		APIKey:     cfg.APIKey,
@@ -409,7 +390,7 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	// version from the config or the environment; on Vertex the
 	// credentials around the transport); the requests are gemrecon's own.
 	httpc := &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
-	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t, scope: scopeOf(client.ClientConfig())}, nil
+	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t}, nil
 }
 
 const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
@@ -424,9 +405,8 @@ const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATIO
 //
 //	gemini https://generativelanguage.googleapis.com/ key=sha256:6e4a29c1b0f3
 //	vertex https://us-central1-aiplatform.googleapis.com/ project=p location=us-central1
-func (p *Poller) Scope() string { return p.scope }
-
-func scopeOf(cc genai.ClientConfig) string {
+func (p *Poller) Scope() string {
+	cc := p.client.ClientConfig()
 	base := strings.TrimRight(cc.HTTPOptions.BaseURL, "/") + "/"
 	if u, err := url.Parse(base); err == nil && u.Host != "" {
 		u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
@@ -445,9 +425,6 @@ func scopeOf(cc genai.ClientConfig) string {
 	}
 	return strings.Join(parts, " ")
 }
-
-// Requests returns how many HTTP requests this Poller has sent in all.
-func (p *Poller) Requests() int64 { return p.transport.total.Load() }
 
 // Lookback returns the configured lookback window (0: no window).
 func (p *Poller) Lookback() time.Duration { return p.cfg.Lookback }
@@ -475,8 +452,7 @@ func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats,
 // is read.
 func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operation) error) (stats PassStats, err error) {
 	start := time.Now()
-	trace := &passTrace{}
-	ctx = context.WithValue(ctx, traceKey{}, trace)
+	ctx, trace := withTrace(ctx, kindList)
 	defer func() {
 		stats.Requests = int(trace.requests.Load())
 		stats.Retries = int(trace.retries.Load())
@@ -539,7 +515,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		if mayStop && allOld && !stats.Unordered && order.pages >= 2 {
 			return stats, nil
 		}
-		if _, dup := seen[next]; dup || next == token {
+		if _, dup := seen[next]; dup {
 			return stats, fmt.Errorf("poller: page %d: %w %q (the API is looping; %d operations listed before it)",
 				stats.Pages, ErrRepeatedPageToken, truncate(next, 40), stats.Listed)
 		}
@@ -701,16 +677,10 @@ func (p *Poller) apiError(n int, e genai.APIError, delay time.Duration) error {
 	if delay > 0 {
 		what += fmt.Sprintf(" (the server asks to retry after %v)", delay)
 	}
-	auth := e.Code == http.StatusUnauthorized || e.Code == http.StatusForbidden ||
-		(e.Code == http.StatusBadRequest && (strings.Contains(e.Message, "API key not valid") ||
-			strings.Contains(fmt.Sprint(e.Details), "API_KEY_INVALID")))
-	if auth {
-		if p.cfg.Backend == BackendVertex && p.cfg.APIKey == "" {
-			return fmt.Errorf("%w (%s): vertex: %s", ErrAuth, what, vertexCredHint)
-		}
-		return fmt.Errorf("%w (%s): check the Gemini API key in GEMINI_API_KEY (or GOOGLE_API_KEY, which wins when both are set)", ErrAuth, what)
-	}
-	if e.Code == http.StatusNotFound {
+	switch {
+	case keyInvalid(e) || e.Code == http.StatusUnauthorized || e.Code == http.StatusForbidden:
+		return p.authError(fmt.Sprintf("list page %d", n), what)
+	case e.Code == http.StatusNotFound:
 		// The API always has its list endpoint.
 		what += ": no batch list at this address; is --base-url (or GOOGLE_GEMINI_BASE_URL, GOOGLE_VERTEX_BASE_URL) the API's?"
 	}
@@ -741,23 +711,12 @@ func (p *Poller) rawPage(body []byte) ([]Operation, string, error) {
 	return ops, pg.NextPageToken, nil
 }
 
-// rawOp holds what both backends' shapes say of an operation: the Gemini
-// API's long-running operation keeps it under metadata, Vertex at the top.
-type rawOp struct {
-	Name       json.RawMessage `json:"name"` // read strictly (canon.StrictString)
-	State      string          `json:"state"`
-	CreateTime string          `json:"createTime"`
-	EndTime    string          `json:"endTime"`
-	UpdateTime string          `json:"updateTime"`
-	Done       *bool           `json:"done"`
-	Metadata   *struct {
-		Type       string          `json:"@type"`
-		Name       json.RawMessage `json:"name"`
-		State      string          `json:"state"`
-		CreateTime string          `json:"createTime"`
-		EndTime    string          `json:"endTime"`
-		UpdateTime string          `json:"updateTime"`
-	} `json:"metadata"`
+// opFields are what both backends' shapes say of an operation: the Gemini
+// API's long-running operation keeps them under metadata, Vertex at the top.
+type opFields struct {
+	Name                            json.RawMessage // read strictly (canon.StrictString)
+	State                           string
+	CreateTime, EndTime, UpdateTime string
 }
 
 // fromRaw reads one raw operation. Its Name is the top-level name, else
@@ -767,7 +726,14 @@ type rawOp struct {
 // terminal (handed over to be counted and named), with the name that can
 // be read.
 func fromRaw(raw json.RawMessage) Operation {
-	var r rawOp
+	var r struct {
+		opFields
+		Done     *bool
+		Metadata *struct {
+			Type string `json:"@type"`
+			opFields
+		}
+	}
 	err := json.Unmarshal(raw, &r)
 	if t := bytes.TrimSpace(raw); err == nil && (len(t) == 0 || t[0] != '{') {
 		err = errors.New("not a JSON object")
@@ -778,53 +744,43 @@ func fromRaw(raw json.RawMessage) Operation {
 			Metadata struct{ Name json.RawMessage }
 		}
 		_ = json.Unmarshal(raw, &names)
-		name, _ := listedName(names.Name)
-		if name == "" {
-			name, _ = listedName(names.Metadata.Name)
-		}
+		name, _ := listedName(names.Name, names.Metadata.Name)
 		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
-	name, valid := listedName(r.Name)
-	state, ct, et, ut := r.State, r.CreateTime, r.EndTime, r.UpdateTime
-	unknownType := false
-	if m := r.Metadata; m != nil {
-		if name == "" {
-			name, valid = listedName(m.Name)
-		}
-		state = cmpOr(state, m.State)
-		ct = cmpOr(ct, m.CreateTime)
-		et = cmpOr(et, m.EndTime)
-		ut = cmpOr(ut, m.UpdateTime)
-		unknownType = m.Type != "" && !slices.Contains(knownTypes, m.Type)
+	f, m := r.opFields, r.Metadata
+	if m == nil {
+		m = &struct {
+			Type string `json:"@type"`
+			opFields
+		}{}
 	}
-	op := Operation{Name: name, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done, unknownType: unknownType}
+	name, valid := listedName(f.Name, m.Name)
+	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw, done: r.Done != nil && *r.Done,
+		unknownType: m.Type != "" && !slices.Contains(knownTypes, m.Type)}
 	if !valid {
 		op.Invalid = "the listed name is not valid UTF-8 or holds an unpaired surrogate escape"
 	}
-	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
-	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
-	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
+	op.CreateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.CreateTime, m.CreateTime))
+	op.EndTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.EndTime, m.EndTime))
+	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.UpdateTime, m.UpdateTime))
 	op.Terminal = finished(op.State, op.done)
 	return op
 }
 
-// listedName reads a listed name strictly (canon.StrictString). One that
-// is not valid (ok false) is returned as encoding/json decodes it, with
-// U+FFFD for what it could not read, for logs only; a name that is not a
-// string is "".
-func listedName(raw json.RawMessage) (name string, ok bool) {
-	if name, ok = canon.StrictString(raw); ok {
-		return name, true
+// listedName reads a listed name, the top-level one, else metadata's,
+// strictly (canon.StrictString). One that is not valid (ok false) is
+// returned as encoding/json decodes it, with U+FFFD for what it could not
+// read, for logs only; a name that is not a string is "".
+func listedName(top, meta json.RawMessage) (name string, ok bool) {
+	for _, raw := range []json.RawMessage{top, meta} {
+		if name, ok = canon.StrictString(raw); !ok {
+			_ = json.Unmarshal(raw, &name)
+		}
+		if name != "" {
+			break
+		}
 	}
-	_ = json.Unmarshal(raw, &name)
-	return name, false
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return name, ok
 }
 
 func truncate(s string, n int) string {
@@ -832,36 +788,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// timeoutTransport bounds each attempt; the body is read by the caller
-// (our transport) before the attempt's context is released.
-type timeoutTransport struct {
-	base    http.RoundTripper
-	timeout time.Duration
-}
-
-func (t timeoutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if tr := traceFrom(req.Context()); tr != nil && tr.stream {
-		return t.untilHeaders(req) // a download: its body has an idle timer instead (download.go)
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), t.timeout)
-	resp, err := t.base.RoundTrip(req.WithContext(ctx))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil
-}
-
-type cancelBody struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b *cancelBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
 }

@@ -773,3 +773,9 @@ func TestVertexNoADC(t *testing.T) {
 		t.Errorf("New = %v, want ErrAuth naming GOOGLE_APPLICATION_CREDENTIALS", err)
 	}
 }
+
+// total is how many HTTP requests p has sent in all.
+func total(p *Poller) int64 {
+	c := p.RequestCounts()
+	return c.List + c.Get + c.Probe + c.Download
+}
