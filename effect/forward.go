@@ -114,11 +114,11 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderIdempotencyKey, ev.Key)
 	req.Header.Set(HeaderFencingToken, strconv.FormatInt(ev.Token, 10))
+	now := time.Now
+	if f.Now != nil {
+		now = f.Now
+	}
 	if f.wh != nil {
-		now := time.Now
-		if f.Now != nil {
-			now = f.Now
-		}
 		ts := now()
 		id := MessageID(ev.Key, ev.Token)
 		sig, err := f.wh.Sign(id, ts, body)
@@ -149,10 +149,6 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	ferr := &StatusError{Code: resp.StatusCode, Body: clip(snippet), Location: resp.Header.Get("Location")}
 	if !retryableStatus(resp.StatusCode) {
 		return Permanent(ferr)
-	}
-	now := time.Now
-	if f.Now != nil {
-		now = f.Now
 	}
 	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now()); ok {
 		return WithRetryAfter(ferr, d)

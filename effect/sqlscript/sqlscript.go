@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -124,34 +125,26 @@ func (q *Script) Params(ev effect.Event) map[string]any {
 	}
 }
 
-func knownParam(name string) bool {
-	for _, p := range ParamNames() {
-		if p == name {
-			return true
-		}
-	}
-	return false
-}
-
-func knownList() string {
-	var b strings.Builder
-	for i, p := range ParamNames() {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("@" + p)
-	}
-	return b.String()
-}
+func knownList() string { return "@" + strings.Join(ParamNames(), ", @") }
 
 func isIdentStart(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
 }
 
-func isIdentChar(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' || c == '$' }
+func isIdentChar(c byte) bool { return isIdentStart(c) || isDigit(c) || c == '$' }
 
 func isParamChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= '0' && c <= '9'
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || isDigit(c)
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// span returns the end of the run of bytes of s, from i, that ok accepts.
+func span(s string, i int, ok func(byte) bool) int {
+	for i < len(s) && ok(s[i]) {
+		i++
+	}
+	return i
 }
 
 // dollarTag returns the length of a PostgreSQL dollar-quote opening at
@@ -162,7 +155,7 @@ func dollarTag(s string) int {
 		if c == '$' {
 			return i + 1
 		}
-		if !(isIdentStart(c) || i > 1 && c >= '0' && c <= '9') {
+		if !(isIdentStart(c) || i > 1 && isDigit(c)) {
 			return 0
 		}
 	}
@@ -325,33 +318,18 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 				st.nonEmpty, i = true, i+n+k+n
 				continue
 			}
-			j := i + 1
-			for j < len(s) && isParamChar(s[j]) {
-				j++
-			}
-			if j > i+1 {
+			if j := span(s, i+1, isParamChar); j > i+1 {
 				return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:j], knownList())
 			}
 			st.nonEmpty, i = true, i+1
 		case c == '?':
-			j := i + 1
-			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-				j++
-			}
-			return nil, nil, fmt.Errorf("line %d: positional parameter %s: use the named parameters %s (on PostgreSQL, write the jsonb operators ?, ?| and ?& as jsonb_exists, jsonb_exists_any and jsonb_exists_all)", lineOf(i), s[i:j], knownList())
+			return nil, nil, fmt.Errorf("line %d: positional parameter %s: use the named parameters %s (on PostgreSQL, write the jsonb operators ?, ?| and ?& as jsonb_exists, jsonb_exists_any and jsonb_exists_all)", lineOf(i), s[i:span(s, i+1, isDigit)], knownList())
 		case c == ':' && i+1 < len(s) && isIdentStart(s[i+1]) && s[i+1] < 0x80 && (i == 0 || s[i-1] != ':'):
-			j := i + 1
-			for j < len(s) && isParamChar(s[j]) {
-				j++
-			}
-			return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:j], knownList())
+			return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:span(s, i+1, isParamChar)], knownList())
 		case c == '@' && i+1 < len(s) && (s[i+1] == '_' || s[i+1] < 0x80 && isIdentStart(s[i+1])):
-			j := i + 1
-			for j < len(s) && isParamChar(s[j]) {
-				j++
-			}
+			j := span(s, i+1, isParamChar)
 			name := s[i+1 : j]
-			if !knownParam(name) {
+			if !slices.Contains(ParamNames(), name) {
 				return nil, nil, fmt.Errorf("unknown parameter @%s at line %d (known: %s)", name, lineOf(i), knownList())
 			}
 			if !seen[name] {
@@ -360,10 +338,7 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 			}
 			st.nonEmpty, i = true, j
 		case isIdentStart(c):
-			j := i + 1
-			for j < len(s) && isIdentChar(s[j]) {
-				j++
-			}
+			j := span(s, i+1, isIdentChar)
 			if len(st.words) == 0 {
 				st.first = i
 			} else if strings.EqualFold(s[i:j], "ROLLBACK") {
