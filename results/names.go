@@ -29,10 +29,10 @@ const hashHex = 40
 //   - every other byte is written "%xx", two lower-case hex digits (so
 //     "batch.A/b" is "batch%2e%41%2fb"). The result never starts with '.',
 //     holds no '/', no upper case (two ids never meet on a case-insensitive
-//     file system) and decodes back to the id exactly (IDOf);
+//     file system) and decodes back to the id exactly (the tests' IDOf);
 //   - an encoding longer than 200 bytes is cut to its first 159 bytes (at a
 //     whole escape), followed by '~' and the first 40 hex digits of the id's
-//     SHA-256: still unique, no longer reversible (IDOf says so).
+//     SHA-256: still unique, no longer reversible.
 //
 // An empty id, or one that is not valid UTF-8, is an error.
 func FileName(id string) (string, error) {
@@ -67,46 +67,11 @@ func FileName(id string) (string, error) {
 	return s[:keep] + "~" + hex.EncodeToString(sum[:])[:hashHex], nil
 }
 
-// IDOf returns the id a file name stem (without ".jsonl") stands for, and
-// false when the stem is not one FileName makes or is a hashed (too long)
-// one, which cannot be decoded.
-func IDOf(stem string) (string, bool) {
-	if !validName(stem) || strings.ContainsRune(stem, '~') {
-		return "", false
-	}
-	var b strings.Builder
-	for i := 0; i < len(stem); i++ {
-		c := stem[i]
-		if c != '%' {
-			b.WriteByte(c)
-			continue
-		}
-		v := unhex(stem[i+1])<<4 | unhex(stem[i+2])
-		if plain(v) { // FileName never escapes these: not one of its names
-			return "", false
-		}
-		b.WriteByte(v)
-		i += 2
-	}
-	id := b.String()
-	if !utf8.ValidString(id) {
-		return "", false
-	}
-	return id, true
-}
-
 func plain(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_'
 }
 
 func lowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
-
-func unhex(c byte) byte {
-	if c <= '9' {
-		return c - '0'
-	}
-	return c - 'a' + 10
-}
 
 // validName reports whether s has the shape of a FileName result: plain
 // bytes and well-formed lower-case escapes, at most one '~' followed by 40

@@ -372,22 +372,12 @@ func (d *Dir) removeLeftovers() error {
 // isTempName matches ".<name>.<token>.tmp" with a name FileName can make.
 func isTempName(s string) bool {
 	rest, ok := strings.CutPrefix(s, ".")
-	if !ok {
-		return false
+	if rest, ok2 := strings.CutSuffix(rest, ".tmp"); ok && ok2 {
+		i := strings.LastIndexByte(rest, '.')
+		_, err := strconv.ParseUint(rest[i+1:], 10, 64)
+		return i > 0 && err == nil && validName(rest[:i])
 	}
-	if rest, ok = strings.CutSuffix(rest, ".tmp"); !ok {
-		return false
-	}
-	i := strings.LastIndexByte(rest, '.')
-	if i <= 0 || i == len(rest)-1 {
-		return false
-	}
-	for _, c := range rest[i+1:] {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return validName(rest[:i])
+	return false
 }
 
 func syncDir(path string) error {
