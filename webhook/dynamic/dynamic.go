@@ -15,7 +15,7 @@
 package dynamic
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -85,16 +85,6 @@ var (
 	ErrNoEntry = fmt.Errorf("%w: webhook-signature has no v1a or JWT entry", ErrUnverified)
 )
 
-// HTTPStatus is what a receiver answers for an error of Verify that no
-// other scheme overrides: 503 for ErrUnavailable (the sender retries; add
-// Retry-After), 401 for every other error.
-func HTTPStatus(err error) int {
-	if errors.Is(err, ErrUnavailable) {
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusUnauthorized
-}
-
 // Result says how a request was verified.
 type Result struct {
 	// Scheme is SchemeV1a or SchemeJWT.
@@ -147,18 +137,9 @@ func New(cfg Config) (*Verifier, error) {
 	if now == nil {
 		now = time.Now
 	}
-	client := cfg.Client
-	if client == nil {
-		client = &http.Client{}
-	}
-	timeout := cfg.FetchTimeout
-	if timeout <= 0 {
-		timeout = DefaultFetchTimeout
-	}
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	client := cmp.Or(cfg.Client, &http.Client{})
+	timeout := cmp.Or(max(cfg.FetchTimeout, 0), DefaultFetchTimeout)
+	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	return &Verifier{
 		audience: cfg.Audience,
 		now:      now,
@@ -446,14 +427,7 @@ func v1aMessage(h http.Header, body []byte, now time.Time) ([]byte, error) {
 	if at.Sub(now) > Tolerance {
 		return nil, errors.New("webhook-timestamp is more than 5 minutes in the future")
 	}
-	var b bytes.Buffer
-	b.Grow(len(id) + len(ts) + len(body) + 2)
-	b.WriteString(id)
-	b.WriteByte('.')
-	b.WriteString(ts)
-	b.WriteByte('.')
-	b.Write(body)
-	return b.Bytes(), nil
+	return append([]byte(id+"."+ts+"."), body...), nil
 }
 
 // decodeSignature decodes standard base64, padded or not, of exactly an

@@ -112,34 +112,22 @@ func parseKeySet(doc []byte) (*keySet, int, error) {
 // and no-cache counting as zero, clamped to [MinCacheLifetime,
 // MaxCacheLifetime]. Without max-age the minimum applies.
 func cacheLifetime(h http.Header) time.Duration {
-	ttl := time.Duration(-1)
-	noCache := false
-	for _, line := range h.Values("Cache-Control") {
-		for _, d := range strings.Split(line, ",") {
-			name, val, _ := strings.Cut(strings.TrimSpace(d), "=")
-			switch strings.ToLower(strings.TrimSpace(name)) {
-			case "no-store", "no-cache":
-				noCache = true
-			case "max-age":
-				s, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(val), `"`), 10, 64)
-				switch {
-				case err == nil && s <= uint64(MaxCacheLifetime/time.Second):
-					ttl = time.Duration(s) * time.Second
-				case err == nil || errors.Is(err, strconv.ErrRange):
-					// Longer than anything kept (RFC 9111 §1.2.2 asks
-					// that an overflow be read as a very long time).
-					ttl = MaxCacheLifetime
-				}
+	var ttl time.Duration
+	for _, d := range strings.Split(strings.Join(h.Values("Cache-Control"), ","), ",") {
+		name, val, _ := strings.Cut(strings.TrimSpace(d), "=")
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "no-store", "no-cache":
+			return MinCacheLifetime
+		case "max-age":
+			// An overflow is read as a very long time (RFC 9111 §1.2.2).
+			s, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(val), `"`), 10, 64)
+			if err == nil || errors.Is(err, strconv.ErrRange) {
+				ttl = time.Duration(min(s, uint64(MaxCacheLifetime/time.Second))) * time.Second
 			}
 		}
 	}
-	if noCache {
-		ttl = 0
-	}
-	if ttl > 0 {
-		if age, err := strconv.ParseInt(strings.TrimSpace(h.Get("Age")), 10, 64); err == nil && age > 0 {
-			ttl -= time.Duration(min(age, int64(MaxCacheLifetime/time.Second))) * time.Second
-		}
+	if age, err := strconv.ParseInt(strings.TrimSpace(h.Get("Age")), 10, 64); err == nil && age > 0 {
+		ttl -= time.Duration(min(age, int64(MaxCacheLifetime/time.Second))) * time.Second
 	}
 	return min(max(ttl, MinCacheLifetime), MaxCacheLifetime)
 }
