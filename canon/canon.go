@@ -5,6 +5,7 @@
 package canon
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -49,34 +50,23 @@ type NoNameError struct {
 // Error names the fields that were looked for and the ones that were present,
 // so that whoever sent the event can see what shape it had.
 func (e *NoNameError) Error() string {
-	var b strings.Builder
-	b.WriteString("canon: no operation name in ")
-	if e.Within != "" {
-		b.WriteString(e.Within)
-	} else {
-		b.WriteString("event")
-	}
-	b.WriteString(" (want one of name, operation, operationName, resourceName, or data.id); ")
+	s := "canon: no operation name in " + cmp.Or(e.Within, "event") +
+		" (want one of name, operation, operationName, resourceName, or data.id); "
 	if len(e.Fields) == 0 {
-		b.WriteString("the event has no fields")
-		return b.String()
+		return s + "the event has no fields"
 	}
-	b.WriteString("fields present: ")
-	listed := b.Len()
+	var listed []string
 	for i, f := range e.Fields {
 		if !plainField(f) {
 			f = Quote(f) // bounded, control characters escaped
 		}
-		if i == maxFieldsListed || b.Len()-listed+len(f) > maxFieldsText {
-			fmt.Fprintf(&b, "… (%d more)", len(e.Fields)-i)
+		if i == maxFieldsListed || len(strings.Join(listed, ", "))+len(f) > maxFieldsText {
+			listed = append(listed, fmt.Sprintf("… (%d more)", len(e.Fields)-i))
 			break
 		}
-		b.WriteString(f)
-		if i < len(e.Fields)-1 {
-			b.WriteString(", ")
-		}
+		listed = append(listed, f)
 	}
-	return b.String()
+	return s + "fields present: " + strings.Join(listed, ", ")
 }
 
 // maxFieldsListed and maxFieldsText bound the field names NoNameError's

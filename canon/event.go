@@ -2,6 +2,7 @@ package canon
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -103,21 +104,20 @@ func fromDoc(body []byte, depth int) (Event, error) {
 
 	typ := top["type"]
 	ev := Event{Type: str(typ), HasType: len(typ) > 0 && typ[0] != 'n'}
-	typed := Event{Type: ev.Type, HasType: ev.HasType}
 	data := asObject(top["data"])
 	batch := IsBatchType(ev.Type)
 
 	name, from, err := findName(top, data)
 	if err != nil {
-		return typed, err
+		return ev, err
 	}
 	if name == "" {
-		return typed, &NoNameError{Fields: fieldNames(top, data)}
+		return ev, &NoNameError{Fields: fieldNames(top, data)}
 	}
 	if collectionOnly(name) {
 		// Checked before a batch event's bare id gets its collection, so
 		// that "batches/" does not become the batch named "batches".
-		return typed, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
+		return ev, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
 	}
 	if batch && !strings.Contains(name, "/") {
 		// The Gemini webhook names a batch by its bare id.
@@ -126,25 +126,28 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		ev.Key = Prefix + name
 	}
 	if err := checkBytes(ev.Key); err != nil {
-		return typed, err
+		return ev, err
 	}
 	ev.Name = ev.Key[len(Prefix):]
 
-	var st stateScan
-	st.scan(top)
-	st.scan(data)
-	st.scan(from)
-	ev.State = st.state
-	if ev.State == "" {
-		ev.State = StateFromType(ev.Type)
+	// The state is the first one found in "state" or "metadata.state" (at
+	// the top, in data, in the candidate object). Any non-terminal signal,
+	// "done": false included, wins: accepting a running batch as done would
+	// run the effect on partial results, while ignoring an event loses
+	// nothing (the poller sees the completion again).
+	nonTerminal := batch && !IsCompletionType(ev.Type)
+	for _, obj := range []object{top, data, from} {
+		for _, st := range []json.RawMessage{obj["state"], asObject(obj["metadata"])["state"]} {
+			if st := NormalizeState(str(st)); st != "" {
+				ev.State = cmp.Or(ev.State, st)
+				nonTerminal = nonTerminal || !IsTerminal(st)
+			}
+		}
+		nonTerminal = nonTerminal || string(obj["done"]) == "false"
 	}
-	ev.Terminal = !st.nonTerminal && !(batch && !IsCompletionType(ev.Type))
-
-	if depth == 0 {
-		ev.Operation = json.RawMessage(bytes.Clone(raw)) // body may be a reused buffer
-	} else {
-		ev.Operation = json.RawMessage(raw) // decoded from Pub/Sub: ours already
-	}
+	ev.State = cmp.Or(ev.State, StateFromType(ev.Type))
+	ev.Terminal = !nonTerminal
+	ev.Operation = bytes.Clone(raw) // body may be a reused buffer
 	return ev, nil
 }
 
@@ -211,37 +214,6 @@ func candidate(field string, raw json.RawMessage) (string, object, error) {
 			ErrInvalidKey, field, Quote(string(raw[1:len(raw)-1])))
 	}
 	return canonName(s), obj, nil
-}
-
-// stateScan gathers what the event says about its state.
-type stateScan struct {
-	state       string // the first state found, normalised
-	nonTerminal bool   // a non-terminal state, or "done": false, was found
-}
-
-// scan reads obj's "state", "metadata.state" and "done". Any non-terminal
-// signal wins: accepting a running batch as done would run the effect on
-// partial results, while ignoring an event loses nothing (the poller sees
-// the completion again).
-func (s *stateScan) scan(obj object) {
-	s.add(str(obj["state"]))
-	s.add(str(asObject(obj["metadata"])["state"]))
-	if string(obj["done"]) == "false" {
-		s.nonTerminal = true
-	}
-}
-
-func (s *stateScan) add(state string) {
-	state = NormalizeState(state)
-	if state == "" {
-		return
-	}
-	if s.state == "" {
-		s.state = state
-	}
-	if !IsTerminal(state) {
-		s.nonTerminal = true
-	}
 }
 
 // pubSubData returns the decoded message.data of a Pub/Sub push envelope
