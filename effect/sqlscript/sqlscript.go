@@ -29,10 +29,8 @@ func ParamNames() []string {
 // It is not an effect.Effect: the dispatcher hands Text and Params to the
 // sink instead of calling Run.
 type Script struct {
-	path       string
-	script     string
-	statements []string
-	uses       []string
+	path   string
+	script string
 }
 
 // Load reads and checks a script file at start-up. Errors name the file
@@ -70,14 +68,14 @@ func Load(path string) (*Script, error) {
 
 // Parse checks a script as Load does, without a file.
 func Parse(script string) (*Script, error) {
-	stmts, uses, err := lexSQL(script)
+	stmts, _, err := lexSQL(script)
 	if err != nil {
 		return nil, err
 	}
 	if len(stmts) == 0 {
 		return nil, errors.New("no SQL statements (the script is empty or only comments)")
 	}
-	return &Script{script: script, statements: stmts, uses: uses}, nil
+	return &Script{script: script}, nil
 }
 
 // Path is the file the script was loaded from ("" for Parse).
@@ -85,14 +83,6 @@ func (q *Script) Path() string { return q.path }
 
 // Text is the script as written; the sink runs it as a whole.
 func (q *Script) Text() string { return q.script }
-
-// Statements are the script's statements as Load split them (for
-// messages and tests; the sink runs Script).
-func (q *Script) Statements() []string { return append([]string(nil), q.statements...) }
-
-// Uses lists the parameters the script uses, without the @, in the order of
-// their first use.
-func (q *Script) Uses() []string { return append([]string(nil), q.uses...) }
 
 // Params returns the named parameters for one attempt: key, name, state,
 // source (text), token and attempt (integers), operation: the operation's
@@ -244,7 +234,8 @@ func (st *stmtState) forbidden() (what, why string) {
 	return "", ""
 }
 
-// lexSQL splits script into statements and collects the parameters it uses.
+// lexSQL splits script into statements and collects the parameters it uses
+// (without the @, in the order of their first use).
 // It knows the lexical rules the two backends share: '…' strings (a doubled quote inside),
 // E'…' strings (backslash escapes), "…" and `…` identifiers, -- and /* */
 // comments (nested, as PostgreSQL and pgx read them), and PostgreSQL
@@ -267,20 +258,12 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 	for i < len(s) {
 		c := s[i]
 		switch {
-		case c == '\'':
-			j, err := skipQuoted(s, i, '\'', false)
-			if err != nil {
-				return nil, nil, err
+		case c == '\'' || c == '"' || c == '`' || (c == 'e' || c == 'E') && strings.HasPrefix(s[i+1:], "'"):
+			e := c == 'e' || c == 'E' // E'…': backslash escapes
+			if e {
+				i, c = i+1, '\''
 			}
-			st.nonEmpty, i = true, j
-		case (c == 'e' || c == 'E') && i+1 < len(s) && s[i+1] == '\'':
-			j, err := skipQuoted(s, i+1, '\'', true)
-			if err != nil {
-				return nil, nil, err
-			}
-			st.nonEmpty, i = true, j
-		case c == '"' || c == '`':
-			j, err := skipQuoted(s, i, c, false)
+			j, err := skipQuoted(s, i, c, e)
 			if err != nil {
 				return nil, nil, err
 			}
