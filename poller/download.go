@@ -2,6 +2,7 @@ package poller
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -197,9 +198,7 @@ func apiErrorOf(resp *http.Response, body []byte) genai.APIError {
 		Error *genai.APIError `json:"error"`
 	}
 	if json.Unmarshal(body, &e) == nil && e.Error != nil {
-		if e.Error.Code == 0 {
-			e.Error.Code = resp.StatusCode
-		}
+		e.Error.Code = cmp.Or(e.Error.Code, resp.StatusCode)
 		return *e.Error
 	}
 	return genai.APIError{Code: resp.StatusCode, Status: resp.Status, Message: string(bytes.TrimSpace(body))}
@@ -256,23 +255,18 @@ func ResultsOf(op Operation) (Results, error) {
 		return Results{}, fmt.Errorf("poller: results of %s: %w", truncate(op.Name, 120), err)
 	}
 	var r Results
-	var fromMeta *geminiOutput
+	outs := []*geminiOutput{raw.Response}
 	if m := raw.Metadata; m != nil {
-		fromMeta, r.Requests, r.EndTime = m.Output, m.BatchStats.RequestCount, m.EndTime
+		outs, r.Requests, r.EndTime = []*geminiOutput{m.Output, raw.Response}, m.BatchStats.RequestCount, m.EndTime
 	}
-	for _, out := range []*geminiOutput{fromMeta, raw.Response} {
+	for _, out := range outs {
 		if out == nil {
 			continue
 		}
-		if r.File == "" {
-			r.File = out.ResponsesFile
-		}
-		if !r.HasInlined {
-			for _, in := range []*inlined{out.InlinedResponses, out.InlinedEmbedContentResponses} {
-				if in != nil && in.InlinedResponses != nil {
-					r.Inlined, r.HasInlined = in.InlinedResponses, true
-					break
-				}
+		r.File = cmp.Or(r.File, out.ResponsesFile)
+		for _, in := range []*inlined{out.InlinedResponses, out.InlinedEmbedContentResponses} {
+			if !r.HasInlined && in != nil && in.InlinedResponses != nil {
+				r.Inlined, r.HasInlined = in.InlinedResponses, true
 			}
 		}
 	}

@@ -463,12 +463,11 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		cutoff = p.cfg.Now().Add(-p.cfg.Lookback)
 	}
 	var (
-		order     orderCheck
-		mayStop   = !cutoff.IsZero() && !opt.FullScan
-		seen      = map[string]struct{}{}
-		token     = ""
-		loggedOff = false
-		loops     = newLoopCheck()
+		order   orderCheck
+		mayStop = !cutoff.IsZero() && !opt.FullScan
+		seen    = map[string]struct{}{}
+		token   = ""
+		loops   = newLoopCheck()
 	)
 	for {
 		ops, next, err := p.page(ctx, trace, token, stats.Pages+1)
@@ -502,8 +501,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		}
 		if !order.page(ops) && !stats.Unordered {
 			stats.Unordered = true
-			if mayStop && !loggedOff {
-				loggedOff = true
+			if mayStop { // once: Unordered stays set
 				p.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "the listing is not newest first; this pass reads every page",
 					slog.Int("page", stats.Pages), slog.String("why", order.why))
 			}
@@ -555,19 +553,14 @@ func (c *orderCheck) page(ops []Operation) bool {
 	if c.broken || len(ops) == 0 {
 		return !c.broken
 	}
-	var newest, oldest time.Time
-	for i, op := range ops {
+	for _, op := range ops {
 		if op.CreateTime.IsZero() {
 			c.broken, c.why = true, "an operation without createTime: "+truncate(op.Name, 80)
 			return false
 		}
-		if i == 0 || op.CreateTime.After(newest) {
-			newest = op.CreateTime
-		}
-		if i == 0 || op.CreateTime.Before(oldest) {
-			oldest = op.CreateTime
-		}
 	}
+	byCreateTime := func(a, b Operation) int { return a.CreateTime.Compare(b.CreateTime) }
+	newest, oldest := slices.MaxFunc(ops, byCreateTime).CreateTime, slices.MinFunc(ops, byCreateTime).CreateTime
 	if c.pages > 0 && newest.After(c.oldest) {
 		c.broken = true
 		c.why = fmt.Sprintf("a page's newest createTime %s is newer than the previous page's oldest %s",
