@@ -18,19 +18,10 @@ func NormalizeState(s string) string {
 			break
 		}
 	}
-	// Known states come back as constants: no allocation on the hot path.
-	for _, known := range [...]string{
-		"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED", "COMPLETED",
-		"PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING", "UNSPECIFIED",
-	} {
-		if strings.EqualFold(s, known) {
-			return known
-		}
-	}
-	if strings.EqualFold(s, "CANCELED") {
+	if s = strings.ToUpper(s); s == "CANCELED" {
 		return "CANCELLED"
 	}
-	return strings.ToUpper(s)
+	return s
 }
 
 // trimPrefixFold removes prefix from s, ignoring case.

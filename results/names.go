@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode/utf8"
 )
@@ -71,39 +72,15 @@ func plain(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_'
 }
 
-func lowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
-
 // validName reports whether s has the shape of a FileName result: plain
-// bytes and well-formed lower-case escapes, at most one '~' followed by 40
-// hex digits at the end.
+// bytes and well-formed lower-case escapes, then possibly '~' and 40 hex
+// digits after a cut encoding.
 func validName(s string) bool {
-	if s == "" || len(s) > maxName {
-		return false
-	}
-	if i := strings.IndexByte(s, '~'); i >= 0 {
-		h := s[i+1:]
-		if len(h) != hashHex || i > hashedKeep {
-			return false
-		}
-		for j := 0; j < len(h); j++ {
-			if !lowerHex(h[j]) {
-				return false
-			}
-		}
-		s = s[:i]
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case plain(c):
-		case c == '%' && i+2 < len(s) && lowerHex(s[i+1]) && lowerHex(s[i+2]):
-			i += 2
-		default:
-			return false
-		}
-	}
-	return true
+	m := nameShape.FindStringSubmatch(s)
+	return m != nil && s != "" && len(s) <= maxName && (m[2] == "" || len(m[1]) <= hashedKeep)
 }
+
+var nameShape = regexp.MustCompile(`^((?:[a-z0-9_-]|%[0-9a-f]{2})*)(~[0-9a-f]{40})?$`)
 
 func truncate(s string) string {
 	if len(s) <= 120 {
