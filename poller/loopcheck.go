@@ -2,7 +2,7 @@ package poller
 
 import (
 	"fmt"
-	"hash/maphash"
+	"slices"
 )
 
 // Bounds of loopCheck: a listing that goes on handing out fresh page tokens
@@ -26,22 +26,14 @@ const (
 // tokens hide from the repeated-token check: a proxy that drops the
 // pageToken parameter gets the first page again and again, each time with
 // the token the API mints for it, which may differ every time. It keeps
-// the operation names of the first page and of the last loopWindow pages
-// (hashes), so its memory is bounded by the page size, not by the listing.
-// Make one with newLoopCheck.
+// the operation names of the first page and of the last loopWindow pages,
+// so its memory is bounded by the page size, not by the listing.
 type loopCheck struct {
-	seed   maphash.Seed
-	first  map[uint64]struct{}
-	window [loopWindow]map[uint64]struct{}
-	next   int // window slot of the next page
-
-	empty         int // empty pages in a row
-	runPages      int // pages in a row that listed nothing new
-	runOps        int // operations on them
-	haveFirstPage bool
+	pages    []map[string]bool // the first non-empty page's names, then the last loopWindow pages'
+	empty    int               // empty pages in a row
+	runPages int               // pages in a row that listed nothing new
+	runOps   int               // operations on them
 }
-
-func newLoopCheck() *loopCheck { return &loopCheck{seed: maphash.MakeSeed()} }
 
 // page takes the operations of the next page that came with a next page
 // token, and returns an error once the listing has shown itself endless.
@@ -53,40 +45,24 @@ func (c *loopCheck) page(ops []Operation) error {
 		return nil
 	}
 	c.empty = 0
-	names := make(map[uint64]struct{}, len(ops))
-	for i := range ops {
-		names[maphash.String(c.seed, ops[i].Name)] = struct{}{}
+	names, seen := make(map[string]bool, len(ops)), len(c.pages) > 0
+	for _, op := range ops {
+		names[op.Name] = true
+		seen = seen && slices.ContainsFunc(c.pages, func(p map[string]bool) bool { return p[op.Name] })
 	}
-	if !c.haveFirstPage {
-		c.haveFirstPage, c.first = true, names
-		return nil
-	}
-	if c.seen(names) {
+	if seen {
 		c.runPages++
 		c.runOps += len(ops)
 	} else {
 		c.runPages, c.runOps = 0, 0
 	}
-	c.window[c.next] = names
-	c.next = (c.next + 1) % loopWindow
+	if len(c.pages) > loopWindow {
+		c.pages = slices.Delete(c.pages, 1, 2)
+	}
+	c.pages = append(c.pages, names)
 	if c.runPages >= minLoopPages && c.runOps >= minLoopOps {
 		return fmt.Errorf("%w: %d pages in a row (%d operations) listed only operations this pass had already listed, each with a new page token (a proxy or gateway that drops the pageToken query parameter does this)",
 			ErrEndlessListing, c.runPages, c.runOps)
 	}
 	return nil
-}
-
-// seen reports whether every name was on the first page or on one page of
-// the window.
-func (c *loopCheck) seen(names map[uint64]struct{}) bool {
-	for h := range names {
-		_, ok := c.first[h]
-		for j := 0; !ok && j < loopWindow; j++ {
-			_, ok = c.window[j][h]
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
 }

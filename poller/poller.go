@@ -467,7 +467,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		mayStop = !cutoff.IsZero() && !opt.FullScan
 		seen    = map[string]struct{}{}
 		token   = ""
-		loops   = newLoopCheck()
+		loops   loopCheck
 	)
 	for {
 		ops, next, err := p.page(ctx, trace, token, stats.Pages+1)
