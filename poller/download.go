@@ -91,41 +91,41 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 	}
 	// The idle timer runs only while waiting for data, not while w writes
 	// (a slow disk is not a stalled download).
-	timer := time.AfterFunc(time.Hour, func() { cancel(errStalled) })
-	timer.Stop()
-	buf := make([]byte, downloadBuffer)
-	var n int64
-	for {
-		if idle > 0 {
-			timer.Reset(idle)
-		}
-		r, rerr := resp.Body.Read(buf)
-		timer.Stop()
-		if r > 0 {
-			wn, werr := w.Write(buf[:r])
-			n += int64(wn)
-			if werr == nil && wn < r {
-				werr = io.ErrShortWrite
-			}
-			if werr != nil {
-				return n, fmt.Errorf("poller: %s: after %d bytes: %w", op, n, werr)
-			}
-		}
-		if rerr == io.EOF {
-			if unframed(resp) {
-				// The end of this body is only the connection closing: a
-				// dropped connection looks the same. Ask the API how long
-				// the file is.
-				if err := p.checkSize(ctx, op, id, n); err != nil {
-					return n, err
-				}
-			}
-			return n, nil
-		}
-		if rerr != nil {
-			return n, fail(fmt.Errorf("after %d bytes: %w", n, rerr))
-		}
+	body := &idleReader{r: resp.Body, idle: idle, timer: time.AfterFunc(time.Hour, func() { cancel(errStalled) })}
+	body.timer.Stop()
+	n, err := io.CopyBuffer(w, body, make([]byte, downloadBuffer))
+	switch {
+	case body.err != nil && body.err != io.EOF:
+		return n, fail(fmt.Errorf("after %d bytes: %w", n, body.err))
+	case err != nil:
+		return n, fmt.Errorf("poller: %s: after %d bytes: %w", op, n, err)
+	case unframed(resp):
+		// The end of this body is only the connection closing: a dropped
+		// connection looks the same. Ask the API how long the file is.
+		return n, p.checkSize(ctx, op, id, n)
 	}
+	return n, nil
+}
+
+// idleReader reads r with timer armed for idle (when > 0) during each
+// Read, and keeps the first read error.
+type idleReader struct {
+	r     io.Reader
+	idle  time.Duration
+	timer *time.Timer
+	err   error
+}
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	if ir.idle > 0 {
+		ir.timer.Reset(ir.idle)
+	}
+	n, err := ir.r.Read(p)
+	ir.timer.Stop()
+	if ir.err == nil {
+		ir.err = err
+	}
+	return n, err
 }
 
 // unframed reports an HTTP/1 response body delimited only by the end of
