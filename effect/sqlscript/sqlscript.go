@@ -157,9 +157,8 @@ func dollarTag(s string) int {
 // a PostgreSQL BEGIN ATOMIC function) whose semicolons do not end it.
 type stmtState struct {
 	start     int
-	first     int      // where the first word starts
-	words     []string // the first two words, upper case
-	create    bool
+	first     int    // where the first word starts
+	w1, w2    string // the first two words, upper case
 	inBody    bool
 	bodyDone  bool
 	caseDepth int
@@ -169,30 +168,23 @@ type stmtState struct {
 func (st *stmtState) word(w string) {
 	st.nonEmpty = true
 	u := strings.ToUpper(w)
-	if len(st.words) < 2 {
-		st.words = append(st.words, u)
-		if len(st.words) == 1 && u == "CREATE" {
-			st.create = true
-		}
+	if st.w1 == "" {
+		st.w1 = u
+	} else if st.w2 == "" {
+		st.w2 = u
 	}
-	if !st.create || st.bodyDone {
+	if st.w1 != "CREATE" || st.bodyDone {
 		return
 	}
-	switch u {
-	case "BEGIN":
+	switch {
+	case u == "BEGIN":
 		st.inBody = true
-	case "CASE":
-		if st.inBody {
-			st.caseDepth++
-		}
-	case "END":
-		if st.inBody {
-			if st.caseDepth > 0 {
-				st.caseDepth--
-			} else {
-				st.bodyDone = true
-			}
-		}
+	case u == "CASE" && st.inBody:
+		st.caseDepth++
+	case u == "END" && st.inBody && st.caseDepth > 0:
+		st.caseDepth--
+	case u == "END" && st.inBody:
+		st.bodyDone = true
 	}
 }
 
@@ -208,26 +200,17 @@ const (
 // forbidden names a statement that would end or split the transaction, or
 // change the session of the connection it runs on, and says why.
 func (st *stmtState) forbidden() (what, why string) {
-	if len(st.words) == 0 {
-		return "", ""
-	}
-	second := ""
-	if len(st.words) > 1 {
-		second = st.words[1]
-	}
-	switch st.words[0] {
+	switch st.w1 {
 	case "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE":
-		return st.words[0], whyTx
+		return st.w1, whyTx
 	case "START", "PREPARE":
-		if second == "TRANSACTION" {
-			return st.words[0] + " TRANSACTION", whyTx
+		if st.w2 == "TRANSACTION" {
+			return st.w1 + " TRANSACTION", whyTx
 		}
 	case "PRAGMA", "ATTACH", "DETACH", "VACUUM", "RESET", "DISCARD":
-		return st.words[0], whySession
+		return st.w1, whySession
 	case "SET":
-		switch second {
-		case "LOCAL", "CONSTRAINTS", "TRANSACTION":
-		default:
+		if st.w2 != "LOCAL" && st.w2 != "CONSTRAINTS" && st.w2 != "TRANSACTION" {
 			return "SET", whySession
 		}
 	}
@@ -322,7 +305,7 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 			st.nonEmpty, i = true, j
 		case isIdentStart(c):
 			j := span(s, i+1, isIdentChar)
-			if len(st.words) == 0 {
+			if st.w1 == "" {
 				st.first = i
 			} else if strings.EqualFold(s[i:j], "ROLLBACK") {
 				return nil, nil, fmt.Errorf("line %d: ROLLBACK (a conflict clause OR ROLLBACK, RAISE(ROLLBACK, …)): it would roll back gemrecon's whole transaction", lineOf(i))
