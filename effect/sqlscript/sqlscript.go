@@ -225,7 +225,6 @@ func (st *stmtState) forbidden() (what, why string) {
 // $tag$…$tag$ strings.
 func lexSQL(s string) (stmts, uses []string, err error) {
 	lineOf := func(i int) int { return 1 + strings.Count(s[:i], "\n") }
-	seen := map[string]bool{}
 	st := &stmtState{}
 	finish := func(end int) error {
 		if st.nonEmpty {
@@ -252,12 +251,8 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 			}
 			st.nonEmpty, i = true, j
 		case c == '-' && strings.HasPrefix(s[i:], "--"):
-			j := strings.IndexByte(s[i:], '\n')
-			if j < 0 {
-				i = len(s)
-			} else {
-				i += j + 1
-			}
+			_, rest, _ := strings.Cut(s[i:], "\n")
+			i = len(s) - len(rest)
 		case c == '/' && strings.HasPrefix(s[i:], "/*"):
 			depth, j := 1, i+2
 			for depth > 0 {
@@ -298,8 +293,7 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 			if !slices.Contains(ParamNames(), name) {
 				return nil, nil, fmt.Errorf("unknown parameter @%s at line %d (known: %s)", name, lineOf(i), knownList())
 			}
-			if !seen[name] {
-				seen[name] = true
+			if !slices.Contains(uses, name) {
 				uses = append(uses, name)
 			}
 			st.nonEmpty, i = true, j
