@@ -187,30 +187,16 @@ func retryableStatus(code int) bool {
 
 // parseRetryAfter reads delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
 	var d time.Duration
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
-		// Out of int64's range is a very long delay, positive or not
-		// (RFC 9111 §1.2.2): capped like any other.
-		if errors.Is(err, strconv.ErrRange) && v[0] != '-' || secs > int64(MaxRetryAfter/time.Second) {
-			return MaxRetryAfter, true
-		}
-		if secs <= 0 {
-			return 0, false
-		}
-		d = time.Duration(secs) * time.Second
-	} else if t, err := http.ParseTime(v); err == nil {
+	if secs, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && secs == secs {
+		// Beyond int64's range is a very long delay (RFC 9111 §1.2.2),
+		// capped like any other: capped before the conversion.
+		d = time.Duration(max(0, min(secs, MaxRetryAfter.Seconds())) * float64(time.Second))
+	} else if t, err := http.ParseTime(strings.TrimSpace(v)); err == nil {
 		d = t.Sub(now)
-		if d <= 0 {
-			return 0, false
-		}
-	} else {
-		return 0, false
 	}
-	return min(d, MaxRetryAfter), true
+	d = min(max(d, 0), MaxRetryAfter)
+	return d, d > 0
 }
 
 // clip makes a short, single-line, valid UTF-8 snippet of a response body.
@@ -229,10 +215,5 @@ func clip(b []byte) string {
 // validHeaderValue rejects control characters, which net/http would refuse
 // (a key of no known shape is kept as given, spec §2).
 func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
+	return !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 && r != '\t' || r == 0x7f })
 }
