@@ -143,7 +143,7 @@ func New(cfg Config) (*Verifier, error) {
 	return &Verifier{
 		audience: cfg.Audience,
 		now:      now,
-		keys:     &cache{url: u.String(), client: client, timeout: timeout, now: now, log: log},
+		keys:     &cache{url: u.String(), client: client, timeout: timeout, now: now, log: log, turn: make(chan struct{}, 1)},
 	}, nil
 }
 
