@@ -76,11 +76,28 @@ func canonName(s string) string {
 			s = rest // "GEMINI:x" is a key typed in capitals, not a name
 			continue
 		}
-		rest, ok := stripURL(s, &queryCut)
-		if !ok {
+		if !urlScheme.MatchString(s) {
 			break
 		}
-		s = rest
+		// A URL loses its scheme, host and leading API version
+		// ("https://host/v1beta/batches/x" → "batches/x"); the first one
+		// also its query and fragment and the white space and slashes
+		// before them, after which no '?' or '#' is left to search for.
+		s = s[strings.Index(s, "://")+len("://"):] // a scheme holds no ':'
+		if !queryCut {
+			if q := strings.IndexAny(s, "?#"); q >= 0 {
+				s = strings.TrimRightFunc(s[:q], isSpaceOrSlash)
+			}
+			queryCut = true
+		}
+		_, path, found := strings.Cut(s, "/")
+		if !found {
+			return "" // a host and nothing else names no operation
+		}
+		s = strings.TrimLeft(path, "/")
+		if seg, after, _ := strings.Cut(s, "/"); apiVersion.MatchString(seg) {
+			s = after
+		}
 	}
 	if s == "" {
 		return ""
@@ -109,38 +126,6 @@ func lastPair(s string) string {
 	default:
 		return c + s[j:]
 	}
-}
-
-// stripURL removes a URL's scheme, host and leading API version segment
-// ("https://host/v1beta/batches/x" → "batches/x"); ok is false when s does
-// not start with "scheme://". The first time it meets a URL (*queryCut
-// false) it also cuts the query and fragment and the white space and slashes
-// before them; what is left then holds no '?' or '#', so the search is not
-// repeated.
-func stripURL(s string, queryCut *bool) (rest string, ok bool) {
-	if !urlScheme.MatchString(s) {
-		return s, false
-	}
-	rest = s[strings.Index(s, "://")+len("://"):] // a scheme holds no ':'
-	if !*queryCut {
-		*queryCut = true
-		if q := strings.IndexAny(rest, "?#"); q >= 0 {
-			rest = strings.TrimRightFunc(rest[:q], isSpaceOrSlash)
-		}
-	}
-	slash := strings.IndexByte(rest, '/')
-	if slash < 0 {
-		return "", true // a host and nothing else names no operation
-	}
-	path := strings.TrimLeft(rest[slash:], "/")
-	seg, after, found := strings.Cut(path, "/")
-	if apiVersion.MatchString(seg) {
-		if !found {
-			return "", true
-		}
-		return after, true
-	}
-	return path, true
 }
 
 // urlScheme matches a URL's scheme (RFC 3986 §3.1) and "://"; apiVersion an
