@@ -32,28 +32,20 @@ var ErrInvalidKey = errors.New("invalid operation name")
 // ErrInvalidKey, names the limit that was broken and quotes at most
 // MaxQuoted bytes of key (Quote).
 func CheckKey(key string) error {
-	if err := checkKey(key); err != nil {
-		return fmt.Errorf("canon: %w", err)
+	err := checkBytes(key)
+	switch name := trimPrefixFold(key, Prefix); {
+	case err != nil:
+	case strings.TrimRight(name, "/") == "":
+		err = fmt.Errorf("%w: %w: %s", ErrInvalidKey, ErrEmptyName, Quote(key))
+	case collectionOnly(name):
+		err = fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
+	default:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("canon: %w", err)
 }
 
-// checkKey is CheckKey without the "canon: " prefix.
-func checkKey(key string) error {
-	if err := checkBytes(key); err != nil {
-		return err
-	}
-	name := trimPrefixFold(key, Prefix)
-	if strings.TrimRight(name, "/") == "" {
-		return fmt.Errorf("%w: %w: %s", ErrInvalidKey, ErrEmptyName, Quote(key))
-	}
-	if collectionOnly(name) {
-		return fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
-	}
-	return nil
-}
-
-// checkBytes is the part of checkKey that looks at every byte: the length,
+// checkBytes is the part of CheckKey that looks at every byte: the length,
 // the encoding and control characters. FromEvent calls it alone, having
 // tested the name for emptiness and a collection word before the key was
 // built.

@@ -429,11 +429,6 @@ func (p *Poller) Scope() string {
 // Lookback returns the configured lookback window (0: no window).
 func (p *Poller) Lookback() time.Duration { return p.cfg.Lookback }
 
-// Pass is PassWith without options: paging may end early (see PassWith).
-func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats, error) {
-	return p.PassWith(ctx, PassOptions{}, fn)
-}
-
 // PassWith lists batch operations page by page and calls fn, in listing
 // order, for each terminal one inside the lookback window. The same
 // completion is handed over again on every pass that lists it:
