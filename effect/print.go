@@ -206,16 +206,9 @@ func endsInPartialLine(f *os.File) bool {
 	if err != nil || !fi.Mode().IsRegular() {
 		return false
 	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var fd, flags uintptr
-	var errno syscall.Errno
-	if err := rc.Control(func(d uintptr) {
-		fd = d
-		flags, _, errno = syscall.Syscall(syscall.SYS_FCNTL, d, syscall.F_GETFL, 0)
-	}); err != nil || errno != 0 {
+	fd := f.Fd() // a regular file: no poller to take it out of
+	flags, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_GETFL, 0)
+	if errno != 0 {
 		return false
 	}
 	at := fi.Size() // O_APPEND: every write lands at the end
