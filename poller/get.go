@@ -140,45 +140,42 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 // batchName checks a name for Get and returns the request path, and a
 // check that the answer is the batch asked for.
 func (p *Poller) batchName(name string) (string, func(string) bool, error) {
-	bad := func(why string) error {
-		return fmt.Errorf("poller: get %q: %w: %s", truncate(name, 120), ErrInvalidName, why)
+	bad := func(why string) (string, func(string) bool, error) {
+		return "", nil, fmt.Errorf("poller: get %q: %w: %s", truncate(name, 120), ErrInvalidName, why)
 	}
-	if p.cfg.Backend != BackendVertex {
-		id, ok := strings.CutPrefix(name, "batches/")
-		if !ok {
-			return "", nil, bad(`want "batches/<id>"`)
-		}
-		if why := badID(id); why != "" {
-			return "", nil, bad(why)
-		}
-		return name, func(got string) bool { return got == name }, nil
-	}
+	id, path, check := "", name, func(got string) bool { return got == name }
 	cc := p.client.ClientConfig()
 	parts := strings.Split(name, "/")
-	var id string
 	switch {
+	case p.cfg.Backend != BackendVertex && (len(parts) < 2 || parts[0] != "batches"):
+		return bad(`want "batches/<id>"`)
+	case p.cfg.Backend != BackendVertex:
+		id = name[len("batches/"):]
 	case len(parts) == 6 && parts[0] == "projects" && parts[2] == "locations" && parts[4] == "batchPredictionJobs":
 		id = parts[5]
 		if !strings.EqualFold(parts[3], cc.Location) {
-			return "", nil, bad(fmt.Sprintf("a job of location %q; this client reaches %q", parts[3], cc.Location))
+			return bad(fmt.Sprintf("a job of location %q; this client reaches %q", parts[3], cc.Location))
 		}
 		// A project may be written as its id or its number; only two
 		// spellings of the same kind that differ prove another project.
 		if numeric(parts[1]) == numeric(cc.Project) && parts[1] != cc.Project && cc.Project != "" {
-			return "", nil, bad(fmt.Sprintf("a job of project %q; this client reaches %q", parts[1], cc.Project))
+			return bad(fmt.Sprintf("a job of project %q; this client reaches %q", parts[1], cc.Project))
 		}
 	case len(parts) == 1 && numeric(name):
 		id = name
 	default:
-		return "", nil, bad(`want "projects/P/locations/L/batchPredictionJobs/N" or a numeric job id`)
+		return bad(`want "projects/P/locations/L/batchPredictionJobs/N" or a numeric job id`)
 	}
 	if why := badID(id); why != "" {
-		return "", nil, bad(why)
+		return bad(why)
 	}
-	return "batchPredictionJobs/" + id, func(got string) bool {
-		i := strings.LastIndex(got, "/")
-		return i >= 0 && got[i+1:] == id
-	}, nil
+	if p.cfg.Backend == BackendVertex {
+		path, check = "batchPredictionJobs/"+id, func(got string) bool {
+			i := strings.LastIndex(got, "/")
+			return i >= 0 && got[i+1:] == id
+		}
+	}
+	return path, check, nil
 }
 
 // badID says why an id cannot be the last segment of a request path: it

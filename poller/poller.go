@@ -358,11 +358,8 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 		sleep: cfg.Sleep, log: cfg.Logger, pageSize: cfg.PageSize, maxBody: cfg.maxBody,
 	}
 	cc := &genai.ClientConfig{
-		APIKey:     cfg.APIKey,
-		HTTPClient: &http.Client{Transport: t},
-		HTTPOptions: genai.HTTPOptions{
-			BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini,
-		},
+		APIKey: cfg.APIKey, Backend: genai.BackendGeminiAPI, HTTPClient: &http.Client{Transport: t},
+		HTTPOptions: genai.HTTPOptions{BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini},
 	}
 	if cfg.Backend == BackendVertex {
 		cc.Backend = genai.BackendVertexAI
@@ -376,8 +373,6 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 				return nil, fmt.Errorf("%w: vertex: %v; %s", ErrAuth, err, vertexCredHint)
 			}
 		}
-	} else {
-		cc.Backend = genai.BackendGeminiAPI
 	}
 	client, err := genai.NewClient(ctx, cc)
 	if err != nil {
