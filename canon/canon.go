@@ -79,15 +79,7 @@ const (
 // plainField reports whether a field name can be written as it is: short
 // printable ASCII.
 func plainField(f string) bool {
-	if len(f) > 64 {
-		return false
-	}
-	for i := 0; i < len(f); i++ {
-		if f[i] <= ' ' || f[i] >= 0x7f || f[i] == ',' {
-			return false
-		}
-	}
-	return true
+	return len(f) <= 64 && !strings.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ',' })
 }
 
 // NormalizeState returns an operation state in one spelling: upper case, with

@@ -318,17 +318,8 @@ func kind(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return "missing"
 	}
-	switch raw[0] {
-	case '{':
-		return "an object"
-	case '[':
-		return "an array"
-	case '"':
-		return "a string"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
+	if i := strings.IndexByte(`{["tfn`, raw[0]); i >= 0 {
+		return [...]string{"an object", "an array", "a string", "a boolean", "a boolean", "null"}[i]
 	}
 	return "a number"
 }

@@ -275,17 +275,8 @@ var knownTypes = []string{
 // unfinished state wins over done: a running batch is never run on partial
 // results. Without done (Vertex has none) an unknown state is unfinished.
 func finished(state string, done bool) bool {
-	if canon.IsTerminal(state) {
-		return true
-	}
-	if !done {
-		return false
-	}
-	switch state {
-	case "PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING":
-		return false
-	}
-	return true
+	return canon.IsTerminal(state) ||
+		done && !slices.Contains([]string{"PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING"}, state)
 }
 
 // PassStats counts what one pass did.
