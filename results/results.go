@@ -129,8 +129,18 @@ func (d *Dir) Write(ctx context.Context, id string, token int64, fetch Fetch) (W
 		return Written{}, fmt.Errorf("results: token %d is negative", token)
 	}
 	final := filepath.Join(d.path, name+Ext)
-	if w, ok, err := d.existing(final); ok || err != nil {
-		return w, err
+	// A file at the final name is complete (after an fsync of the
+	// directory, in case its writer died before making the entry durable).
+	switch fi, err := os.Lstat(final); {
+	case err == nil && !fi.Mode().IsRegular():
+		return Written{}, fmt.Errorf("results: %s exists but is not a regular file (%v); remove it", final, fi.Mode().Type())
+	case err == nil:
+		if err := syncDir(d.path); err != nil {
+			return Written{}, fmt.Errorf("results: fsync of %s: %w", d.path, err)
+		}
+		return Written{Path: final, Size: fi.Size()}, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return Written{}, fmt.Errorf("results: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return Written{}, fmt.Errorf("results: writing %s in %s: %w", name+Ext, d.path, err)
@@ -180,23 +190,6 @@ func (d *Dir) Write(ctx context.Context, id string, token int64, fetch Fetch) (W
 		return Written{}, fmt.Errorf("results: wrote %s in %s, but the directory fsync failed: %w", name+Ext, d.path, err)
 	}
 	return Written{Path: final, Fetched: true, Size: cw.n}, nil
-}
-
-// existing reports a complete file at the final name.
-func (d *Dir) existing(final string) (Written, bool, error) {
-	fi, err := os.Lstat(final)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return Written{}, false, nil
-	case err != nil:
-		return Written{}, false, fmt.Errorf("results: %w", err)
-	case !fi.Mode().IsRegular():
-		return Written{}, false, fmt.Errorf("results: %s exists but is not a regular file (%v); remove it", final, fi.Mode().Type())
-	}
-	if err := syncDir(d.path); err != nil {
-		return Written{}, false, fmt.Errorf("results: fsync of %s: %w", d.path, err)
-	}
-	return Written{Path: final, Size: fi.Size()}, true, nil
 }
 
 // Remove deletes the results file of id (purge --results-dir) and reports
