@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -178,11 +179,7 @@ func (e *StatusError) Error() string {
 // retryableStatus: the statuses spec §4 retries; every other non-2xx is
 // the target refusing this document for good.
 func retryableStatus(code int) bool {
-	switch code {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
-		return true
-	}
-	return code >= 500
+	return code >= 500 || slices.Contains([]int{http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests}, code)
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP-date (RFC 9110 §10.2.3).

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -128,12 +129,8 @@ func (e *BodyTooLargeError) Error() string {
 func (e *BodyTooLargeError) Unwrap() error { return ErrBodyTooLarge }
 
 func retryableStatus(code int) bool {
-	switch code {
-	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true
-	}
-	return false
+	return slices.Contains([]int{http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}, code)
 }
 
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
