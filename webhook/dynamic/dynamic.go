@@ -125,10 +125,7 @@ type Verifier struct {
 // New makes a Verifier. Nothing is fetched until a request needs the key
 // set (or Ready is called).
 func New(cfg Config) (*Verifier, error) {
-	raw := cfg.JWKSURL
-	if raw == "" {
-		raw = DefaultJWKSURL
-	}
+	raw := cmp.Or(cfg.JWKSURL, DefaultJWKSURL)
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return nil, fmt.Errorf("JWKS URL %q: not an absolute http or https URL", raw)
