@@ -91,10 +91,11 @@ const OutcomeUnconfirmed Outcome = "unconfirmed"
 
 // skipOpts are the claim options of this dispatcher.
 func (d *Dispatcher) claimOpts() []sink.ClaimOption {
-	if d.cfg.Confirm {
-		return nil
+	opts := []sink.ClaimOption{sink.ByCommand(d.cfg.Command)}
+	if !d.cfg.Confirm {
+		opts = append(opts, sink.SkipNeedsConfirm())
 	}
-	return []sink.ClaimOption{sink.SkipNeedsConfirm()}
+	return opts
 }
 
 // verdict is what preparing a claim decided when the effect must not run
@@ -107,7 +108,7 @@ type verdict struct {
 
 // needsPrep reports whether the claim needs work before its effect.
 func (d *Dispatcher) needsPrep(c sink.Claim) bool {
-	return (!c.Confirmed && (d.cfg.Confirm || c.NeedsConfirm)) || d.cfg.Results != nil
+	return (!c.Confirmed && (d.cfg.Confirm || c.NeedsConfirm)) || d.cfg.Results != nil && !c.NoResults
 }
 
 // prepare confirms the claim when it must be, fills in what the document
@@ -134,7 +135,7 @@ func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim
 			ev.ResultsLocation = r.Location
 		}
 	}
-	if d.cfg.Results != nil {
+	if d.cfg.Results != nil && !c.NoResults { // retry --without-results: they expired
 		if v := d.writeResults(ctx, log, c, &ev); v != nil {
 			return ev, v
 		}

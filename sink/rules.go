@@ -40,6 +40,8 @@ type Row struct {
 	// NoResults: the operator asked the next attempts to run without the
 	// batch's results (retry --without-results, spec §9.5).
 	NoResults bool
+	// BatchEnd is when the batch ended, by the API's word (zero: unknown).
+	BatchEnd time.Time
 }
 
 // leaseExpired is the last error of an attempt whose lease ran out.
@@ -86,14 +88,15 @@ const (
 func sighting(r Row, found bool, sg Sighting, now time.Time) (kind sightKind, out Row, conflict bool) {
 	if !found {
 		return sightNew, Row{Key: sg.Key, State: StatePending, NextAttempt: now, FirstSource: sg.Source,
-			FirstSeenAt: now, Confirmed: sg.FromAPI, BatchState: sg.State, NeedsConfirm: sg.Dynamic && !sg.FromAPI}, false
+			FirstSeenAt: now, Confirmed: sg.FromAPI, BatchState: sg.State, NeedsConfirm: sg.Dynamic && !sg.FromAPI,
+			BatchEnd: sg.EndTime}, false
 	}
 	conflict = StateConflict(r.BatchState, sg.State)
 	if !sg.FromAPI || r.Confirmed {
 		return sightDuplicate, r, conflict
 	}
 	out = r
-	out.Confirmed, out.NeedsConfirm = true, false
+	out.Confirmed, out.NeedsConfirm, out.BatchEnd = true, false, sg.EndTime
 	if sg.State != "" {
 		out.BatchState = sg.State
 	}
@@ -214,7 +217,7 @@ func confirm(r Row, c Confirmation) (out Row, apply, conflict bool) {
 	if r.Confirmed {
 		return out, false, conflict
 	}
-	out.Confirmed, out.NeedsConfirm = true, false
+	out.Confirmed, out.NeedsConfirm, out.BatchEnd = true, false, c.EndTime
 	if c.State != "" {
 		out.BatchState = c.State
 	}

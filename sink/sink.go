@@ -90,6 +90,9 @@ type Sighting struct {
 	// this project's. A key whose every sighting so far was dynamic needs
 	// confirmation: no process runs it unconfirmed.
 	Dynamic bool
+	// EndTime is when the batch ended, as the API says (FromAPI only; zero
+	// when unknown): its results are kept for sink.ResultsKept from then.
+	EndTime time.Time
 }
 
 // RecordResult says what Record found.
@@ -144,6 +147,8 @@ type Confirmation struct {
 	Operation []byte
 	// State is its state, normalised by canon.NormalizeState.
 	State string
+	// EndTime is when the batch ended (zero when the API gave none).
+	EndTime time.Time
 }
 
 // Dead reasons: the class of a permanent failure, kept while the key is dead
@@ -252,6 +257,8 @@ type Entry struct {
 	ResultsFile string `json:"results_file"`
 	// Reruns counts the operator's reruns of the key once done.
 	Reruns int `json:"reruns"`
+	// BatchEnd is when the batch ended by the API's word (zero: unknown).
+	BatchEnd time.Time `json:"batch_end,omitzero"`
 	// History is the key's last HistoryKept attempts and operator actions,
 	// oldest first (Get only); Dropped counts older entries no longer kept.
 	History []Attempt `json:"history,omitempty"`
@@ -260,6 +267,14 @@ type Entry struct {
 	// Webhook is the first webhook body, when a webhook saw the key.
 	Webhook []byte `json:"-"`
 }
+
+// ResultsKept is how long the Gemini API keeps a batch's results file after
+// the batch ended (gemini-api.md: files are kept 48 h), and ResultsWarning
+// how long before that stats counts a key whose effect has not run yet.
+const (
+	ResultsKept    = 48 * time.Hour
+	ResultsWarning = 6 * time.Hour
+)
 
 // HistoryKept bounds a key's history: the last entries are kept, and the
 // older ones only counted.
@@ -314,6 +329,9 @@ type Stats struct {
 	Fenced               int64            `json:"fenced"`
 	// DeadByReason splits the dead keys: DeadUnknownToAPI, DeadEffect.
 	DeadByReason map[string]int64 `json:"dead_by_reason"`
+	// ResultsExpiring counts the keys of succeeded batches not done yet
+	// whose results expire within ResultsWarning (spec §9.5).
+	ResultsExpiring int64 `json:"results_expiring"`
 	// Completion-to-done latency (first sighting → done) over done keys.
 	LatencyP50 time.Duration `json:"latency_p50_ns"`
 	LatencyP99 time.Duration `json:"latency_p99_ns"`

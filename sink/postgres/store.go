@@ -18,19 +18,20 @@ import (
 
 const rowColumns = `key, state, attempts, token, coalesce(lease_owner, ''), lease_until, next_attempt_at, done_at,
 	coalesce(last_error, ''), first_source, first_seen_at, confirmed, batch_state, needs_confirm, dead_reason,
-	conflicts, retries, reruns, no_results, took_over`
+	conflicts, retries, reruns, no_results, took_over, batch_end`
 
 func scanRow(row pgx.Row) (sink.Row, error) {
 	var (
-		r                      sink.Row
-		st                     string
-		leaseUntil, next, done *time.Time
+		r                           sink.Row
+		st                          string
+		leaseUntil, next, done, end *time.Time
 	)
 	err := row.Scan(&r.Key, &st, &r.Attempts, &r.Token, &r.Owner, &leaseUntil, &next, &done, &r.LastError,
 		&r.FirstSource, &r.FirstSeenAt, &r.Confirmed, &r.BatchState, &r.NeedsConfirm, &r.DeadReason, &r.Conflicts,
-		&r.Retries, &r.Reruns, &r.NoResults, &r.TookOver)
+		&r.Retries, &r.Reruns, &r.NoResults, &r.TookOver, &end)
 	r.State = sink.State(st)
 	r.LeaseUntil, r.NextAttempt, r.DoneAt, r.FirstSeenAt = at(leaseUntil), at(next), at(done), r.FirstSeenAt.UTC()
+	r.BatchEnd = at(end)
 	return r, err
 }
 
@@ -57,11 +58,11 @@ func nullText(s string) *string {
 	return &s
 }
 
-// rowArgs are r's mutable columns as $1 (the key) to $18.
+// rowArgs are r's mutable columns as $1 (the key) to $19.
 func rowArgs(r sink.Row) []any {
 	return []any{r.Key, string(r.State), r.Attempts, r.Token, nullText(r.Owner), null(r.LeaseUntil), null(r.NextAttempt),
 		null(r.DoneAt), nullText(r.LastError), r.Confirmed, r.BatchState, r.NeedsConfirm, r.DeadReason, r.Conflicts,
-		r.Retries, r.Reruns, r.NoResults, r.TookOver}
+		r.Retries, r.Reruns, r.NoResults, r.TookOver, null(r.BatchEnd)}
 }
 
 // webhookExpr is the first webhook body of row r (joined with extras as
@@ -132,8 +133,10 @@ func (t *pgTx) Insert(r sink.Row, payload []byte) (bool, error) {
 	}
 	tag, err := t.tx.Exec(t.ctx, `INSERT INTO gemrecon_keys (key, state, attempts, token, lease_owner, lease_until,
 		next_attempt_at, done_at, last_error, confirmed, batch_state, needs_confirm, dead_reason, conflicts, retries,
-		reruns, no_results, took_over, first_source, sources, seen_count, first_seen_at, last_seen_at, payload, payload_sha256)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, ARRAY[$19::text], 1, $20, $20, $21, $22)
+		reruns, no_results, took_over, batch_end, first_source, sources, seen_count, first_seen_at, last_seen_at, payload,
+		payload_sha256)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, ARRAY[$20::text], 1,
+			$21, $21, $22, $23)
 		ON CONFLICT (key) DO NOTHING`, append(rowArgs(r), r.FirstSource, r.FirstSeenAt, payload, sha)...)
 	return tag.RowsAffected() == 1, err
 }
@@ -141,7 +144,7 @@ func (t *pgTx) Insert(r sink.Row, payload []byte) (bool, error) {
 func (t *pgTx) Update(r sink.Row) error {
 	return t.exec(`UPDATE gemrecon_keys SET state = $2, attempts = $3, token = $4, lease_owner = $5, lease_until = $6,
 		next_attempt_at = $7, done_at = $8, last_error = $9, confirmed = $10, batch_state = $11, needs_confirm = $12,
-		dead_reason = $13, conflicts = $14, retries = $15, reruns = $16, no_results = $17, took_over = $18
+		dead_reason = $13, conflicts = $14, retries = $15, reruns = $16, no_results = $17, took_over = $18, batch_end = $19
 		WHERE key = $1`, rowArgs(r)...)
 }
 
@@ -348,18 +351,19 @@ func (s *pg) Peek(ctx context.Context, key string) (sink.Row, bool, error) {
 var entryColumns = `k.key, state, attempts, token, first_source, sources, seen_count, first_seen_at,
 	last_seen_at, coalesce(lease_owner, ''), lease_until, next_attempt_at, done_at,
 	coalesce(last_error, ''), conflicts, payload, confirmed, batch_state, needs_confirm, dead_reason,
-	coalesce(x.results_file, ''), reruns, history_dropped, ` + webhookExpr("k")
+	coalesce(x.results_file, ''), reruns, history_dropped, batch_end, ` + webhookExpr("k")
 
 const entryFrom = ` FROM gemrecon_keys k LEFT JOIN gemrecon_key_extras x ON x.key = k.key `
 
 func scanEntry(row pgx.Row) (sink.Entry, error) {
 	var e sink.Entry
 	var state string
-	var leaseUntil, next, done *time.Time
+	var leaseUntil, next, done, end *time.Time
 	err := row.Scan(&e.Key, &state, &e.Attempts, &e.Token, &e.FirstSource, &e.Sources, &e.SeenCount,
 		&e.FirstSeenAt, &e.LastSeenAt, &e.LeaseOwner, &leaseUntil, &next, &done, &e.LastError,
 		&e.Conflicts, &e.Payload, &e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile,
-		&e.Reruns, &e.Dropped, &e.Webhook)
+		&e.Reruns, &e.Dropped, &end, &e.Webhook)
+	e.BatchEnd = at(end)
 	e.State = sink.State(state)
 	e.FirstSeenAt, e.LastSeenAt = e.FirstSeenAt.UTC(), e.LastSeenAt.UTC()
 	e.LeaseUntil, e.NextAttemptAt, e.DoneAt = at(leaseUntil), at(next), at(done)
@@ -508,6 +512,11 @@ func (s *pg) Stats(ctx context.Context) (sink.Stats, error) {
 			return err
 		}
 		st.OldestPendingAge = microsDuration(oldest)
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
+			AND batch_end > $1 AND batch_end <= $2`, now.Add(-sink.ResultsKept), now.Add(sink.ResultsWarning-sink.ResultsKept)).
+			Scan(&st.ResultsExpiring); err != nil {
+			return err
+		}
 		st.LatencyP50, st.LatencyP99, st.LatencyMax = microsDuration(p50), microsDuration(p99), microsDuration(max)
 		st.Passes, err = passRecords(ctx, tx)
 		return err

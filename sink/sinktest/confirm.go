@@ -49,6 +49,7 @@ var confirmTests = []struct {
 	{"DeadByReason", testDeadByReason},
 	{"NoteResults", testNoteResults},
 	{"PurgeKeys", testPurgeKeys},
+	{"ResultsExpiring", testResultsExpiring},
 }
 
 const (
@@ -404,5 +405,42 @@ func testPurgeKeys(t *testing.T, open Opener) {
 	}
 	if en := e.get("c"); !strings.Contains(string(en.Payload), "batches/k") {
 		t.Fatalf("Get(c) = %+v", en)
+	}
+}
+
+// testResultsExpiring: the batch's end by the API's word is kept (from a
+// sighting or a confirmation), and Stats counts the succeeded keys not yet
+// done whose results expire within sink.ResultsWarning of now.
+func testResultsExpiring(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	now := start()
+	soon := now.Add(-sink.ResultsKept + time.Hour) // expires in 1h
+	later := now.Add(-sink.ResultsKept + 7*time.Hour)
+	gone := now.Add(-sink.ResultsKept - time.Hour)
+	for key, end := range map[string]time.Time{"soon": soon, "later": later, "gone": gone} {
+		sg := listed(key, `{}`, "SUCCEEDED")
+		sg.EndTime = end
+		e.sight(sg)
+	}
+	failed := listed("failed", `{}`, "FAILED")
+	failed.EndTime = soon
+	e.sight(failed)
+	e.sight(hook("hooked", `{}`, "SUCCEEDED"))
+	c := e.claim("hooked", time.Minute)
+	if err := e.s.Confirm(e.ctx, "hooked", c.Token, sink.Confirmation{Operation: []byte(`{}`), State: "SUCCEEDED", EndTime: soon}); err != nil {
+		t.Fatal(err)
+	}
+	if en := e.get("hooked"); !en.BatchEnd.Equal(soon) {
+		t.Fatalf("BatchEnd after Confirm = %v, want %v", en.BatchEnd, soon)
+	}
+	if en := e.get("later"); !en.BatchEnd.Equal(later) {
+		t.Fatalf("BatchEnd of a listed key = %v, want %v", en.BatchEnd, later)
+	}
+	if st := e.stats(); st.ResultsExpiring != 2 {
+		t.Fatalf("ResultsExpiring = %d, want 2 (soon and hooked)", st.ResultsExpiring)
+	}
+	e.finish("soon")
+	if st := e.stats(); st.ResultsExpiring != 1 {
+		t.Fatalf("ResultsExpiring after one is done = %d, want 1", st.ResultsExpiring)
 	}
 }

@@ -19,25 +19,27 @@ import (
 // end, done time; 0 when dead) — kept for the due indexes.
 
 const rowColumns = `key, state, attempts, token, lease_owner, lease_until, next_attempt_at, done_at, last_error,
-	first_source, first_seen_at, confirmed, batch_state, needs_confirm, dead_reason, conflicts, retries, reruns, no_results`
+	first_source, first_seen_at, confirmed, batch_state, needs_confirm, dead_reason, conflicts, retries, reruns, no_results,
+	batch_end`
 
 type scanner interface{ Scan(...any) error }
 
 func scanRow(sc scanner) (sink.Row, error) {
 	var (
-		r                             sink.Row
-		st                            string
-		leaseUntil, next, done, first int64
+		r                                  sink.Row
+		st                                 string
+		leaseUntil, next, done, first, end int64
 	)
 	err := sc.Scan(&r.Key, &st, &r.Attempts, &r.Token, &r.Owner, &leaseUntil, &next, &done, &r.LastError,
 		&r.FirstSource, &first, &r.Confirmed, &r.BatchState, &r.NeedsConfirm, &r.DeadReason, &r.Conflicts,
-		&r.Retries, &r.Reruns, &r.NoResults)
+		&r.Retries, &r.Reruns, &r.NoResults, &end)
 	r.State = sink.State(st)
 	r.LeaseUntil, r.NextAttempt, r.DoneAt, r.FirstSeenAt = fromNS(leaseUntil), fromNS(next), fromNS(done), fromNS(first)
+	r.BatchEnd = fromNS(end)
 	return r, err
 }
 
-// rowArgs are the stored values of r's mutable columns, ?2 to ?18 after the
+// rowArgs are the stored values of r's mutable columns, ?2 to ?19 after the
 // key; due_at is derived from the state.
 func rowArgs(r sink.Row) []any {
 	due := int64(0)
@@ -51,7 +53,7 @@ func rowArgs(r sink.Row) []any {
 	}
 	return []any{r.Key, string(r.State), r.Attempts, r.Token, r.Owner, toNS(r.LeaseUntil), toNS(r.NextAttempt),
 		toNS(r.DoneAt), r.LastError, r.Confirmed, r.BatchState, r.NeedsConfirm, r.DeadReason, r.Conflicts,
-		r.Retries, r.Reruns, r.NoResults, due}
+		r.Retries, r.Reruns, r.NoResults, due, toNS(r.BatchEnd)}
 }
 
 // webhookExpr is the first webhook body: kept apart once the payload is the
@@ -128,8 +130,8 @@ func (f scanFunc) Scan(dst ...any) error { return f(dst...) }
 func (t *tx) Insert(r sink.Row, payload []byte) (bool, error) {
 	res, err := t.exec(`INSERT INTO gemrecon_keys (key, state, attempts, token, lease_owner, lease_until, next_attempt_at,
 		done_at, last_error, confirmed, batch_state, needs_confirm, dead_reason, conflicts, retries, reruns, no_results, due_at,
-		first_source, sources, seen_count, first_seen_at, last_seen_at)
-		VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ',' || ?19 || ',', 1, ?20, ?20)
+		batch_end, first_source, sources, seen_count, first_seen_at, last_seen_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ',' || ?20 || ',', 1, ?21, ?21)
 		ON CONFLICT (key) DO NOTHING`, append(rowArgs(r), r.FirstSource, toNS(r.FirstSeenAt))...)
 	if err != nil {
 		return false, err
@@ -146,7 +148,7 @@ func (t *tx) Insert(r sink.Row, payload []byte) (bool, error) {
 func (t *tx) Update(r sink.Row) error {
 	_, err := t.exec(`UPDATE gemrecon_keys SET state = ?2, attempts = ?3, token = ?4, lease_owner = ?5, lease_until = ?6,
 		next_attempt_at = ?7, done_at = ?8, last_error = ?9, confirmed = ?10, batch_state = ?11, needs_confirm = ?12,
-		dead_reason = ?13, conflicts = ?14, retries = ?15, reruns = ?16, no_results = ?17, due_at = ?18
+		dead_reason = ?13, conflicts = ?14, retries = ?15, reruns = ?16, no_results = ?17, due_at = ?18, batch_end = ?19
 		WHERE key = ?1`, rowArgs(r)...)
 	return err
 }
@@ -343,18 +345,19 @@ func (s *db) Peek(ctx context.Context, key string) (sink.Row, bool, error) {
 const selectEntry = `SELECT k.key, k.state, k.attempts, k.token, k.first_source, k.sources, k.seen_count,
 	k.first_seen_at, k.last_seen_at, k.lease_owner, k.lease_until, k.next_attempt_at, k.done_at, k.last_error,
 	k.conflicts, p.payload, k.confirmed, k.batch_state, k.needs_confirm, k.dead_reason,
-	coalesce(p.results_file, ''), k.reruns, k.history_dropped, ` + webhookExpr + `
+	coalesce(p.results_file, ''), k.reruns, k.history_dropped, k.batch_end, ` + webhookExpr + `
 	FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key `
 
 func scanEntry(sc scanner) (sink.Entry, error) {
 	var (
-		e                                       sink.Entry
-		st, sources                             string
-		first, last, leaseUntil, nextAt, doneAt int64
+		e                                            sink.Entry
+		st, sources                                  string
+		first, last, leaseUntil, nextAt, doneAt, end int64
 	)
 	err := sc.Scan(&e.Key, &st, &e.Attempts, &e.Token, &e.FirstSource, &sources, &e.SeenCount, &first, &last,
 		&e.LeaseOwner, &leaseUntil, &nextAt, &doneAt, &e.LastError, &e.Conflicts, &e.Payload,
-		&e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Reruns, &e.Dropped, &e.Webhook)
+		&e.Confirmed, &e.BatchState, &e.NeedsConfirm, &e.DeadReason, &e.ResultsFile, &e.Reruns, &e.Dropped, &end, &e.Webhook)
+	e.BatchEnd = fromNS(end)
 	e.State = sink.State(st)
 	e.Sources = strings.FieldsFunc(sources, func(r rune) bool { return r == ',' })
 	e.FirstSeenAt, e.LastSeenAt = fromNS(first), fromNS(last)
@@ -449,6 +452,12 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 	}
 	if oldest.Valid {
 		st.OldestPendingAge = max(0, s.opt.Now().Sub(fromNS(oldest.Int64)))
+	}
+	now := s.opt.Now()
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
+		AND batch_end > ?1 AND batch_end <= ?2`, now.Add(-sink.ResultsKept).UnixNano(),
+		now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).Scan(&st.ResultsExpiring); err != nil {
+		return st, s.fail(err)
 	}
 	if done := st.ByState[sink.StateDone]; done > 0 {
 		if err := latencies(ctx, tx, done, &st); err != nil {

@@ -1,4 +1,4 @@
-package ingest
+package reconcile
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/genai"
 
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/genaitest"
 	"github.com/gemrecon/gemrecon/sink"
@@ -77,8 +78,8 @@ func TestPoisonedOperationsDoNotStopTheListing(t *testing.T) {
 func TestPoisonedConfirmationIsAFailedAttempt(t *testing.T) {
 	w := newWorld(t, worldOptions{resultsDir: filepath.Join(t.TempDir(), "results")})
 	w.api.Add(poisoned[0], poisoned[1])
-	w.hook("p-null", "batch.succeeded", VerifiedStatic)
-	w.hook("p-out", "batch.succeeded", VerifiedStatic)
+	w.hook("p-null", "batch.succeeded", ingest.VerifiedStatic)
+	w.hook("p-out", "batch.succeeded", ingest.VerifiedStatic)
 	if sum := w.drain(); sum.Failed != 2 || sum.OK != 0 {
 		t.Fatalf("drain = %+v, want two failed attempts", sum)
 	}
@@ -164,7 +165,7 @@ func TestEmbeddingAndUnknownBatchesAreCompletions(t *testing.T) {
 	w.api.Update(job.Name, func(b *geminifake.Batch) {
 		b.State, b.EndTime, b.InlinedResponses = "SUCCEEDED", t0, []json.RawMessage{vector}
 	})
-	w.hook(strings.TrimPrefix(job.Name, "batches/"), "batch.succeeded", VerifiedStatic)
+	w.hook(strings.TrimPrefix(job.Name, "batches/"), "batch.succeeded", ingest.VerifiedStatic)
 	if sum := w.drain(); sum.OK != 1 {
 		t.Fatalf("drain = %+v", sum)
 	}
