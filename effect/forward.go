@@ -2,6 +2,7 @@ package effect
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -63,13 +64,10 @@ func NewForward(rawURL, secret string, client *http.Client) (*Forward, error) {
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return nil, fmt.Errorf("forward: URL %q must be http:// or https:// with a host", u.Redacted())
 	}
-	if client == nil {
-		client = http.DefaultClient
-	}
 	// Never follow redirects: a 302 or 303 would turn the POST into a GET
 	// whose 2xx would pass for a delivered event. A 3xx is answered as
 	// permanent (fix the URL).
-	c := *client
+	c := *cmp.Or(client, http.DefaultClient)
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	f := &Forward{url: rawURL, client: &c}
 	if secret != "" {

@@ -190,12 +190,7 @@ func (c Config) Validate() error {
 
 // EnvAPIKey returns the Gemini API key of the environment: GOOGLE_API_KEY,
 // else GEMINI_API_KEY (the SDK's order).
-func EnvAPIKey() string {
-	if k := os.Getenv("GOOGLE_API_KEY"); k != "" {
-		return k
-	}
-	return os.Getenv("GEMINI_API_KEY")
-}
+func EnvAPIKey() string { return cmp.Or(os.Getenv("GOOGLE_API_KEY"), os.Getenv("GEMINI_API_KEY")) }
 
 // ErrNoAPIKey: a Gemini API poller with no API key.
 var ErrNoAPIKey = errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key")
