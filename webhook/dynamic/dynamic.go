@@ -237,24 +237,16 @@ func (v *Verifier) Check(h http.Header) error {
 func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry, reasonList, error) {
 	// Gather the entries first, so that the count is bounded before any
 	// of them costs a parse.
-	type entry struct {
-		v1a   bool
-		value string
-	}
-	var entries []entry
+	var entries []string
 	for _, line := range h.Values(HeaderSignature) {
 		for _, e := range strings.Fields(line) {
 			// A proxy that folds two header lines into one joins them
-			// with ", "; no signature ends with a comma.
+			// with ", "; no signature ends with a comma. Other versions
+			// than v1a (v1: HMAC, package webhook's; a scheme of the
+			// future) are not this package's; a JWT has no comma.
 			e = strings.TrimRight(e, ",")
-			version, value, hasComma := strings.Cut(e, ",")
-			switch {
-			case hasComma && version == "v1a":
-				entries = append(entries, entry{v1a: true, value: value})
-			case hasComma:
-				// v1 (HMAC, package webhook's) or a scheme of the future.
-			case strings.Count(e, ".") == 2:
-				entries = append(entries, entry{value: e})
+			if strings.HasPrefix(e, "v1a,") || !strings.Contains(e, ",") && strings.Count(e, ".") == 2 {
+				entries = append(entries, e)
 			}
 		}
 	}
@@ -271,11 +263,11 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 	)
 	for i, e := range entries {
 		n := i + 1
-		if !e.v1a {
-			if j, ok := parseJWT(e.value, n, &reasons); ok {
+		if value, v1a := strings.CutPrefix(e, "v1a,"); !v1a {
+			if j, ok := parseJWT(e, n, &reasons); ok {
 				jwts = append(jwts, j)
 			}
-		} else if sig, ok := decodeSignature(e.value); ok {
+		} else if sig, ok := decodeSignature(value); ok {
 			v1as = append(v1as, v1aEntry{n: n, sig: sig})
 		} else {
 			reasons.add(fmt.Sprintf("entry %d: v1a signature is not base64 of %d bytes", n, ed25519.SignatureSize))
