@@ -5,6 +5,7 @@
 package canon
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -49,34 +50,23 @@ type NoNameError struct {
 // Error names the fields that were looked for and the ones that were present,
 // so that whoever sent the event can see what shape it had.
 func (e *NoNameError) Error() string {
-	var b strings.Builder
-	b.WriteString("canon: no operation name in ")
-	if e.Within != "" {
-		b.WriteString(e.Within)
-	} else {
-		b.WriteString("event")
-	}
-	b.WriteString(" (want one of name, operation, operationName, resourceName, or data.id); ")
+	s := "canon: no operation name in " + cmp.Or(e.Within, "event") +
+		" (want one of name, operation, operationName, resourceName, or data.id); "
 	if len(e.Fields) == 0 {
-		b.WriteString("the event has no fields")
-		return b.String()
+		return s + "the event has no fields"
 	}
-	b.WriteString("fields present: ")
-	listed := b.Len()
+	var listed []string
 	for i, f := range e.Fields {
 		if !plainField(f) {
 			f = Quote(f) // bounded, control characters escaped
 		}
-		if i == maxFieldsListed || b.Len()-listed+len(f) > maxFieldsText {
-			fmt.Fprintf(&b, "… (%d more)", len(e.Fields)-i)
+		if i == maxFieldsListed || len(strings.Join(listed, ", "))+len(f) > maxFieldsText {
+			listed = append(listed, fmt.Sprintf("… (%d more)", len(e.Fields)-i))
 			break
 		}
-		b.WriteString(f)
-		if i < len(e.Fields)-1 {
-			b.WriteString(", ")
-		}
+		listed = append(listed, f)
 	}
-	return b.String()
+	return s + "fields present: " + strings.Join(listed, ", ")
 }
 
 // maxFieldsListed and maxFieldsText bound the field names NoNameError's
@@ -89,13 +79,81 @@ const (
 // plainField reports whether a field name can be written as it is: short
 // printable ASCII.
 func plainField(f string) bool {
-	if len(f) > 64 {
-		return false
-	}
-	for i := 0; i < len(f); i++ {
-		if f[i] <= ' ' || f[i] >= 0x7f || f[i] == ',' {
-			return false
+	return len(f) <= 64 && !strings.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ',' })
+}
+
+// NormalizeState returns an operation state in one spelling: upper case, with
+// the BATCH_STATE_ / JOB_STATE_ prefix (or a webhook type's "batch." prefix)
+// removed, and CANCELED spelled CANCELLED. "BATCH_STATE_SUCCEEDED",
+// "JOB_STATE_SUCCEEDED", "succeeded" and "batch.succeeded" all become
+// "SUCCEEDED"; "" stays "".
+func NormalizeState(s string) string {
+	for {
+		prev := s
+		s = strings.TrimSpace(s)
+		s = trimPrefixFold(s, "batch.")
+		s = trimPrefixFold(s, "BATCH_STATE_")
+		s = trimPrefixFold(s, "JOB_STATE_")
+		if s == prev {
+			break
 		}
 	}
-	return true
+	if s = strings.ToUpper(s); s == "CANCELED" {
+		return "CANCELLED"
+	}
+	return s
+}
+
+// trimPrefixFold removes prefix from s, ignoring case.
+func trimPrefixFold(s, prefix string) string {
+	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
+		return s[len(prefix):]
+	}
+	return s
+}
+
+// IsTerminal reports whether a state (in any spelling NormalizeState accepts)
+// is one an operation never leaves: SUCCEEDED, FAILED, CANCELLED, EXPIRED or
+// PARTIALLY_SUCCEEDED. Pending, running, paused and unknown states are not.
+func IsTerminal(state string) bool {
+	switch NormalizeState(state) {
+	case "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED":
+		return true
+	}
+	return false
+}
+
+// IsBatchType reports whether an event type is a Gemini webhook batch event
+// ("batch.succeeded", "batch.running", …), compared case-insensitively.
+func IsBatchType(t string) bool {
+	return len(t) > len("batch.") && trimPrefixFold(t, "batch.") != t
+}
+
+// IsCompletionType reports whether a webhook event type announces that a batch
+// finished: batch.succeeded, batch.failed, batch.cancelled (or canceled),
+// batch.expired, batch.completed or batch.partially_succeeded.
+func IsCompletionType(t string) bool {
+	if !IsBatchType(t) {
+		return false
+	}
+	switch NormalizeState(t) {
+	case "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "COMPLETED", "PARTIALLY_SUCCEEDED":
+		return true
+	}
+	return false
+}
+
+// StateFromType returns the state a webhook event type announces
+// ("batch.succeeded" → "SUCCEEDED", "batch.running" → "RUNNING"), or "" when
+// the type is not a batch.* type or names no particular state
+// ("batch.completed" says the batch ended, not how).
+func StateFromType(t string) string {
+	if !IsBatchType(t) {
+		return ""
+	}
+	s := NormalizeState(t)
+	if s == "COMPLETED" {
+		return ""
+	}
+	return s
 }

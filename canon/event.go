@@ -2,11 +2,13 @@ package canon
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -81,9 +83,9 @@ func fromDoc(body []byte, depth int) (Event, error) {
 	if raw[0] != '{' {
 		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
 	}
-	top := readObject(raw)
+	top := asObject(raw)
 
-	if data, ok, err := pubSubData(&top); err != nil {
+	if data, ok, err := pubSubData(top); err != nil {
 		return Event{}, err
 	} else if ok {
 		if depth >= maxPubSubDepth {
@@ -100,22 +102,22 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		return ev, nil
 	}
 
-	ev := Event{Type: str(top.typ), HasType: len(top.typ) > 0 && top.typ[0] != 'n'}
-	typed := Event{Type: ev.Type, HasType: ev.HasType}
-	data := readObject(top.data)
+	typ := top["type"]
+	ev := Event{Type: str(typ), HasType: len(typ) > 0 && typ[0] != 'n'}
+	data := asObject(top["data"])
 	batch := IsBatchType(ev.Type)
 
-	name, from, err := findName(&top, &data)
+	name, from, err := findName(top, data)
 	if err != nil {
-		return typed, err
+		return ev, err
 	}
 	if name == "" {
-		return typed, &NoNameError{Fields: fieldNames(raw, top.data)}
+		return ev, &NoNameError{Fields: fieldNames(top, data)}
 	}
 	if collectionOnly(name) {
 		// Checked before a batch event's bare id gets its collection, so
 		// that "batches/" does not become the batch named "batches".
-		return typed, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
+		return ev, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
 	}
 	if batch && !strings.Contains(name, "/") {
 		// The Gemini webhook names a batch by its bare id.
@@ -124,139 +126,108 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		ev.Key = Prefix + name
 	}
 	if err := checkBytes(ev.Key); err != nil {
-		return typed, err
+		return ev, err
 	}
 	ev.Name = ev.Key[len(Prefix):]
 
-	var st stateScan
-	st.scan(&top)
-	st.scan(&data)
-	st.scan(&from)
-	ev.State = st.state
-	if ev.State == "" {
-		ev.State = StateFromType(ev.Type)
+	// The state is the first one found in "state" or "metadata.state" (at
+	// the top, in data, in the candidate object). Any non-terminal signal,
+	// "done": false included, wins: accepting a running batch as done would
+	// run the effect on partial results, while ignoring an event loses
+	// nothing (the poller sees the completion again).
+	nonTerminal := batch && !IsCompletionType(ev.Type)
+	for _, obj := range []object{top, data, from} {
+		for _, st := range []json.RawMessage{obj["state"], asObject(obj["metadata"])["state"]} {
+			if st := NormalizeState(str(st)); st != "" {
+				ev.State = cmp.Or(ev.State, st)
+				nonTerminal = nonTerminal || !IsTerminal(st)
+			}
+		}
+		nonTerminal = nonTerminal || string(obj["done"]) == "false"
 	}
-	ev.Terminal = !st.nonTerminal && !(batch && !IsCompletionType(ev.Type))
-
-	if depth == 0 {
-		ev.Operation = json.RawMessage(bytes.Clone(raw)) // body may be a reused buffer
-	} else {
-		ev.Operation = json.RawMessage(raw) // decoded from Pub/Sub: ours already
-	}
+	ev.State = cmp.Or(ev.State, StateFromType(ev.Type))
+	ev.Terminal = !nonTerminal
+	ev.Operation = bytes.Clone(raw) // body may be a reused buffer
 	return ev, nil
+}
+
+// candidates are the fields that may hold the operation name, in the order
+// of spec §2.
+var candidates = [...]string{"name", "operation", "operationName", "resourceName"}
+
+// object is a JSON object's fields, their values still raw. A repeated
+// field keeps its last value, as encoding/json does.
+type object = map[string]json.RawMessage
+
+// asObject decodes raw (valid JSON) when it is an object, and is nil
+// otherwise.
+func asObject(raw json.RawMessage) object {
+	var obj object
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &obj) != nil {
+		return nil
+	}
+	return obj
 }
 
 // findName returns the canonical name of the first non-empty candidate, top
 // level first, then inside data (where the webhook's id also counts), and the
 // object that held it when the candidate was an object.
-func findName(top, data *view) (string, view, error) {
-	for i := range numCandidates {
-		f, raw := top.candidate(i)
-		if n, obj, err := candidate("", f, raw); err != nil || n != "" {
+func findName(top, data object) (string, object, error) {
+	for _, f := range candidates {
+		if n, obj, err := candidate(f, top[f]); err != nil || n != "" {
 			return n, obj, err
 		}
 	}
-	if !data.isObject {
-		return "", view{}, nil
+	if data == nil {
+		return "", nil, nil
 	}
-	for i := range numCandidates {
-		f, raw := data.candidate(i)
-		if n, obj, err := candidate("data.", f, raw); err != nil || n != "" {
+	for _, f := range candidates {
+		if n, obj, err := candidate("data."+f, data[f]); err != nil || n != "" {
 			return n, obj, err
 		}
 	}
-	return candidate("data.", "id", data.id)
+	return candidate("data.id", data["id"])
 }
 
 // candidate reads one name candidate: a string, or an object whose own
 // "name" is a string. Absent, null, blank and name-less values are empty.
 // A string that is not valid UTF-8 or holds an unpaired surrogate escape is
 // refused (spec §12), not decoded with replacement characters: two different
-// names must never become one key. The field is named parent+field in errors
-// (kept apart so that the happy path builds no string).
-func candidate(parent, field string, raw json.RawMessage) (string, view, error) {
-	if len(raw) == 0 {
-		return "", view{}, nil
-	}
-	switch raw[0] {
-	case 'n':
-		return "", view{}, nil
-	case '"':
-		s, ok := strictStr(raw)
-		if !ok {
-			return "", view{}, badString(parent+field, raw)
+// names must never become one key.
+func candidate(field string, raw json.RawMessage) (string, object, error) {
+	obj := asObject(raw)
+	if obj != nil {
+		field, raw = field+".name", obj["name"]
+		if len(raw) > 0 && raw[0] != '"' && raw[0] != 'n' {
+			return "", nil, classed(ErrFieldType, "field %q is %s, want a string", field, kind(raw))
 		}
-		return canonName(s), view{}, nil
-	case '{':
-		obj := readObject(raw)
-		n := obj.name
-		if len(n) > 0 && n[0] != '"' && n[0] != 'n' {
-			return "", view{}, classed(ErrFieldType, "field %q is %s, want a string", parent+field+".name", kind(n))
-		}
-		s, ok := strictStr(n)
-		if !ok {
-			return "", view{}, badString(parent+field+".name", n)
-		}
-		return canonName(s), obj, nil
 	}
-	return "", view{}, classed(ErrFieldType, "field %q is %s, want a string or an object with a name", parent+field, kind(raw))
-}
-
-// badString is the error for a name candidate that strictStr refuses; it
-// quotes the JSON text as received.
-func badString(field string, raw json.RawMessage) error {
-	return fmt.Errorf("%w: field %q is not valid UTF-8 or holds an unpaired surrogate escape: %s",
-		ErrInvalidKey, field, Quote(string(raw[1:len(raw)-1])))
-}
-
-// stateScan gathers what the event says about its state.
-type stateScan struct {
-	state       string // the first state found, normalised
-	nonTerminal bool   // a non-terminal state, or "done": false, was found
-}
-
-// scan reads obj's "state", "metadata.state" and "done". Any non-terminal
-// signal wins: accepting a running batch as done would run the effect on
-// partial results, while ignoring an event loses nothing (the poller sees
-// the completion again).
-func (s *stateScan) scan(obj *view) {
-	if !obj.isObject {
-		return
+	switch {
+	case len(raw) == 0 || raw[0] == 'n':
+		return "", obj, nil
+	case raw[0] != '"':
+		return "", nil, classed(ErrFieldType, "field %q is %s, want a string or an object with a name", field, kind(raw))
 	}
-	s.add(str(obj.state))
-	if md := readObject(obj.metadata); md.isObject {
-		s.add(str(md.state))
+	s, ok := StrictString(raw)
+	if !ok {
+		return "", nil, fmt.Errorf("%w: field %q is not valid UTF-8 or holds an unpaired surrogate escape: %s",
+			ErrInvalidKey, field, Quote(string(raw[1:len(raw)-1])))
 	}
-	if string(obj.done) == "false" {
-		s.nonTerminal = true
-	}
-}
-
-func (s *stateScan) add(state string) {
-	state = NormalizeState(state)
-	if state == "" {
-		return
-	}
-	if s.state == "" {
-		s.state = state
-	}
-	if !IsTerminal(state) {
-		s.nonTerminal = true
-	}
+	return canonName(s), obj, nil
 }
 
 // pubSubData returns the decoded message.data of a Pub/Sub push envelope
 // ({"message":{"data":"<base64>",…},"subscription":…}); ok is false when top
 // is not one.
-func pubSubData(top *view) (data []byte, ok bool, err error) {
-	msg := readObject(top.message)
-	if !msg.isObject || msg.data == nil {
+func pubSubData(top object) (data []byte, ok bool, err error) {
+	raw := asObject(top["message"])["data"]
+	if raw == nil {
 		return nil, false, nil
 	}
-	if msg.data[0] != '"' {
-		return nil, false, classed(ErrEnvelope, "Pub/Sub message.data is %s, want a base64 string", kind(msg.data))
+	if raw[0] != '"' {
+		return nil, false, classed(ErrEnvelope, "Pub/Sub message.data is %s, want a base64 string", kind(raw))
 	}
-	enc := strings.TrimRight(str(msg.data), "=")
+	enc := strings.TrimRight(str(raw), "=")
 	if enc == "" {
 		return nil, false, classed(ErrEnvelope, "Pub/Sub message.data is empty")
 	}
@@ -271,38 +242,75 @@ func pubSubData(top *view) (data []byte, ok bool, err error) {
 	return data, true, nil
 }
 
-// fieldNames lists the field names of the object top and those of the object
-// data as "data.x", sorted. Only the error path calls it.
-func fieldNames(top, data json.RawMessage) []string {
+// fieldNames lists the field names of top and those of data as "data.x",
+// sorted. Only the error path calls it.
+func fieldNames(top, data object) []string {
 	var names []string
-	eachField(top, func(key, _ json.RawMessage) {
-		names = append(names, str(key))
-	})
-	if len(data) > 0 && data[0] == '{' {
-		eachField(data, func(key, _ json.RawMessage) {
-			names = append(names, "data."+str(key))
-		})
+	for k := range top {
+		names = append(names, k)
+	}
+	for k := range data {
+		names = append(names, "data."+k)
 	}
 	slices.Sort(names)
-	return slices.Compact(names) // a repeated field is one field
+	return slices.Compact(names) // a top-level "data.x" and data's x are one name
 }
 
 // str returns raw's value when it is a JSON string, and "" otherwise. Invalid
 // UTF-8 and unpaired surrogates become U+FFFD, as in encoding/json: right
 // for a state or a type (an unknown state counts as non-terminal), wrong for
-// a name (strictStr).
+// a name (StrictString).
 func str(raw json.RawMessage) string {
-	if len(raw) < 2 || raw[0] != '"' {
-		return ""
-	}
-	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-		return string(raw[1 : len(raw)-1])
-	}
 	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return ""
+	if len(raw) > 0 && raw[0] == '"' {
+		_ = json.Unmarshal(raw, &s)
 	}
 	return s
+}
+
+// StrictString decodes the JSON string raw as a name must be read (spec
+// §12): ok is false when it is not valid UTF-8 or holds an unpaired
+// surrogate escape such as \ud800, both of which encoding/json would
+// silently replace with U+FFFD, so that two different names would become
+// one key. A value that is not a string (absent, null, a number) decodes to
+// "", ok. raw must be a JSON value that json.Valid accepts.
+func StrictString(raw json.RawMessage) (s string, ok bool) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", true
+	}
+	if !utf8.Valid(raw) || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		if i++; raw[i] != 'u' {
+			continue // an escaped byte: an escaped backslash is passed whole
+		}
+		// Only a high surrogate directly followed by an escaped low one is
+		// a character; json.Valid promised four hex digits after each \u.
+		hi := surrogate(raw[i+1 : i+5])
+		i += 4
+		if hi == 0 {
+			continue
+		}
+		if hi >= 0xdc00 || !bytes.HasPrefix(raw[i+1:], []byte(`\u`)) || surrogate(raw[i+3:i+7]) < 0xdc00 {
+			return "", false
+		}
+		i += 6
+	}
+	return s, true
+}
+
+// surrogate returns the UTF-16 code unit written by four hex digits when it
+// is a surrogate, else 0.
+func surrogate(hex []byte) rune {
+	v, _ := strconv.ParseUint(string(hex), 16, 16)
+	if v < 0xd800 || v > 0xdfff {
+		return 0
+	}
+	return rune(v)
 }
 
 // kind names the JSON type of raw for error messages.
@@ -310,17 +318,8 @@ func kind(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return "missing"
 	}
-	switch raw[0] {
-	case '{':
-		return "an object"
-	case '[':
-		return "an array"
-	case '"':
-		return "a string"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
+	if i := strings.IndexByte(`{["tfn`, raw[0]); i >= 0 {
+		return [...]string{"an object", "an array", "a string", "a boolean", "a boolean", "null"}[i]
 	}
 	return "a number"
 }

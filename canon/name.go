@@ -3,8 +3,11 @@ package canon
 import (
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // ErrEmptyName is wrapped by Key when a name is empty once normalised (blank,
@@ -49,25 +52,13 @@ func BareIDKeys(key string) []string {
 // whose "<collection>/<id>" pair ends a canonical name, or "" for any other
 // segment. Matching ignores case; batchJobs is an alias of batches.
 func collection(seg string) string {
-	// The length picks the one word to compare: every event's id passes
-	// through here (spec §12's collection-word test), most of them no word.
-	switch len(seg) {
-	case len("operations"):
-		if strings.EqualFold(seg, "operations") {
-			return "operations"
+	for _, c := range [...]string{"operations", "batches", "batchPredictionJobs"} {
+		if strings.EqualFold(seg, c) {
+			return c
 		}
-	case len("batches"):
-		if strings.EqualFold(seg, "batches") {
-			return "batches"
-		}
-	case len("batchJobs"):
-		if strings.EqualFold(seg, "batchJobs") {
-			return "batches"
-		}
-	case len("batchPredictionJobs"):
-		if strings.EqualFold(seg, "batchPredictionJobs") {
-			return "batchPredictionJobs"
-		}
+	}
+	if strings.EqualFold(seg, "batchJobs") {
+		return "batches"
 	}
 	return ""
 }
@@ -87,11 +78,28 @@ func canonName(s string) string {
 			s = rest // "GEMINI:x" is a key typed in capitals, not a name
 			continue
 		}
-		rest, ok := stripURL(s, &queryCut)
-		if !ok {
+		if !urlScheme.MatchString(s) {
 			break
 		}
-		s = rest
+		// A URL loses its scheme, host and leading API version
+		// ("https://host/v1beta/batches/x" → "batches/x"); the first one
+		// also its query and fragment and the white space and slashes
+		// before them, after which no '?' or '#' is left to search for.
+		s = s[strings.Index(s, "://")+len("://"):] // a scheme holds no ':'
+		if !queryCut {
+			if q := strings.IndexAny(s, "?#"); q >= 0 {
+				s = strings.TrimRightFunc(s[:q], isSpaceOrSlash)
+			}
+			queryCut = true
+		}
+		_, path, found := strings.Cut(s, "/")
+		if !found {
+			return "" // a host and nothing else names no operation
+		}
+		s = strings.TrimLeft(path, "/")
+		if seg, after, _ := strings.Cut(s, "/"); apiVersion.MatchString(seg) {
+			s = after
+		}
 	}
 	if s == "" {
 		return ""
@@ -122,79 +130,115 @@ func lastPair(s string) string {
 	}
 }
 
-// stripURL removes a URL's scheme, host and leading API version segment
-// ("https://host/v1beta/batches/x" → "batches/x"); ok is false when s does
-// not start with "scheme://". The first time it meets a URL (*queryCut
-// false) it also cuts the query and fragment and the white space and slashes
-// before them; what is left then holds no '?' or '#', so the search is not
-// repeated.
-func stripURL(s string, queryCut *bool) (rest string, ok bool) {
-	i := schemeLen(s)
-	if i == 0 || !strings.HasPrefix(s[i:], "://") {
-		return s, false
+// urlScheme matches a URL's scheme (RFC 3986 §3.1) and "://"; apiVersion an
+// API version path segment: v1, v1beta, v1alpha, v1beta1, v2alpha3 and the
+// like. Go's regexp runs in time linear in the input.
+var (
+	urlScheme  = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+	apiVersion = regexp.MustCompile(`^v[0-9]+((alpha|beta)[0-9]*)?$`)
+)
+
+// MaxKeyLen bounds a new key in bytes, prefix included (spec §12): long
+// enough for any operation name the APIs give (a Vertex job's full resource
+// name is about 100 bytes), short enough for every backend's index and for an
+// effect's environment and argument list.
+const MaxKeyLen = 512
+
+// MaxQuoted bounds how much of a bad name an error text or a log line quotes
+// (spec §12).
+const MaxQuoted = 120
+
+// ErrInvalidKey is wrapped by CheckKey (and by FromEvent) when a name can
+// never be stored or run: invalid UTF-8 (in JSON, an unpaired surrogate
+// escape too), a control character, longer than MaxKeyLen, empty, or only a
+// collection word (spec §12). It is the sender's fault, never a reason to
+// retry.
+var ErrInvalidKey = errors.New("invalid operation name")
+
+// CheckKey reports whether key, a canonical key such as Key returns, may be
+// recorded for a new sighting (spec §12). Keys already stored are not checked
+// again: inspection and upkeep accept any stored key exactly. The error wraps
+// ErrInvalidKey, names the limit that was broken and quotes at most
+// MaxQuoted bytes of key (Quote).
+func CheckKey(key string) error {
+	err := checkBytes(key)
+	switch name := trimPrefixFold(key, Prefix); {
+	case err != nil:
+	case strings.TrimRight(name, "/") == "":
+		err = fmt.Errorf("%w: %w: %s", ErrInvalidKey, ErrEmptyName, Quote(key))
+	case collectionOnly(name):
+		err = fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
+	default:
+		return nil
 	}
-	rest = s[i+len("://"):]
-	if !*queryCut {
-		*queryCut = true
-		if q := strings.IndexAny(rest, "?#"); q >= 0 {
-			rest = strings.TrimRightFunc(rest[:q], isSpaceOrSlash)
-		}
-	}
-	slash := strings.IndexByte(rest, '/')
-	if slash < 0 {
-		return "", true // a host and nothing else names no operation
-	}
-	path := strings.TrimLeft(rest[slash:], "/")
-	seg, after, found := strings.Cut(path, "/")
-	if isAPIVersion(seg) {
-		if !found {
-			return "", true
-		}
-		return after, true
-	}
-	return path, true
+	return fmt.Errorf("canon: %w", err)
 }
 
-// schemeLen returns the length of the URL scheme (RFC 3986 §3.1) that s
-// starts with, 0 when there is none. It stops at the first byte that cannot
-// be part of a scheme.
-func schemeLen(s string) int {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
-		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return i
-		}
+// checkBytes is the part of CheckKey that looks at every byte: the length,
+// the encoding and control characters. FromEvent calls it alone, having
+// tested the name for emptiness and a collection word before the key was
+// built.
+func checkBytes(key string) error {
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes, over the limit of %d bytes: %s", ErrInvalidKey, len(key), MaxKeyLen, Quote(key))
 	}
-	return len(s)
+	if i, r := badChar(key); i >= 0 {
+		if r == utf8.RuneError {
+			return fmt.Errorf("%w: not valid UTF-8 (byte %#02x at offset %d): %s", ErrInvalidKey, key[i], i, Quote(key))
+		}
+		return fmt.Errorf("%w: control character %U at offset %d: %s", ErrInvalidKey, r, i, Quote(key))
+	}
+	return nil
 }
 
-// isAPIVersion reports whether seg is an API version path segment: v1, v1beta,
-// v1alpha, v1beta1, v2alpha3 and the like.
-func isAPIVersion(seg string) bool {
-	if len(seg) < 2 || seg[0] != 'v' {
-		return false
-	}
-	i := 1
-	for i < len(seg) && '0' <= seg[i] && seg[i] <= '9' {
-		i++
-	}
-	if i == 1 {
-		return false
-	}
-	rest := seg[i:]
-	for _, stage := range [...]string{"alpha", "beta"} {
-		if strings.HasPrefix(rest, stage) {
-			rest = rest[len(stage):]
-			break
+// badChar returns the offset of the first byte of s that starts an invalid
+// UTF-8 sequence (r is then utf8.RuneError) or a Unicode control character
+// (category Cc: U+0000–U+001F, U+007F–U+009F; r is that character), and -1
+// when there is none.
+func badChar(s string) (int, rune) {
+	for i, r := range s {
+		if unicode.IsControl(r) || r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD") {
+			return i, r
 		}
 	}
-	for j := 0; j < len(rest); j++ {
-		if rest[j] < '0' || rest[j] > '9' {
-			return false
-		}
+	return -1, 0
+}
+
+// collectionOnly reports whether name (without the key prefix) names a
+// collection rather than an operation: a collection word alone ("batches",
+// "batches/", "BatchJobs"), or one that ends a path whose previous segment is
+// not a collection ("projects/p/locations/l/batchPredictionJobs"). Such names
+// would merge every event that lacks its id into one key. "batches/batches"
+// is the batch whose id is "batches", a name.
+func collectionOnly(name string) bool {
+	name = strings.TrimRight(name, "/")
+	j := strings.LastIndexByte(name, '/')
+	if collection(name[j+1:]) == "" {
+		return false
 	}
-	return true
+	if j < 0 {
+		return true
+	}
+	prev := name[:j]
+	return collection(prev[strings.LastIndexByte(prev, '/')+1:]) == ""
+}
+
+// Quote renders s for an error text or a log line: at most MaxQuoted bytes
+// of it (cut at a character boundary, the full length then said), quoted,
+// with control characters and invalid bytes escaped (strconv.Quote).
+func Quote(s string) string {
+	if len(s) <= MaxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := MaxQuoted
+	// Back up to the start of the character that straddles the cut, but
+	// never more than a character's length: a run of stray continuation
+	// bytes is invalid anyway and is shown as \x escapes.
+	for back := 0; back < utf8.UTFMax-1 && !utf8.RuneStart(s[cut]); back++ {
+		cut--
+	}
+	if !utf8.RuneStart(s[cut]) {
+		cut = MaxQuoted
+	}
+	return strconv.Quote(s[:cut]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
 }

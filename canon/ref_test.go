@@ -1,9 +1,9 @@
 package canon
 
 // This file keeps a second, deliberately plain implementation of FromEvent,
-// built on encoding/json maps, as an oracle: FuzzFromEventMatchesReference
-// checks that the allocation-light scanner in scan.go reads every document
-// exactly as encoding/json would.
+// written apart from it (a regexp finds surrogate escapes, its own candidate
+// and key checks), as an oracle: FuzzFromEventMatchesReference checks that
+// FromEvent reads every document as it does.
 
 import (
 	"bytes"

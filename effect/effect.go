@@ -5,6 +5,8 @@ package effect
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"time"
 )
 
 // Event is the event document every effect receives (spec §4, §9.3). Its
@@ -44,4 +46,82 @@ type Event struct {
 // unless marked with Permanent; RetryAfter sets the earliest next attempt.
 type Effect interface {
 	Run(ctx context.Context, ev Event) error
+}
+
+// marked is an error marked as one of the kinds below (K tells them apart
+// for errors.As, so that marks on one chain never hide each other).
+type marked[K any] struct {
+	err   error
+	after time.Duration // retryAfter's delay
+}
+
+func (e *marked[K]) Error() string { return e.err.Error() }
+func (e *marked[K]) Unwrap() error { return e.err }
+
+// The kinds of marks.
+type (
+	// permanent: an error that retrying cannot fix (spec §4: a 4xx from
+	// the forward target other than 408, 409, 425 and 429).
+	permanent struct{}
+	// retryAfter: the earliest delay before the next attempt that the
+	// downstream asked for (an HTTP Retry-After).
+	retryAfter struct{}
+	// broken: the effect cannot run any attempt in this process, its
+	// output is gone or stalled (the NDJSON stdout).
+	broken struct{}
+)
+
+func mark[K any](err error, after time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &marked[K]{err: err, after: after}
+}
+
+func markOf[K any](err error) (*marked[K], bool) {
+	var m *marked[K]
+	return m, errors.As(err, &m)
+}
+
+// Permanent marks err as permanent: the dispatcher sends the key to dead at
+// once instead of scheduling a retry. Permanent(nil) is nil.
+func Permanent(err error) error { return mark[permanent](err, 0) }
+
+// IsPermanent reports whether err, or any error it wraps, was marked with
+// Permanent.
+func IsPermanent(err error) bool {
+	_, ok := markOf[permanent](err)
+	return ok
+}
+
+// WithRetryAfter attaches the earliest delay d before the next attempt to a
+// retryable err. WithRetryAfter(nil, d) is nil; d <= 0 returns err unchanged.
+func WithRetryAfter(err error, d time.Duration) error {
+	if d <= 0 {
+		return err
+	}
+	return mark[retryAfter](err, d)
+}
+
+// RetryAfterOf returns the delay attached with WithRetryAfter anywhere in
+// err's chain; ok is false when there is none.
+func RetryAfterOf(err error) (time.Duration, bool) {
+	if m, ok := markOf[retryAfter](err); ok {
+		return m.after, true
+	}
+	return 0, false
+}
+
+// Broken marks err as the effect being unusable in this process (it was not
+// the key's fault: gemrecon's stdout went away or stopped taking data). The
+// dispatcher records the attempt as a failure that uses up no attempt
+// (sink.Failure.NoAttempt), claims nothing more, and returns an error that
+// ends the command. Broken(nil) is nil.
+func Broken(err error) error { return mark[broken](err, 0) }
+
+// IsBroken reports whether err, or any error it wraps, was marked with
+// Broken.
+func IsBroken(err error) bool {
+	_, ok := markOf[broken](err)
+	return ok
 }

@@ -41,11 +41,9 @@ const DefaultWaitDelay = 2 * time.Second
 // did afterwards.
 type Exec struct {
 	command   string
-	output    io.Writer
-	lines     func(OutputLine) // set by ExecLines: instead of output
+	lines     func(OutputLine) // where the command's output goes; nil: nowhere
 	dir       string
-	tail      int
-	waitDelay time.Duration
+	waitDelay time.Duration // DefaultWaitDelay; tests shorten it
 
 	// beforeWait, when set (tests only), is called after the command
 	// started and before it is waited for, with its pid and a channel that
@@ -63,10 +61,17 @@ type ExecOption func(*Exec)
 // long and last lines). nil discards them.
 func ExecOutput(w io.Writer) ExecOption {
 	return func(e *Exec) {
-		if w == nil {
-			w = io.Discard
+		e.lines = nil
+		if w != nil {
+			// Errors are dropped: where the copy goes (gemrecon's stderr)
+			// breaking is not the command's failure (see Run).
+			var mu sync.Mutex
+			e.lines = func(l OutputLine) {
+				mu.Lock()
+				defer mu.Unlock()
+				_, _ = w.Write(append([]byte(l.Text), '\n'))
+			}
 		}
-		e.output = w
 	}
 }
 
@@ -94,34 +99,10 @@ func ExecLines(fn func(OutputLine)) ExecOption {
 // ExecDir sets the command's working directory (default: gemrecon's).
 func ExecDir(dir string) ExecOption { return func(e *Exec) { e.dir = dir } }
 
-// ExecStderrTail sets how many trailing bytes of stderr a failure keeps
-// (default DefaultStderrTail).
-func ExecStderrTail(n int) ExecOption {
-	return func(e *Exec) {
-		if n > 0 {
-			e.tail = n
-		}
-	}
-}
-
-// ExecWaitDelay sets how long to wait for the command's pipes after it exited
-// or was killed (default DefaultWaitDelay).
-func ExecWaitDelay(d time.Duration) ExecOption {
-	return func(e *Exec) {
-		if d > 0 {
-			e.waitDelay = d
-		}
-	}
-}
-
 // NewExec returns an effect that runs command with /bin/sh -c.
 func NewExec(command string, opts ...ExecOption) *Exec {
-	e := &Exec{
-		command:   command,
-		output:    os.Stderr,
-		tail:      DefaultStderrTail,
-		waitDelay: DefaultWaitDelay,
-	}
+	e := &Exec{command: command, waitDelay: DefaultWaitDelay}
+	ExecOutput(os.Stderr)(e)
 	for _, o := range opts {
 		o(e)
 	}
@@ -137,14 +118,13 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("exec: not started: %w", err)
 	}
-	tail := &tailBuffer{max: e.tail}
+	tail := &tailBuffer{}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.command)
 	cmd.Dir = e.dir
 	cmd.Stdin = bytes.NewReader(doc)
-	var flush func()
-	if e.lines == nil && e.output == io.Discard {
-		cmd.Stderr = tail // stdout: /dev/null
-	} else {
+	cmd.Stderr = tail // stdout: /dev/null
+	flush := func() {}
+	if e.lines != nil {
 		// Copied, never handed over as a file, and line by line: where
 		// the copy goes (gemrecon's stderr) breaking is not the command's
 		// failure — handed the file, or a copy that stops at the first
@@ -153,13 +133,8 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 		// failed — and a line is written whole, in one write, so that the
 		// lines of concurrent commands and gemrecon's log records never
 		// cut into each other.
-		emit := e.lines
-		if emit == nil {
-			out := &lenientWriter{w: e.output}
-			emit = func(l OutputLine) { out.Write(append([]byte(l.Text), '\n')) }
-		}
-		stdout := &lineWriter{key: ev.Key, stream: "stdout", emit: emit}
-		stderr := &lineWriter{key: ev.Key, stream: "stderr", emit: emit}
+		stdout := &lineWriter{key: ev.Key, stream: "stdout", emit: e.lines}
+		stderr := &lineWriter{key: ev.Key, stream: "stderr", emit: e.lines}
 		cmd.Stdout = stdout
 		cmd.Stderr = io.MultiWriter(tail, stderr)
 		flush = func() { stdout.flush(); stderr.flush() }
@@ -203,9 +178,7 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 		}
 		runErr = cmd.Wait()
 	}
-	if flush != nil {
-		flush() // a last line without its newline
-	}
+	flush() // a last line without its newline
 	st := cmd.ProcessState
 	if st != nil && st.Success() {
 		// The exit status decides, not the context's state after the
@@ -216,10 +189,10 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	}
 	var msg string
 	var cause error = runErr
-	switch ws, _ := sysStatus(st); {
+	switch {
 	case st == nil: // it never started
 		msg = "exec: " + runErr.Error()
-	case killed.Load() && ws.Signaled() && ws.Signal() == syscall.SIGKILL:
+	case killed.Load() && st.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL:
 		// Our kill, sent because the context ended (timeout, shutdown,
 		// a takeover): the error wraps the context's, so that dispatch
 		// can say why.
@@ -237,26 +210,6 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 		msg += "; stderr: " + t
 	}
 	return &execError{msg: msg, err: cause}
-}
-
-// lenientWriter passes writes on to w until w fails once, then drops them;
-// it always reports the whole write as taken. It is safe for concurrent use
-// (the command's stdout and stderr are copied to it by two goroutines).
-type lenientWriter struct {
-	mu     sync.Mutex
-	w      io.Writer
-	failed bool
-}
-
-func (l *lenientWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.failed {
-		if _, err := l.w.Write(p); err != nil {
-			l.failed = true
-		}
-	}
-	return len(p), nil
 }
 
 // lineWriter cuts one output stream of a command into lines (at most
@@ -306,15 +259,6 @@ func (l *lineWriter) emitLocked() {
 	l.buf = l.buf[:0]
 }
 
-// sysStatus returns the wait status of a finished command.
-func sysStatus(st *os.ProcessState) (syscall.WaitStatus, bool) {
-	if st == nil {
-		return 0, false
-	}
-	ws, ok := st.Sys().(syscall.WaitStatus)
-	return ws, ok
-}
-
 // execError keeps the readable message and the cause for errors.Is (a
 // context error when the process group was killed).
 type execError struct {
@@ -325,30 +269,22 @@ type execError struct {
 func (e *execError) Error() string { return e.msg }
 func (e *execError) Unwrap() error { return e.err }
 
-// tailBuffer keeps the last max bytes written to it.
+// tailBuffer keeps the last DefaultStderrTail bytes written to it.
 type tailBuffer struct {
 	mu        sync.Mutex
-	max       int
 	buf       []byte
 	truncated bool
 }
 
-// Write keeps the last max bytes of everything written.
 func (t *tailBuffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := len(p)
-	if len(p) >= t.max {
-		t.buf = append(t.buf[:0], p[len(p)-t.max:]...)
-		t.truncated = true
-		return n, nil
-	}
-	if over := len(t.buf) + len(p) - t.max; over > 0 {
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - DefaultStderrTail; over > 0 {
 		t.buf = append(t.buf[:0], t.buf[over:]...)
 		t.truncated = true
 	}
-	t.buf = append(t.buf, p...)
-	return n, nil
+	return len(p), nil
 }
 
 // String returns the kept tail, trimmed, valid UTF-8, marked with "…" when

@@ -235,7 +235,9 @@ func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 // child holding its stderr returns after the wait delay, as success.
 func TestExecBackgroundChildDoesNotHang(t *testing.T) {
 	start := time.Now()
-	err := NewExec("sleep 20 & exit 0", ExecOutput(nil), ExecWaitDelay(200*time.Millisecond)).Run(context.Background(), testEvent())
+	e := NewExec("sleep 20 & exit 0", ExecOutput(nil))
+	e.waitDelay = 200 * time.Millisecond
+	err := e.Run(context.Background(), testEvent())
 	if err != nil {
 		t.Errorf("Run() = %v, want nil", err)
 	}

@@ -2,6 +2,7 @@ package effect
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,13 +64,10 @@ func NewForward(rawURL, secret string, client *http.Client) (*Forward, error) {
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return nil, fmt.Errorf("forward: URL %q must be http:// or https:// with a host", u.Redacted())
 	}
-	if client == nil {
-		client = http.DefaultClient
-	}
 	// Never follow redirects: a 302 or 303 would turn the POST into a GET
 	// whose 2xx would pass for a delivered event. A 3xx is answered as
 	// permanent (fix the URL).
-	c := *client
+	c := *cmp.Or(client, http.DefaultClient)
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	f := &Forward{url: rawURL, client: &c}
 	if secret != "" {
@@ -114,11 +113,11 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderIdempotencyKey, ev.Key)
 	req.Header.Set(HeaderFencingToken, strconv.FormatInt(ev.Token, 10))
+	now := time.Now
+	if f.Now != nil {
+		now = f.Now
+	}
 	if f.wh != nil {
-		now := time.Now
-		if f.Now != nil {
-			now = f.Now
-		}
 		ts := now()
 		id := MessageID(ev.Key, ev.Token)
 		sig, err := f.wh.Sign(id, ts, body)
@@ -150,10 +149,6 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	if !retryableStatus(resp.StatusCode) {
 		return Permanent(ferr)
 	}
-	now := time.Now
-	if f.Now != nil {
-		now = f.Now
-	}
 	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now()); ok {
 		return WithRetryAfter(ferr, d)
 	}
@@ -182,39 +177,21 @@ func (e *StatusError) Error() string {
 // retryableStatus: the statuses spec §4 retries; every other non-2xx is
 // the target refusing this document for good.
 func retryableStatus(code int) bool {
-	switch code {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
-		return true
-	}
-	return code >= 500
+	return code >= 500 || slices.Contains([]int{http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests}, code)
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
 	var d time.Duration
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
-		// Out of int64's range is a very long delay, positive or not
-		// (RFC 9111 §1.2.2): capped like any other.
-		if errors.Is(err, strconv.ErrRange) && v[0] != '-' || secs > int64(MaxRetryAfter/time.Second) {
-			return MaxRetryAfter, true
-		}
-		if secs <= 0 {
-			return 0, false
-		}
-		d = time.Duration(secs) * time.Second
-	} else if t, err := http.ParseTime(v); err == nil {
+	if secs, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && secs == secs {
+		// Beyond int64's range is a very long delay (RFC 9111 §1.2.2),
+		// capped like any other: capped before the conversion.
+		d = time.Duration(max(0, min(secs, MaxRetryAfter.Seconds())) * float64(time.Second))
+	} else if t, err := http.ParseTime(strings.TrimSpace(v)); err == nil {
 		d = t.Sub(now)
-		if d <= 0 {
-			return 0, false
-		}
-	} else {
-		return 0, false
 	}
-	return min(d, MaxRetryAfter), true
+	d = min(max(d, 0), MaxRetryAfter)
+	return d, d > 0
 }
 
 // clip makes a short, single-line, valid UTF-8 snippet of a response body.
@@ -233,10 +210,5 @@ func clip(b []byte) string {
 // validHeaderValue rejects control characters, which net/http would refuse
 // (a key of no known shape is kept as given, spec §2).
 func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
+	return !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 && r != '\t' || r == 0x7f })
 }

@@ -48,9 +48,9 @@ type Print struct {
 	onPartial func()        // PrintOnPartialLine's, or nil
 	started   bool          // the first line's check was made; guarded by turn
 
-	mu     sync.Mutex
-	broken error         // set once; every later Run returns it
-	gone   chan struct{} // closed when broken is set
+	breakOnce sync.Once
+	broken    error         // set once, before gone is closed; every later Run returns it
+	gone      chan struct{} // closed when broken is set
 
 	// beforeWait, when set (tests only), is called after the write
 	// started and before Run waits for it, with the channel the write's
@@ -168,21 +168,19 @@ func (p *Print) write(line []byte) error {
 // breakWith marks the effect broken with err (the first cause stays) and
 // returns the Broken error.
 func (p *Print) breakWith(err error) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.broken == nil {
-		p.broken = Broken(err)
-		close(p.gone)
-		return p.broken
-	}
-	return Broken(err)
+	err = Broken(err)
+	p.breakOnce.Do(func() { p.broken = err; close(p.gone) })
+	return err
 }
 
 // brokenErr returns the error that broke the effect, or nil.
 func (p *Print) brokenErr() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.broken
+	select {
+	case <-p.gone:
+		return p.broken
+	default:
+		return nil
+	}
 }
 
 // writeHint names the likely cause of a failed write of stdout, or nothing.
@@ -208,16 +206,9 @@ func endsInPartialLine(f *os.File) bool {
 	if err != nil || !fi.Mode().IsRegular() {
 		return false
 	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var fd, flags uintptr
-	var errno syscall.Errno
-	if err := rc.Control(func(d uintptr) {
-		fd = d
-		flags, _, errno = syscall.Syscall(syscall.SYS_FCNTL, d, syscall.F_GETFL, 0)
-	}); err != nil || errno != 0 {
+	fd := f.Fd() // a regular file: no poller to take it out of
+	flags, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_GETFL, 0)
+	if errno != 0 {
 		return false
 	}
 	at := fi.Size() // O_APPEND: every write lands at the end

@@ -273,7 +273,7 @@ func BenchmarkPass(b *testing.B) {
 			b.ResetTimer()
 			var st PassStats
 			for b.Loop() {
-				st, err = p.Pass(context.Background(), func(Operation) error { return nil })
+				st, err = p.PassWith(context.Background(), PassOptions{}, func(Operation) error { return nil })
 				if err != nil || st.Listed != n {
 					b.Fatalf("%+v %v", st, err)
 				}

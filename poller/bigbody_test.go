@@ -184,7 +184,7 @@ func TestGetTooLarge(t *testing.T) {
 	if strings.Contains(err.Error(), "page-size") {
 		t.Errorf("error %q speaks of the page size of a get", err)
 	}
-	if c := p.RequestCounts(); c.Get != 1 || p.Requests() != 1 {
+	if c := p.RequestCounts(); c.Get != 1 || total(p) != 1 {
 		t.Errorf("counts %+v; want one get", c)
 	}
 }

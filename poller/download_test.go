@@ -51,7 +51,7 @@ func TestDownloadByteForByte(t *testing.T) {
 	if len(r) != 1 || r[0].Path != "/v1beta/files/big:download" || r[0].Query.Get("alt") != "media" || r[0].Header.Get("x-goog-api-key") != testKey {
 		t.Errorf("requests %+v", r)
 	}
-	if c := p.RequestCounts(); c.Download != 1 || p.Requests() != 1 {
+	if c := p.RequestCounts(); c.Download != 1 || total(p) != 1 {
 		t.Errorf("counts %+v", c)
 	}
 	// A bare id names the same file.

@@ -10,7 +10,7 @@ import (
 )
 
 // One pass against the local stand-in: only the terminal batch is handed over.
-func ExamplePoller_Pass() {
+func ExamplePoller_PassWith() {
 	now := time.Date(2025, 12, 12, 0, 0, 0, 0, time.UTC)
 	fake := geminifake.New(geminifake.Options{APIKey: "k"})
 	fake.Add(
@@ -30,7 +30,7 @@ func ExamplePoller_Pass() {
 	if err != nil {
 		panic(err)
 	}
-	st, err := p.Pass(context.Background(), func(op poller.Operation) error {
+	st, err := p.PassWith(context.Background(), poller.PassOptions{}, func(op poller.Operation) error {
 		fmt.Println(op.Name, op.State)
 		return nil
 	})

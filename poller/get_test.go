@@ -62,8 +62,8 @@ func TestGetRawOperation(t *testing.T) {
 			t.Errorf("%s: raw is not JSON", tc.name)
 		}
 	}
-	if c := p.RequestCounts(); c.Get != 3 || c.List != 0 || c.Probe != 0 || p.Requests() != 3 {
-		t.Errorf("counts %+v, total %d; want 3 gets", c, p.Requests())
+	if c := p.RequestCounts(); c.Get != 3 || c.List != 0 || c.Probe != 0 || total(p) != 3 {
+		t.Errorf("counts %+v, total %d; want 3 gets", c, total(p))
 	}
 	if n := s.Count(http.MethodGet, "/v1beta/batches/failed"); n != 1 {
 		t.Errorf("the fake saw %d gets of batches/failed, want 1", n)

@@ -20,6 +20,7 @@ package poller
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -189,12 +190,7 @@ func (c Config) Validate() error {
 
 // EnvAPIKey returns the Gemini API key of the environment: GOOGLE_API_KEY,
 // else GEMINI_API_KEY (the SDK's order).
-func EnvAPIKey() string {
-	if k := os.Getenv("GOOGLE_API_KEY"); k != "" {
-		return k
-	}
-	return os.Getenv("GEMINI_API_KEY")
-}
+func EnvAPIKey() string { return cmp.Or(os.Getenv("GOOGLE_API_KEY"), os.Getenv("GEMINI_API_KEY")) }
 
 // ErrNoAPIKey: a Gemini API poller with no API key.
 var ErrNoAPIKey = errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) to a Gemini API key")
@@ -274,17 +270,8 @@ var knownTypes = []string{
 // unfinished state wins over done: a running batch is never run on partial
 // results. Without done (Vertex has none) an unknown state is unfinished.
 func finished(state string, done bool) bool {
-	if canon.IsTerminal(state) {
-		return true
-	}
-	if !done {
-		return false
-	}
-	switch state {
-	case "PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING":
-		return false
-	}
-	return true
+	return canon.IsTerminal(state) ||
+		done && !slices.Contains([]string{"PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING"}, state)
 }
 
 // PassStats counts what one pass did.
@@ -330,26 +317,15 @@ type Poller struct {
 	client    *genai.Client // resolves the key, base URL and version; sends nothing
 	httpc     *http.Client  // the client's HTTP client: list, get and probe
 	transport *transport
-	scope     string
 }
 
 // New builds a Poller and its genai client. It sends no request.
 func New(ctx context.Context, cfg Config) (*Poller, error) {
-	if cfg.Backend == "" {
-		cfg.Backend = BackendGemini
-	}
-	if cfg.PageSize == 0 {
-		cfg.PageSize = DefaultPageSize
-	}
-	if cfg.Burst == 0 {
-		cfg.Burst = 1
-	}
+	cfg.Backend, cfg.PageSize, cfg.Burst = cmp.Or(cfg.Backend, BackendGemini), cmp.Or(cfg.PageSize, DefaultPageSize), cmp.Or(cfg.Burst, 1)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.BackoffMin <= 0 {
-		cfg.BackoffMin = DefaultBackoffMin
-	}
+	cfg.BackoffMin = cmp.Or(max(cfg.BackoffMin, 0), DefaultBackoffMin)
 	if cfg.BackoffMax < cfg.BackoffMin {
 		cfg.BackoffMax = max(DefaultBackoffMax, cfg.BackoffMin)
 	}
@@ -359,36 +335,24 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	limit, burst := rate.Inf, max(cfg.Burst, 1)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.maxBody = cmp.Or(cfg.maxBody, MaxResponseBody)
+	limit := rate.Inf
 	if cfg.QPS > 0 {
 		limit = rate.Limit(cfg.QPS)
 	}
-	var base http.RoundTripper
+	var rt http.RoundTripper = http.DefaultTransport.(*http.Transport).Clone()
 	if cfg.HTTPClient != nil && cfg.HTTPClient.Transport != nil {
-		base = cfg.HTTPClient.Transport
-	} else {
-		base = http.DefaultTransport.(*http.Transport).Clone()
-	}
-	if cfg.RequestTimeout > 0 {
-		base = timeoutTransport{base: base, timeout: cfg.RequestTimeout}
-	}
-	if cfg.maxBody <= 0 {
-		cfg.maxBody = MaxResponseBody
+		rt = cfg.HTTPClient.Transport
 	}
 	t := &transport{
-		base: base, limiter: rate.NewLimiter(limit, burst), maxRetries: cfg.MaxRetries,
-		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, sleep: cfg.Sleep, log: cfg.Logger,
-		maxBody: cfg.maxBody,
+		base: rt, limiter: rate.NewLimiter(limit, cfg.Burst), maxRetries: cfg.MaxRetries,
+		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, timeout: cfg.RequestTimeout,
+		sleep: cfg.Sleep, log: cfg.Logger, pageSize: cfg.PageSize, maxBody: cfg.maxBody,
 	}
 	cc := &genai.ClientConfig{
-		APIKey:     cfg.APIKey,
-		HTTPClient: &http.Client{Transport: t},
-		HTTPOptions: genai.HTTPOptions{
-			BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini,
-		},
+		APIKey: cfg.APIKey, Backend: genai.BackendGeminiAPI, HTTPClient: &http.Client{Transport: t},
+		HTTPOptions: genai.HTTPOptions{BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini},
 	}
 	if cfg.Backend == BackendVertex {
 		cc.Backend = genai.BackendVertexAI
@@ -402,8 +366,6 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 				return nil, fmt.Errorf("%w: vertex: %v; %s", ErrAuth, err, vertexCredHint)
 			}
 		}
-	} else {
-		cc.Backend = genai.BackendGeminiAPI
 	}
 	client, err := genai.NewClient(ctx, cc)
 	if err != nil {
@@ -416,7 +378,7 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	// version from the config or the environment; on Vertex the
 	// credentials around the transport); the requests are gemrecon's own.
 	httpc := &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
-	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t, scope: scopeOf(client.ClientConfig())}, nil
+	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t}, nil
 }
 
 const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
@@ -431,9 +393,8 @@ const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATIO
 //
 //	gemini https://generativelanguage.googleapis.com/ key=sha256:6e4a29c1b0f3
 //	vertex https://us-central1-aiplatform.googleapis.com/ project=p location=us-central1
-func (p *Poller) Scope() string { return p.scope }
-
-func scopeOf(cc genai.ClientConfig) string {
+func (p *Poller) Scope() string {
+	cc := p.client.ClientConfig()
 	base := strings.TrimRight(cc.HTTPOptions.BaseURL, "/") + "/"
 	if u, err := url.Parse(base); err == nil && u.Host != "" {
 		u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
@@ -453,16 +414,8 @@ func scopeOf(cc genai.ClientConfig) string {
 	return strings.Join(parts, " ")
 }
 
-// Requests returns how many HTTP requests this Poller has sent in all.
-func (p *Poller) Requests() int64 { return p.transport.total.Load() }
-
 // Lookback returns the configured lookback window (0: no window).
 func (p *Poller) Lookback() time.Duration { return p.cfg.Lookback }
-
-// Pass is PassWith without options: paging may end early (see PassWith).
-func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats, error) {
-	return p.PassWith(ctx, PassOptions{}, fn)
-}
 
 // PassWith lists batch operations page by page and calls fn, in listing
 // order, for each terminal one inside the lookback window. The same
@@ -482,8 +435,7 @@ func (p *Poller) Pass(ctx context.Context, fn func(Operation) error) (PassStats,
 // is read.
 func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operation) error) (stats PassStats, err error) {
 	start := time.Now()
-	trace := &passTrace{}
-	ctx = context.WithValue(ctx, traceKey{}, trace)
+	ctx, trace := withTrace(ctx, kindList)
 	defer func() {
 		stats.Requests = int(trace.requests.Load())
 		stats.Retries = int(trace.retries.Load())
@@ -494,12 +446,11 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		cutoff = p.cfg.Now().Add(-p.cfg.Lookback)
 	}
 	var (
-		order     orderCheck
-		mayStop   = !cutoff.IsZero() && !opt.FullScan
-		seen      = map[string]struct{}{}
-		token     = ""
-		loggedOff = false
-		loops     = newLoopCheck()
+		order   orderCheck
+		mayStop = !cutoff.IsZero() && !opt.FullScan
+		seen    = map[string]struct{}{}
+		token   = ""
+		loops   loopCheck
 	)
 	for {
 		ops, next, err := p.page(ctx, trace, token, stats.Pages+1)
@@ -541,8 +492,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		}
 		if !order.page(ops) && !stats.Unordered {
 			stats.Unordered = true
-			if mayStop && !loggedOff {
-				loggedOff = true
+			if mayStop { // once: Unordered stays set
 				p.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "the listing is not newest first; this pass reads every page",
 					slog.Int("page", stats.Pages), slog.String("why", order.why))
 			}
@@ -554,7 +504,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		if mayStop && allOld && !stats.Unordered && order.pages >= 2 {
 			return stats, nil
 		}
-		if _, dup := seen[next]; dup || next == token {
+		if _, dup := seen[next]; dup {
 			return stats, fmt.Errorf("poller: page %d: %w %q (the API is looping; %d operations listed before it)",
 				stats.Pages, ErrRepeatedPageToken, truncate(next, 40), stats.Listed)
 		}
@@ -594,19 +544,14 @@ func (c *orderCheck) page(ops []Operation) bool {
 	if c.broken || len(ops) == 0 {
 		return !c.broken
 	}
-	var newest, oldest time.Time
-	for i, op := range ops {
+	for _, op := range ops {
 		if op.CreateTime.IsZero() {
 			c.broken, c.why = true, "an operation without createTime: "+truncate(op.Name, 80)
 			return false
 		}
-		if i == 0 || op.CreateTime.After(newest) {
-			newest = op.CreateTime
-		}
-		if i == 0 || op.CreateTime.Before(oldest) {
-			oldest = op.CreateTime
-		}
 	}
+	byCreateTime := func(a, b Operation) int { return a.CreateTime.Compare(b.CreateTime) }
+	newest, oldest := slices.MaxFunc(ops, byCreateTime).CreateTime, slices.MinFunc(ops, byCreateTime).CreateTime
 	if c.pages > 0 && newest.After(c.oldest) {
 		c.broken = true
 		c.why = fmt.Sprintf("a page's newest createTime %s is newer than the previous page's oldest %s",
@@ -616,6 +561,68 @@ func (c *orderCheck) page(ops []Operation) bool {
 	c.pages++
 	c.oldest = oldest
 	return true
+}
+
+// Bounds of loopCheck: a listing that goes on handing out fresh page tokens
+// while it lists nothing new is endless, and a pass must not read it
+// forever (ErrEndlessListing).
+const (
+	// MaxEmptyPagesInRow is how many empty pages in a row, each with a
+	// next page token, end a pass.
+	MaxEmptyPagesInRow = 100
+	// A run of pages that list only operations already listed (on the
+	// pass's first page, or on one of the loopWindow pages before) ends a
+	// pass once it holds at least minLoopPages pages and minLoopOps
+	// operations: a handful of repeats across a page boundary is what a
+	// listing that shifts under new batches shows, not a loop.
+	minLoopPages = 3
+	minLoopOps   = 100
+	loopWindow   = 16
+)
+
+// loopCheck follows one pass's pages for an endless listing that fresh page
+// tokens hide from the repeated-token check: a proxy that drops the
+// pageToken parameter gets the first page again and again, each time with
+// the token the API mints for it, which may differ every time. It keeps
+// the operation names of the first page and of the last loopWindow pages,
+// so its memory is bounded by the page size, not by the listing.
+type loopCheck struct {
+	pages    []map[string]bool // the first non-empty page's names, then the last loopWindow pages'
+	empty    int               // empty pages in a row
+	runPages int               // pages in a row that listed nothing new
+	runOps   int               // operations on them
+}
+
+// page takes the operations of the next page that came with a next page
+// token, and returns an error once the listing has shown itself endless.
+func (c *loopCheck) page(ops []Operation) error {
+	if len(ops) == 0 {
+		if c.empty++; c.empty >= MaxEmptyPagesInRow {
+			return fmt.Errorf("%w: %d empty pages in a row, each with a new page token", ErrEndlessListing, c.empty)
+		}
+		return nil
+	}
+	c.empty = 0
+	names, seen := make(map[string]bool, len(ops)), len(c.pages) > 0
+	for _, op := range ops {
+		names[op.Name] = true
+		seen = seen && slices.ContainsFunc(c.pages, func(p map[string]bool) bool { return p[op.Name] })
+	}
+	if seen {
+		c.runPages++
+		c.runOps += len(ops)
+	} else {
+		c.runPages, c.runOps = 0, 0
+	}
+	if len(c.pages) > loopWindow {
+		c.pages = slices.Delete(c.pages, 1, 2)
+	}
+	c.pages = append(c.pages, names)
+	if c.runPages >= minLoopPages && c.runOps >= minLoopOps {
+		return fmt.Errorf("%w: %d pages in a row (%d operations) listed only operations this pass had already listed, each with a new page token (a proxy or gateway that drops the pageToken query parameter does this)",
+			ErrEndlessListing, c.runPages, c.runOps)
+	}
+	return nil
 }
 
 // page fetches one list page and reads it (rawPage).
@@ -716,16 +723,10 @@ func (p *Poller) apiError(n int, e genai.APIError, delay time.Duration) error {
 	if delay > 0 {
 		what += fmt.Sprintf(" (the server asks to retry after %v)", delay)
 	}
-	auth := e.Code == http.StatusUnauthorized || e.Code == http.StatusForbidden ||
-		(e.Code == http.StatusBadRequest && (strings.Contains(e.Message, "API key not valid") ||
-			strings.Contains(fmt.Sprint(e.Details), "API_KEY_INVALID")))
-	if auth {
-		if p.cfg.Backend == BackendVertex && p.cfg.APIKey == "" {
-			return fmt.Errorf("%w (%s): vertex: %s", ErrAuth, what, vertexCredHint)
-		}
-		return fmt.Errorf("%w (%s): check the Gemini API key in GEMINI_API_KEY (or GOOGLE_API_KEY, which wins when both are set)", ErrAuth, what)
-	}
-	if e.Code == http.StatusNotFound {
+	switch {
+	case keyInvalid(e) || e.Code == http.StatusUnauthorized || e.Code == http.StatusForbidden:
+		return p.authError(fmt.Sprintf("list page %d", n), what)
+	case e.Code == http.StatusNotFound:
 		// The API always has its list endpoint.
 		what += ": no batch list at this address; is --base-url (or GOOGLE_GEMINI_BASE_URL, GOOGLE_VERTEX_BASE_URL) the API's?"
 	}
@@ -756,23 +757,12 @@ func (p *Poller) rawPage(body []byte) ([]Operation, string, error) {
 	return ops, pg.NextPageToken, nil
 }
 
-// rawOp holds what both backends' shapes say of an operation: the Gemini
-// API's long-running operation keeps it under metadata, Vertex at the top.
-type rawOp struct {
-	Name       json.RawMessage `json:"name"` // read strictly (canon.StrictString)
-	State      string          `json:"state"`
-	CreateTime string          `json:"createTime"`
-	EndTime    string          `json:"endTime"`
-	UpdateTime string          `json:"updateTime"`
-	Done       *bool           `json:"done"`
-	Metadata   *struct {
-		Type       string          `json:"@type"`
-		Name       json.RawMessage `json:"name"`
-		State      string          `json:"state"`
-		CreateTime string          `json:"createTime"`
-		EndTime    string          `json:"endTime"`
-		UpdateTime string          `json:"updateTime"`
-	} `json:"metadata"`
+// opFields are what both backends' shapes say of an operation: the Gemini
+// API's long-running operation keeps them under metadata, Vertex at the top.
+type opFields struct {
+	Name                            json.RawMessage // read strictly (canon.StrictString)
+	State                           string
+	CreateTime, EndTime, UpdateTime string
 }
 
 // fromRaw reads one raw operation. Its Name is the top-level name, else
@@ -782,7 +772,14 @@ type rawOp struct {
 // terminal (handed over to be counted and named), with the name that can
 // be read.
 func fromRaw(raw json.RawMessage) Operation {
-	var r rawOp
+	var r struct {
+		opFields
+		Done     *bool
+		Metadata *struct {
+			Type string `json:"@type"`
+			opFields
+		}
+	}
 	err := json.Unmarshal(raw, &r)
 	if t := bytes.TrimSpace(raw); err == nil && (len(t) == 0 || t[0] != '{') {
 		err = errors.New("not a JSON object")
@@ -793,53 +790,43 @@ func fromRaw(raw json.RawMessage) Operation {
 			Metadata struct{ Name json.RawMessage }
 		}
 		_ = json.Unmarshal(raw, &names)
-		name, _ := listedName(names.Name)
-		if name == "" {
-			name, _ = listedName(names.Metadata.Name)
-		}
+		name, _ := listedName(names.Name, names.Metadata.Name)
 		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
-	name, valid := listedName(r.Name)
-	state, ct, et, ut := r.State, r.CreateTime, r.EndTime, r.UpdateTime
-	unknownType := false
-	if m := r.Metadata; m != nil {
-		if name == "" {
-			name, valid = listedName(m.Name)
-		}
-		state = cmpOr(state, m.State)
-		ct = cmpOr(ct, m.CreateTime)
-		et = cmpOr(et, m.EndTime)
-		ut = cmpOr(ut, m.UpdateTime)
-		unknownType = m.Type != "" && !slices.Contains(knownTypes, m.Type)
+	f, m := r.opFields, r.Metadata
+	if m == nil {
+		m = &struct {
+			Type string `json:"@type"`
+			opFields
+		}{}
 	}
-	op := Operation{Name: name, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done, unknownType: unknownType}
+	name, valid := listedName(f.Name, m.Name)
+	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw, done: r.Done != nil && *r.Done,
+		unknownType: m.Type != "" && !slices.Contains(knownTypes, m.Type)}
 	if !valid {
 		op.Invalid = "the listed name is not valid UTF-8 or holds an unpaired surrogate escape"
 	}
-	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
-	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
-	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
+	op.CreateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.CreateTime, m.CreateTime))
+	op.EndTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.EndTime, m.EndTime))
+	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.UpdateTime, m.UpdateTime))
 	op.Terminal = finished(op.State, op.done)
 	return op
 }
 
-// listedName reads a listed name strictly (canon.StrictString). One that
-// is not valid (ok false) is returned as encoding/json decodes it, with
-// U+FFFD for what it could not read, for logs only; a name that is not a
-// string is "".
-func listedName(raw json.RawMessage) (name string, ok bool) {
-	if name, ok = canon.StrictString(raw); ok {
-		return name, true
+// listedName reads a listed name, the top-level one, else metadata's,
+// strictly (canon.StrictString). One that is not valid (ok false) is
+// returned as encoding/json decodes it, with U+FFFD for what it could not
+// read, for logs only; a name that is not a string is "".
+func listedName(top, meta json.RawMessage) (name string, ok bool) {
+	for _, raw := range []json.RawMessage{top, meta} {
+		if name, ok = canon.StrictString(raw); !ok {
+			_ = json.Unmarshal(raw, &name)
+		}
+		if name != "" {
+			break
+		}
 	}
-	_ = json.Unmarshal(raw, &name)
-	return name, false
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return name, ok
 }
 
 func truncate(s string, n int) string {
@@ -847,36 +834,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// timeoutTransport bounds each attempt; the body is read by the caller
-// (our transport) before the attempt's context is released.
-type timeoutTransport struct {
-	base    http.RoundTripper
-	timeout time.Duration
-}
-
-func (t timeoutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if tr := traceFrom(req.Context()); tr != nil && tr.stream {
-		return t.untilHeaders(req) // a download: its body has an idle timer instead (download.go)
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), t.timeout)
-	resp, err := t.base.RoundTrip(req.WithContext(ctx))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil
-}
-
-type cancelBody struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b *cancelBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
 }

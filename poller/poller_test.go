@@ -90,7 +90,7 @@ func collect(t *testing.T, p *Poller) ([]Operation, PassStats, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var ops []Operation
-	st, err := p.Pass(ctx, func(op Operation) error {
+	st, err := p.PassWith(ctx, PassOptions{}, func(op Operation) error {
 		ops = append(ops, op)
 		return nil
 	})
@@ -664,7 +664,7 @@ func TestCallbackErrorStops(t *testing.T) {
 	s := startFake(t, geminifake.Options{}, load(t, "batches-mixed.json")...)
 	boom := errors.New("boom")
 	calls := 0
-	_, err := newPoller(t, testConfig(s, &sleeps{})).Pass(context.Background(), func(Operation) error {
+	_, err := newPoller(t, testConfig(s, &sleeps{})).PassWith(context.Background(), PassOptions{}, func(Operation) error {
 		calls++
 		return boom
 	})
@@ -772,4 +772,10 @@ func TestVertexNoADC(t *testing.T) {
 	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "GOOGLE_APPLICATION_CREDENTIALS") {
 		t.Errorf("New = %v, want ErrAuth naming GOOGLE_APPLICATION_CREDENTIALS", err)
 	}
+}
+
+// total is how many HTTP requests p has sent in all.
+func total(p *Poller) int64 {
+	c := p.RequestCounts()
+	return c.List + c.Get + c.Probe + c.Download
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -34,7 +35,7 @@ type passTrace struct {
 	lastDelay time.Duration
 }
 
-// reqKind is what a request is for.
+// reqKind is what a request is for; kindNames names each in errors.
 type reqKind int
 
 const (
@@ -42,34 +43,37 @@ const (
 	kindGet
 	kindProbe
 	kindDownload
-	numKinds
 )
+
+var kindNames = [...]string{"list page", "get operation", "credential probe (list page)", "files.get"}
 
 type traceKey struct{}
 
-func traceFrom(ctx context.Context) *passTrace {
-	t, _ := ctx.Value(traceKey{}).(*passTrace)
-	return t
+// withTrace returns ctx carrying a new trace of requests of kind.
+func withTrace(ctx context.Context, kind reqKind) (context.Context, *passTrace) {
+	t := &passTrace{kind: kind}
+	return context.WithValue(ctx, traceKey{}, t), t
 }
 
 // transport is the one place every HTTP request to the API passes
-// through: it waits on the rate limiter, retries 429/5xx/transport errors
-// with a bounded budget (honouring google.rpc.RetryInfo and Retry-After,
-// else exponential backoff with jitter) and reads the body before handing
-// it back (at most maxBody of it: a longer successful answer is a
-// *BodyTooLargeError), except a download's (passTrace.stream).
+// through: it waits on the rate limiter, bounds each attempt by timeout,
+// retries 429/5xx/transport errors with a bounded budget (honouring
+// google.rpc.RetryInfo and Retry-After, else exponential backoff with
+// jitter) and reads the body before handing it back (at most maxBody of it:
+// a longer successful answer is a *BodyTooLargeError), except a download's
+// (passTrace.stream).
 type transport struct {
 	base       http.RoundTripper
 	limiter    *rate.Limiter
 	maxRetries int
 	backoffMin time.Duration
 	backoffMax time.Duration
+	timeout    time.Duration // one attempt; 0: none
 	sleep      func(context.Context, time.Duration) error
 	log        *slog.Logger
-	// total counts every HTTP attempt made through this transport, byKind
-	// the same attempts by what they were for.
-	total  atomic.Int64
-	byKind [numKinds]atomic.Int64
+	pageSize   int // a list page's, for BodyTooLargeError
+	// byKind counts every HTTP attempt by what it was for.
+	byKind [len(kindNames)]atomic.Int64
 	// maxBody bounds how much of one response the transport buffers:
 	// MaxResponseBody, except in tests (Config.maxBody), which would
 	// otherwise need a 64 MiB page whose decoding takes seconds.
@@ -90,7 +94,7 @@ var ErrBodyTooLarge = errors.New("API response larger than the poller reads")
 // BodyTooLargeError is an ErrBodyTooLarge.
 type BodyTooLargeError struct {
 	// Kind is what the request was for: "list page", "get operation",
-	// "credential probe (list page)", "files.get" ("response" when unknown).
+	// "credential probe (list page)", "files.get".
 	Kind string
 	// Status is the answer's HTTP status (2xx).
 	Status int
@@ -104,156 +108,152 @@ type BodyTooLargeError struct {
 }
 
 func (e *BodyTooLargeError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "the %s answer (HTTP %d) is larger than %s, the most gemrecon reads of one API response",
-		e.Kind, e.Status, byteSize(e.Limit))
+	limit := fmt.Sprintf("%d bytes", e.Limit)
+	if e.Limit%(1<<20) == 0 {
+		limit = fmt.Sprintf("%d MiB", e.Limit>>20)
+	}
+	s := fmt.Sprintf("the %s answer (HTTP %d) is larger than %s, the most gemrecon reads of one API response", e.Kind, e.Status, limit)
 	if e.Length > 0 {
-		fmt.Fprintf(&b, " (Content-Length %d)", e.Length)
+		s += fmt.Sprintf(" (Content-Length %d)", e.Length)
 	}
 	switch {
 	case e.PageSize > 1:
-		fmt.Fprintf(&b, "; lower --page-size (now %d) so that each page holds fewer operations", e.PageSize)
+		s += fmt.Sprintf("; lower --page-size (now %d) so that each page holds fewer operations", e.PageSize)
 	case e.PageSize == 1:
-		b.WriteString("; --page-size is already 1: one operation alone is larger than that")
+		s += "; --page-size is already 1: one operation alone is larger than that"
 	}
-	return b.String()
+	return s
 }
 
 // Unwrap makes errors.Is match ErrBodyTooLarge.
 func (e *BodyTooLargeError) Unwrap() error { return ErrBodyTooLarge }
 
-// byteSize writes n in MiB or KiB when it is a whole number of them, else
-// in bytes.
-func byteSize(n int64) string {
-	switch {
-	case n > 0 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n > 0 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d bytes", n)
-}
-
-// tooLarge is the error of a 2xx answer beyond the limit.
-func (t *transport) tooLarge(req *http.Request, trace *passTrace, status int, length int64) error {
-	e := &BodyTooLargeError{Kind: "response", Status: status, Limit: t.maxBody, Length: length}
-	if trace != nil {
-		switch trace.kind {
-		case kindList:
-			e.Kind = "list page"
-			e.PageSize, _ = strconv.Atoi(req.URL.Query().Get("pageSize"))
-		case kindGet:
-			e.Kind = "get operation"
-		case kindProbe:
-			e.Kind = "credential probe (list page)"
-		case kindDownload:
-			e.Kind = "files.get"
-		}
-	}
-	return e
-}
-
 func retryableStatus(code int) bool {
-	switch code {
-	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
-		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true
-	}
-	return false
+	return slices.Contains([]int{http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}, code)
 }
 
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	trace := traceFrom(ctx)
+	trace, _ := ctx.Value(traceKey{}).(*passTrace)
+	if trace == nil {
+		trace = &passTrace{}
+	}
 	for attempt := 0; ; attempt++ {
 		if err := t.limiter.Wait(ctx); err != nil {
 			return nil, fmt.Errorf("rate limiter: %w", err)
 		}
-		r := req
-		if attempt > 0 {
-			r = req.Clone(ctx)
-			if req.GetBody != nil {
-				body, err := req.GetBody()
-				if err != nil {
-					return nil, err
-				}
-				r.Body = body
-			}
+		trace.requests.Add(1)
+		t.byKind[trace.kind].Add(1)
+		resp, body, err := t.try(req, trace)
+		var big *BodyTooLargeError
+		if errors.As(err, &big) || err == nil && resp.StatusCode/100 == 2 {
+			return resp, err
 		}
-		t.total.Add(1)
-		if trace != nil {
-			trace.requests.Add(1)
-			t.byKind[trace.kind].Add(1)
-		}
-		resp, err := t.base.RoundTrip(r)
-		ok := err == nil && resp.StatusCode >= 200 && resp.StatusCode < 300
-		if ok && trace != nil && trace.stream {
-			return resp, nil // a download: the caller streams the body
-		}
-		if ok && resp.ContentLength > t.maxBody {
-			resp.Body.Close()
-			return nil, t.tooLarge(req, trace, resp.StatusCode, resp.ContentLength)
-		}
-		var body []byte
-		if err == nil {
-			// One byte more than the limit tells a body of exactly the
-			// limit from a longer one.
-			body, err = io.ReadAll(io.LimitReader(resp.Body, t.maxBody+1))
-			resp.Body.Close()
-			if err != nil {
-				err = fmt.Errorf("reading response body: %w", err)
-			} else if int64(len(body)) > t.maxBody {
-				if ok {
-					// Not a transient failure: the same request gets the
-					// same answer, so it is not retried.
-					return nil, t.tooLarge(req, trace, resp.StatusCode, 0)
-				}
-				body = body[:t.maxBody] // a refusal: its status decides
-			}
-		}
+		d, source := time.Duration(0), "backoff"
+		// The query is left out: it never holds a key, and page tokens are noise.
+		attrs := []slog.Attr{slog.String("url", req.URL.Scheme+"://"+req.URL.Host+req.URL.Path), slog.Int("attempt", attempt+1)}
 		if err != nil {
 			if ctx.Err() != nil || attempt >= t.maxRetries {
 				return nil, err
 			}
-			d := t.backoff(attempt)
-			t.log.LogAttrs(ctx, slog.LevelWarn, "gemini request failed, retrying",
-				slog.String("url", redactURL(req)), slog.String("error", err.Error()),
-				slog.Int("attempt", attempt+1), slog.Duration("wait", d))
-			if trace != nil {
-				trace.retries.Add(1)
-			}
-			if err := t.sleep(ctx, d); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		resp.Body = io.NopCloser(bytes.NewReader(body))
-		resp.ContentLength = int64(len(body))
-		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-			return resp, nil
-		}
-		d, source := serverDelay(resp.Header, body, time.Now())
-		// A delay beyond MaxServerWait is not waited here: the refusal goes
-		// back to the caller, which says how long the server asked for.
-		if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries || d > MaxServerWait {
-			if trace != nil {
+			attrs = append(attrs, slog.String("error", err.Error()))
+		} else {
+			d, source = serverDelay(resp.Header, body, time.Now())
+			// A delay beyond MaxServerWait is not waited here: the refusal
+			// goes back to the caller, which says how long the server asked
+			// for.
+			if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries || d > MaxServerWait {
 				trace.lastDelay = max(d, 0)
+				return resp, nil
 			}
-			return resp, nil
+			attrs = append(attrs, slog.Int("status", resp.StatusCode))
 		}
 		if d <= 0 {
 			d, source = t.backoff(attempt), "backoff"
 		}
-		t.log.LogAttrs(ctx, slog.LevelWarn, "gemini request refused, retrying",
-			slog.String("url", redactURL(req)), slog.Int("status", resp.StatusCode),
-			slog.Int("attempt", attempt+1), slog.Duration("wait", d), slog.String("wait_from", source))
-		if trace != nil {
-			trace.retries.Add(1)
-		}
+		t.log.LogAttrs(ctx, slog.LevelWarn, "gemini request failed, retrying",
+			append(attrs, slog.Duration("wait", d), slog.String("wait_from", source))...)
+		trace.retries.Add(1)
 		if err := t.sleep(ctx, d); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// try sends one attempt. The answer comes back read (resp.Body replaced,
+// body its bytes) within timeout; a download's 2xx comes back unread, the
+// timeout covering only the wait for its headers (its body has Download's
+// idle timer instead).
+func (t *transport) try(req *http.Request, trace *passTrace) (*http.Response, []byte, error) {
+	ctx, cancel := req.Context(), context.CancelFunc(func() {})
+	stop := func() bool { return true }
+	switch {
+	case t.timeout > 0 && trace.stream:
+		ctx, cancel = context.WithCancel(ctx)
+		stop = time.AfterFunc(t.timeout, cancel).Stop
+	case t.timeout > 0:
+		ctx, cancel = context.WithTimeout(ctx, t.timeout)
+	}
+	resp, err := t.base.RoundTrip(req.WithContext(ctx))
+	if !stop() {
+		err = fmt.Errorf("no response within %v: %w", t.timeout, context.DeadlineExceeded)
+	}
+	if err == nil && trace.stream && resp.StatusCode/100 == 2 {
+		resp.Body = cancelBody{resp.Body, cancel}
+		return resp, nil, nil
+	}
+	defer cancel()
+	return t.read(resp, err, trace)
+}
+
+// cancelBody releases an attempt's context when its body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelBody) Close() error {
+	defer b.cancel()
+	return b.ReadCloser.Close()
+}
+
+// read reads an answer's body, at most maxBody of it: a longer 2xx is a
+// *BodyTooLargeError (not transient: the same request gets the same
+// answer), a longer refusal is cut (its status decides).
+func (t *transport) read(resp *http.Response, err error, trace *passTrace) (*http.Response, []byte, error) {
+	if err != nil {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	ok := resp.StatusCode/100 == 2
+	tooLarge := func(length int64) error {
+		e := &BodyTooLargeError{Kind: kindNames[trace.kind], Status: resp.StatusCode, Limit: t.maxBody, Length: length}
+		if trace.kind == kindList {
+			e.PageSize = t.pageSize
+		}
+		return e
+	}
+	if ok && resp.ContentLength > t.maxBody {
+		return nil, nil, tooLarge(resp.ContentLength)
+	}
+	// One byte more than the limit tells a body of exactly the limit from
+	// a longer one.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, t.maxBody+1))
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("reading response body: %w", err)
+	case int64(len(body)) > t.maxBody && ok:
+		return nil, nil, tooLarge(0)
+	case int64(len(body)) > t.maxBody:
+		body = body[:t.maxBody]
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	return resp, body, nil
 }
 
 // backoff is exponential from backoffMin, capped at backoffMax, with "equal
@@ -284,35 +284,19 @@ const MaxServerWait = 5 * time.Minute
 const MaxServerDelay = 24 * time.Hour
 
 // serverDelay returns the longer of google.rpc.RetryInfo.retryDelay in the
-// error body and the Retry-After header (seconds or an HTTP date), 0 if
-// neither is present, at most MaxServerDelay.
+// error body (a google.protobuf.Duration's JSON form: "31s", "1.500s") and
+// the Retry-After header (seconds or an HTTP date), 0 if neither is
+// present, at most MaxServerDelay.
 func serverDelay(h http.Header, body []byte, now time.Time) (time.Duration, string) {
 	var d time.Duration
 	source := ""
 	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
-		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 {
-			d, source = secondsDelay(secs), "Retry-After"
+		if secs, err := strconv.ParseFloat(v, 64); err == nil {
+			d, source = seconds(secs), "Retry-After"
 		} else if t, err := http.ParseTime(v); err == nil {
 			d, source = t.Sub(now), "Retry-After" // Sub saturates
 		}
 	}
-	if ri := retryInfoDelay(body); ri > d {
-		d, source = ri, "RetryInfo"
-	}
-	return min(d, MaxServerDelay), source
-}
-
-// secondsDelay converts a non-negative number of seconds to a duration,
-// capped at MaxServerDelay before the conversion (a float beyond int64's
-// range converts to whatever the CPU makes of it).
-func secondsDelay(secs float64) time.Duration {
-	if secs >= MaxServerDelay.Seconds() {
-		return MaxServerDelay
-	}
-	return time.Duration(secs * float64(time.Second))
-}
-
-func retryInfoDelay(body []byte) time.Duration {
 	var e struct {
 		Error struct {
 			Details []struct {
@@ -321,37 +305,26 @@ func retryInfoDelay(body []byte) time.Duration {
 			} `json:"details"`
 		} `json:"error"`
 	}
-	if json.Unmarshal(body, &e) != nil {
+	_ = json.Unmarshal(body, &e)
+	for _, det := range e.Error.Details {
+		num, isSecs := strings.CutSuffix(det.RetryDelay, "s")
+		secs, err := strconv.ParseFloat(num, 64)
+		if strings.HasSuffix(det.Type, "google.rpc.RetryInfo") && isSecs && err == nil && seconds(secs) > d {
+			d, source = seconds(secs), "RetryInfo"
+		}
+	}
+	return min(d, MaxServerDelay), source
+}
+
+// seconds converts a number of seconds to a duration in [0,
+// MaxServerDelay], capped before the conversion (a float beyond int64's
+// range converts to whatever the CPU makes of it); NaN is 0.
+func seconds(secs float64) time.Duration {
+	if secs >= MaxServerDelay.Seconds() {
+		return MaxServerDelay
+	}
+	if !(secs > 0) {
 		return 0
 	}
-	for _, det := range e.Error.Details {
-		if strings.HasSuffix(det.Type, "google.rpc.RetryInfo") && det.RetryDelay != "" {
-			if d, err := parseProtoDuration(det.RetryDelay); err == nil {
-				return d
-			}
-		}
-	}
-	return 0
-}
-
-// parseProtoDuration parses a google.protobuf.Duration's JSON form ("31s",
-// "1.500s"); Go's own form ("1m30s") is accepted too.
-func parseProtoDuration(s string) (time.Duration, error) {
-	if num, ok := strings.CutSuffix(s, "s"); ok {
-		if f, err := strconv.ParseFloat(num, 64); err == nil {
-			if !(f >= 0) { // negative, or NaN
-				return 0, errors.New("negative duration")
-			}
-			return secondsDelay(f), nil
-		}
-	}
-	return time.ParseDuration(s)
-}
-
-// redactURL drops the query: it never holds a key (the SDK sends the key as
-// a header), but page tokens are noise in logs.
-func redactURL(r *http.Request) string {
-	u := *r.URL
-	u.RawQuery = ""
-	return u.String()
+	return time.Duration(secs * float64(time.Second))
 }

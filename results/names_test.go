@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // FileName keeps batch ids as they are, escapes everything else
@@ -85,4 +86,39 @@ func TestFileName(t *testing.T) {
 			t.Errorf("IDOf(%q) accepted a stem FileName never makes", stem)
 		}
 	}
+}
+
+// IDOf, the inverse of FileName that proves it reversible, returns the id a file name stem (without ".jsonl") stands for, and
+// false when the stem is not one FileName makes or is a hashed (too long)
+// one, which cannot be decoded.
+func IDOf(stem string) (string, bool) {
+	if !validName(stem) || strings.ContainsRune(stem, '~') {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 0; i < len(stem); i++ {
+		c := stem[i]
+		if c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		v := unhex(stem[i+1])<<4 | unhex(stem[i+2])
+		if plain(v) { // FileName never escapes these: not one of its names
+			return "", false
+		}
+		b.WriteByte(v)
+		i += 2
+	}
+	id := b.String()
+	if !utf8.ValidString(id) {
+		return "", false
+	}
+	return id, true
+}
+
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
 }

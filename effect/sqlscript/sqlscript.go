@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -28,10 +29,8 @@ func ParamNames() []string {
 // It is not an effect.Effect: the dispatcher hands Text and Params to the
 // sink instead of calling Run.
 type Script struct {
-	path       string
-	script     string
-	statements []string
-	uses       []string
+	path   string
+	script string
 }
 
 // Load reads and checks a script file at start-up. Errors name the file
@@ -69,14 +68,14 @@ func Load(path string) (*Script, error) {
 
 // Parse checks a script as Load does, without a file.
 func Parse(script string) (*Script, error) {
-	stmts, uses, err := lexSQL(script)
+	stmts, _, err := lexSQL(script)
 	if err != nil {
 		return nil, err
 	}
 	if len(stmts) == 0 {
 		return nil, errors.New("no SQL statements (the script is empty or only comments)")
 	}
-	return &Script{script: script, statements: stmts, uses: uses}, nil
+	return &Script{script: script}, nil
 }
 
 // Path is the file the script was loaded from ("" for Parse).
@@ -84,14 +83,6 @@ func (q *Script) Path() string { return q.path }
 
 // Text is the script as written; the sink runs it as a whole.
 func (q *Script) Text() string { return q.script }
-
-// Statements are the script's statements as Load split them (for
-// messages and tests; the sink runs Script).
-func (q *Script) Statements() []string { return append([]string(nil), q.statements...) }
-
-// Uses lists the parameters the script uses, without the @, in the order of
-// their first use.
-func (q *Script) Uses() []string { return append([]string(nil), q.uses...) }
 
 // Params returns the named parameters for one attempt: key, name, state,
 // source (text), token and attempt (integers), operation: the operation's
@@ -125,34 +116,26 @@ func (q *Script) Params(ev effect.Event) map[string]any {
 	}
 }
 
-func knownParam(name string) bool {
-	for _, p := range ParamNames() {
-		if p == name {
-			return true
-		}
-	}
-	return false
-}
-
-func knownList() string {
-	var b strings.Builder
-	for i, p := range ParamNames() {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("@" + p)
-	}
-	return b.String()
-}
+func knownList() string { return "@" + strings.Join(ParamNames(), ", @") }
 
 func isIdentStart(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= 0x80
 }
 
-func isIdentChar(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' || c == '$' }
+func isIdentChar(c byte) bool { return isIdentStart(c) || isDigit(c) || c == '$' }
 
 func isParamChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c >= '0' && c <= '9'
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || isDigit(c)
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// span returns the end of the run of bytes of s, from i, that ok accepts.
+func span(s string, i int, ok func(byte) bool) int {
+	for i < len(s) && ok(s[i]) {
+		i++
+	}
+	return i
 }
 
 // dollarTag returns the length of a PostgreSQL dollar-quote opening at
@@ -163,7 +146,7 @@ func dollarTag(s string) int {
 		if c == '$' {
 			return i + 1
 		}
-		if !(isIdentStart(c) || i > 1 && c >= '0' && c <= '9') {
+		if !(isIdentStart(c) || i > 1 && isDigit(c)) {
 			return 0
 		}
 	}
@@ -175,9 +158,8 @@ func dollarTag(s string) int {
 // a PostgreSQL BEGIN ATOMIC function) whose semicolons do not end it.
 type stmtState struct {
 	start     int
-	first     int      // where the first word starts
-	words     []string // the first two words, upper case
-	create    bool
+	first     int    // where the first word starts
+	w1, w2    string // the first two words, upper case
 	inBody    bool
 	bodyDone  bool
 	caseDepth int
@@ -187,30 +169,23 @@ type stmtState struct {
 func (st *stmtState) word(w string) {
 	st.nonEmpty = true
 	u := strings.ToUpper(w)
-	if len(st.words) < 2 {
-		st.words = append(st.words, u)
-		if len(st.words) == 1 && u == "CREATE" {
-			st.create = true
-		}
+	if st.w1 == "" {
+		st.w1 = u
+	} else if st.w2 == "" {
+		st.w2 = u
 	}
-	if !st.create || st.bodyDone {
+	if st.w1 != "CREATE" || st.bodyDone {
 		return
 	}
-	switch u {
-	case "BEGIN":
+	switch {
+	case u == "BEGIN":
 		st.inBody = true
-	case "CASE":
-		if st.inBody {
-			st.caseDepth++
-		}
-	case "END":
-		if st.inBody {
-			if st.caseDepth > 0 {
-				st.caseDepth--
-			} else {
-				st.bodyDone = true
-			}
-		}
+	case u == "CASE" && st.inBody:
+		st.caseDepth++
+	case u == "END" && st.inBody && st.caseDepth > 0:
+		st.caseDepth--
+	case u == "END" && st.inBody:
+		st.bodyDone = true
 	}
 }
 
@@ -226,40 +201,31 @@ const (
 // forbidden names a statement that would end or split the transaction, or
 // change the session of the connection it runs on, and says why.
 func (st *stmtState) forbidden() (what, why string) {
-	if len(st.words) == 0 {
-		return "", ""
-	}
-	second := ""
-	if len(st.words) > 1 {
-		second = st.words[1]
-	}
-	switch st.words[0] {
+	switch st.w1 {
 	case "BEGIN", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE":
-		return st.words[0], whyTx
+		return st.w1, whyTx
 	case "START", "PREPARE":
-		if second == "TRANSACTION" {
-			return st.words[0] + " TRANSACTION", whyTx
+		if st.w2 == "TRANSACTION" {
+			return st.w1 + " TRANSACTION", whyTx
 		}
 	case "PRAGMA", "ATTACH", "DETACH", "VACUUM", "RESET", "DISCARD":
-		return st.words[0], whySession
+		return st.w1, whySession
 	case "SET":
-		switch second {
-		case "LOCAL", "CONSTRAINTS", "TRANSACTION":
-		default:
+		if st.w2 != "LOCAL" && st.w2 != "CONSTRAINTS" && st.w2 != "TRANSACTION" {
 			return "SET", whySession
 		}
 	}
 	return "", ""
 }
 
-// lexSQL splits script into statements and collects the parameters it uses.
+// lexSQL splits script into statements and collects the parameters it uses
+// (without the @, in the order of their first use).
 // It knows the lexical rules the two backends share: '…' strings (a doubled quote inside),
 // E'…' strings (backslash escapes), "…" and `…` identifiers, -- and /* */
 // comments (nested, as PostgreSQL and pgx read them), and PostgreSQL
 // $tag$…$tag$ strings.
 func lexSQL(s string) (stmts, uses []string, err error) {
 	lineOf := func(i int) int { return 1 + strings.Count(s[:i], "\n") }
-	seen := map[string]bool{}
 	st := &stmtState{}
 	finish := func(end int) error {
 		if st.nonEmpty {
@@ -275,31 +241,19 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 	for i < len(s) {
 		c := s[i]
 		switch {
-		case c == '\'':
-			j, err := skipQuoted(s, i, '\'', false)
-			if err != nil {
-				return nil, nil, err
+		case c == '\'' || c == '"' || c == '`' || (c == 'e' || c == 'E') && strings.HasPrefix(s[i+1:], "'"):
+			e := c == 'e' || c == 'E' // E'…': backslash escapes
+			if e {
+				i, c = i+1, '\''
 			}
-			st.nonEmpty, i = true, j
-		case (c == 'e' || c == 'E') && i+1 < len(s) && s[i+1] == '\'':
-			j, err := skipQuoted(s, i+1, '\'', true)
-			if err != nil {
-				return nil, nil, err
-			}
-			st.nonEmpty, i = true, j
-		case c == '"' || c == '`':
-			j, err := skipQuoted(s, i, c, false)
+			j, err := skipQuoted(s, i, c, e)
 			if err != nil {
 				return nil, nil, err
 			}
 			st.nonEmpty, i = true, j
 		case c == '-' && strings.HasPrefix(s[i:], "--"):
-			j := strings.IndexByte(s[i:], '\n')
-			if j < 0 {
-				i = len(s)
-			} else {
-				i += j + 1
-			}
+			_, rest, _ := strings.Cut(s[i:], "\n")
+			i = len(s) - len(rest)
 		case c == '/' && strings.HasPrefix(s[i:], "/*"):
 			depth, j := 1, i+2
 			for depth > 0 {
@@ -326,46 +280,27 @@ func lexSQL(s string) (stmts, uses []string, err error) {
 				st.nonEmpty, i = true, i+n+k+n
 				continue
 			}
-			j := i + 1
-			for j < len(s) && isParamChar(s[j]) {
-				j++
-			}
-			if j > i+1 {
+			if j := span(s, i+1, isParamChar); j > i+1 {
 				return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:j], knownList())
 			}
 			st.nonEmpty, i = true, i+1
 		case c == '?':
-			j := i + 1
-			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-				j++
-			}
-			return nil, nil, fmt.Errorf("line %d: positional parameter %s: use the named parameters %s (on PostgreSQL, write the jsonb operators ?, ?| and ?& as jsonb_exists, jsonb_exists_any and jsonb_exists_all)", lineOf(i), s[i:j], knownList())
+			return nil, nil, fmt.Errorf("line %d: positional parameter %s: use the named parameters %s (on PostgreSQL, write the jsonb operators ?, ?| and ?& as jsonb_exists, jsonb_exists_any and jsonb_exists_all)", lineOf(i), s[i:span(s, i+1, isDigit)], knownList())
 		case c == ':' && i+1 < len(s) && isIdentStart(s[i+1]) && s[i+1] < 0x80 && (i == 0 || s[i-1] != ':'):
-			j := i + 1
-			for j < len(s) && isParamChar(s[j]) {
-				j++
-			}
-			return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:j], knownList())
+			return nil, nil, fmt.Errorf("line %d: parameter %s: use the named parameters %s", lineOf(i), s[i:span(s, i+1, isParamChar)], knownList())
 		case c == '@' && i+1 < len(s) && (s[i+1] == '_' || s[i+1] < 0x80 && isIdentStart(s[i+1])):
-			j := i + 1
-			for j < len(s) && isParamChar(s[j]) {
-				j++
-			}
+			j := span(s, i+1, isParamChar)
 			name := s[i+1 : j]
-			if !knownParam(name) {
+			if !slices.Contains(ParamNames(), name) {
 				return nil, nil, fmt.Errorf("unknown parameter @%s at line %d (known: %s)", name, lineOf(i), knownList())
 			}
-			if !seen[name] {
-				seen[name] = true
+			if !slices.Contains(uses, name) {
 				uses = append(uses, name)
 			}
 			st.nonEmpty, i = true, j
 		case isIdentStart(c):
-			j := i + 1
-			for j < len(s) && isIdentChar(s[j]) {
-				j++
-			}
-			if len(st.words) == 0 {
+			j := span(s, i+1, isIdentChar)
+			if st.w1 == "" {
 				st.first = i
 			} else if strings.EqualFold(s[i:j], "ROLLBACK") {
 				return nil, nil, fmt.Errorf("line %d: ROLLBACK (a conflict clause OR ROLLBACK, RAISE(ROLLBACK, …)): it would roll back gemrecon's whole transaction", lineOf(i))

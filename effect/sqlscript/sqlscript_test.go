@@ -39,10 +39,10 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) error = %v, want nil", tt.script, err)
 			continue
 		}
-		if got := len(q.Statements()); got != tt.stmts {
-			t.Errorf("Parse(%q) statements = %d %q, want %d", tt.script, got, q.Statements(), tt.stmts)
+		if got := len(sqlscript.Statements(q)); got != tt.stmts {
+			t.Errorf("Parse(%q) statements = %d %q, want %d", tt.script, got, sqlscript.Statements(q), tt.stmts)
 		}
-		if got := q.Uses(); !reflect.DeepEqual(got, tt.uses) {
+		if got := sqlscript.Uses(q); !reflect.DeepEqual(got, tt.uses) {
 			t.Errorf("Parse(%q) uses = %q, want %q", tt.script, got, tt.uses)
 		}
 	}

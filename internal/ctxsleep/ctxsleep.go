@@ -14,10 +14,8 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-time.After(d): // unreferenced, its timer is collected (Go 1.23)
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -8,8 +8,10 @@
 package field
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode"
 )
@@ -41,13 +43,16 @@ func (e *Error) Error() string {
 // Render renders the message with each field named by name, without the
 // package prefix. A name that returns "" leaves the field in words.
 func (e *Error) Render(name func(field string) string) string {
-	return fmt.Sprintf(e.expand(func(words, f string) string {
-		if n := name(f); n != "" {
-			return n
-		}
-		return words
-	}), e.args...)
+	format := placeholder.ReplaceAllStringFunc(strings.ReplaceAll(e.format, "%w", "%v"), func(ph string) string {
+		m := placeholder.FindStringSubmatch(ph)
+		words := cmp.Or(name(m[2]), m[1], Words(m[2]))
+		return strings.ReplaceAll(words, "%", "%%") // inserted text is no verb
+	})
+	return fmt.Sprintf(format, e.args...)
 }
+
+// placeholder matches {Field} or {words|Field} in a format.
+var placeholder = regexp.MustCompile(`\{(?:([^{}|]*)\|)?(\w+)\}`)
 
 // Unwrap returns the errors wrapped with %w.
 func (e *Error) Unwrap() []error {
@@ -58,41 +63,6 @@ func (e *Error) Unwrap() []error {
 		}
 	}
 	return errs
-}
-
-// Fields lists the fields the message names, in order.
-func (e *Error) Fields() []string {
-	var fs []string
-	e.expand(func(_, f string) string { fs = append(fs, f); return "" })
-	return fs
-}
-
-// expand replaces every {Field} or {words|Field} of the format with
-// name(words, Field) (words: Words(Field) when not given), escaping what it
-// inserts for fmt.
-func (e *Error) expand(name func(words, field string) string) string {
-	var b strings.Builder
-	s := strings.ReplaceAll(e.format, "%w", "%v")
-	for {
-		i := strings.IndexByte(s, '{')
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
-		}
-		j := strings.IndexByte(s[i+1:], '}')
-		if j < 0 {
-			b.WriteString(s)
-			return b.String()
-		}
-		b.WriteString(s[:i])
-		ph := s[i+1 : i+1+j]
-		words, f, ok := strings.Cut(ph, "|")
-		if !ok {
-			f, words = ph, Words(ph)
-		}
-		b.WriteString(strings.ReplaceAll(name(words, f), "%", "%%"))
-		s = s[i+2+j:]
-	}
 }
 
 // Words spells a Go field name as lower-case words: EffectTimeout is

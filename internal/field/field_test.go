@@ -3,7 +3,6 @@ package field_test
 import (
 	"errors"
 	"io/fs"
-	"slices"
 	"testing"
 
 	"github.com/gemrecon/gemrecon/internal/field"
@@ -18,9 +17,6 @@ func TestError(t *testing.T) {
 	got := err.Render(func(f string) string { return flags[f] })
 	if want := "--effect-timeout 10s must be shorter than the lease 5s (100% sure)"; got != want {
 		t.Errorf("Render = %q, want %q", got, want)
-	}
-	if got, want := err.Fields(), []string{"EffectTimeout", "Lease"}; !slices.Equal(got, want) {
-		t.Errorf("Fields() = %q, want %q", got, want)
 	}
 }
 

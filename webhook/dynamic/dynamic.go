@@ -15,6 +15,7 @@
 package dynamic
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -84,16 +85,6 @@ var (
 	ErrNoEntry = fmt.Errorf("%w: webhook-signature has no v1a or JWT entry", ErrUnverified)
 )
 
-// HTTPStatus is what a receiver answers for an error of Verify that no
-// other scheme overrides: 503 for ErrUnavailable (the sender retries; add
-// Retry-After), 401 for every other error.
-func HTTPStatus(err error) int {
-	if errors.Is(err, ErrUnavailable) {
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusUnauthorized
-}
-
 // Result says how a request was verified.
 type Result struct {
 	// Scheme is SchemeV1a or SchemeJWT.
@@ -134,10 +125,7 @@ type Verifier struct {
 // New makes a Verifier. Nothing is fetched until a request needs the key
 // set (or Ready is called).
 func New(cfg Config) (*Verifier, error) {
-	raw := cfg.JWKSURL
-	if raw == "" {
-		raw = DefaultJWKSURL
-	}
+	raw := cmp.Or(cfg.JWKSURL, DefaultJWKSURL)
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return nil, fmt.Errorf("JWKS URL %q: not an absolute http or https URL", raw)
@@ -146,22 +134,13 @@ func New(cfg Config) (*Verifier, error) {
 	if now == nil {
 		now = time.Now
 	}
-	client := cfg.Client
-	if client == nil {
-		client = &http.Client{}
-	}
-	timeout := cfg.FetchTimeout
-	if timeout <= 0 {
-		timeout = DefaultFetchTimeout
-	}
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	client := cmp.Or(cfg.Client, &http.Client{})
+	timeout := cmp.Or(max(cfg.FetchTimeout, 0), DefaultFetchTimeout)
+	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	return &Verifier{
 		audience: cfg.Audience,
 		now:      now,
-		keys:     &cache{url: u.String(), client: client, timeout: timeout, now: now, log: log},
+		keys:     &cache{url: u.String(), client: client, timeout: timeout, now: now, log: log, turn: make(chan struct{}, 1)},
 	}, nil
 }
 
@@ -215,7 +194,7 @@ func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Resu
 		return Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	base := len(reasons) // the reasons found before any key was tried
-	res, ok, wantFresh := v.try(ks, v1as, msg, jwts, now, &reasons)
+	res, ok, wantFresh := v.try(ks, v1as, msg, jwts, &reasons)
 	if ok {
 		return res, nil
 	}
@@ -228,7 +207,7 @@ func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Resu
 	}
 	if fresh.gen != ks.gen {
 		reasons = reasons[:base]
-		if res, ok, _ = v.try(fresh, v1as, msg, jwts, now, &reasons); ok {
+		if res, ok, _ = v.try(fresh, v1as, msg, jwts, &reasons); ok {
 			return res, nil
 		}
 	}
@@ -258,24 +237,16 @@ func (v *Verifier) Check(h http.Header) error {
 func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry, reasonList, error) {
 	// Gather the entries first, so that the count is bounded before any
 	// of them costs a parse.
-	type entry struct {
-		v1a   bool
-		value string
-	}
-	var entries []entry
+	var entries []string
 	for _, line := range h.Values(HeaderSignature) {
 		for _, e := range strings.Fields(line) {
 			// A proxy that folds two header lines into one joins them
-			// with ", "; no signature ends with a comma.
+			// with ", "; no signature ends with a comma. Other versions
+			// than v1a (v1: HMAC, package webhook's; a scheme of the
+			// future) are not this package's; a JWT has no comma.
 			e = strings.TrimRight(e, ",")
-			version, value, hasComma := strings.Cut(e, ",")
-			switch {
-			case hasComma && version == "v1a":
-				entries = append(entries, entry{v1a: true, value: value})
-			case hasComma:
-				// v1 (HMAC, package webhook's) or a scheme of the future.
-			case strings.Count(e, ".") == 2:
-				entries = append(entries, entry{value: e})
+			if strings.HasPrefix(e, "v1a,") || !strings.Contains(e, ",") && strings.Count(e, ".") == 2 {
+				entries = append(entries, e)
 			}
 		}
 	}
@@ -292,11 +263,11 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 	)
 	for i, e := range entries {
 		n := i + 1
-		if !e.v1a {
-			if j, ok := parseJWT(e.value, n, &reasons); ok {
+		if value, v1a := strings.CutPrefix(e, "v1a,"); !v1a {
+			if j, ok := parseJWT(e, n, &reasons); ok {
 				jwts = append(jwts, j)
 			}
-		} else if sig, ok := decodeSignature(e.value); ok {
+		} else if sig, ok := decodeSignature(value); ok {
 			v1as = append(v1as, v1aEntry{n: n, sig: sig})
 		} else {
 			reasons.add(fmt.Sprintf("entry %d: v1a signature is not base64 of %d bytes", n, ed25519.SignatureSize))
@@ -319,7 +290,7 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 // newer set might verify what this one did not: a v1a entry no key
 // verified, or a JWT whose kid the set lacks. (A JWT whose kid is in the
 // set but whose signature fails is bad: a kid names one key.)
-func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry, now time.Time, reasons *reasonList) (res Result, ok, wantFresh bool) {
+func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry, reasons *reasonList) (res Result, ok, wantFresh bool) {
 	for _, e := range v1as {
 		for _, k := range ks.ed {
 			if ed25519.Verify(k.pub, msg, e.sig) {
@@ -336,24 +307,14 @@ func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry,
 			reasons.add(fmt.Sprintf("entry %d: the key set has no RSA key with the JWT's kid %s", e.n, quoteKid(e.kid)))
 			continue
 		}
-		verified := false
 		for _, k := range keys {
-			var c jwt.Claims
-			if err := e.tok.Claims(k, &c); err != nil {
-				continue
+			// Its claims were checked before any key was needed
+			// (timelyJWTs): the same bytes, verified now.
+			if e.tok.Claims(k, new(jwt.Claims)) == nil {
+				return Result{Scheme: SchemeJWT, KeyID: e.kid}, true, false
 			}
-			verified = true
-			// The claims read before verification were the same bytes;
-			// checking them again keeps the rule in one obvious place.
-			if err := v.checkClaims(c, now); err != nil {
-				reasons.add(fmt.Sprintf("entry %d: JWT %v", e.n, err))
-				break
-			}
-			return Result{Scheme: SchemeJWT, KeyID: e.kid}, true, false
 		}
-		if !verified {
-			reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, quoteKid(e.kid)))
-		}
+		reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, quoteKid(e.kid)))
 	}
 	return Result{}, false, wantFresh
 }

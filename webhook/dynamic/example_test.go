@@ -14,8 +14,9 @@ import (
 )
 
 // A receiver verifies a dynamic delivery and maps the two error kinds to
-// HTTP statuses; the scheme tells it that the key must be confirmed
-// against the API before its effect runs.
+// HTTP statuses (503 for ErrUnavailable, so that the sender retries; else
+// 401); the scheme tells it that the key must be confirmed against the API
+// before its effect runs.
 func Example() {
 	keys, err := fakejwks.New(fakejwks.Options{}) // the emulator's key server
 	if err != nil {
@@ -38,7 +39,7 @@ func Example() {
 
 	res, err := v.Verify(context.Background(), body, h)
 	if err != nil {
-		fmt.Println(dynamic.HTTPStatus(err)) // 503 when the key set is unavailable, else 401
+		fmt.Println(err, errors.Is(err, dynamic.ErrUnavailable))
 		return
 	}
 	fmt.Println("verified by", res.Scheme, "- confirm before running")
@@ -48,8 +49,8 @@ func Example() {
 	h.Set("webhook-timestamp", strconv.FormatInt(old.Unix(), 10))
 	h.Set("webhook-signature", keys.SignV1a("msg_1", old, body))
 	_, err = v.Verify(context.Background(), body, h)
-	fmt.Println(dynamic.HTTPStatus(err), errors.Is(err, dynamic.ErrUnverified))
+	fmt.Println(errors.Is(err, dynamic.ErrUnverified), errors.Is(err, dynamic.ErrUnavailable))
 	// Output:
 	// verified by v1a - confirm before running
-	// 401 true
+	// true false
 }

@@ -10,9 +10,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
@@ -74,34 +75,32 @@ func parseKeySet(doc []byte) (*keySet, int, error) {
 		return nil, 0, errors.New("the key set is not a JSON Web Key Set")
 	}
 	ks := &keySet{rsa: map[string][]*rsa.PublicKey{}}
-	skipped, nrsa := 0, 0
+	skipped := 0
 	for _, r := range raw.Keys {
 		var k jose.JSONWebKey
-		if err := k.UnmarshalJSON(r); err != nil || (k.Use != "" && k.Use != "sig") {
-			skipped++
-			continue
+		kept := false
+		if k.UnmarshalJSON(r) == nil && (k.Use == "" || k.Use == "sig") {
+			// Private halves, EC and symmetric keys are skipped: nothing
+			// here verifies with them, and a symmetric key must never be
+			// used as one.
+			switch pub := k.Key.(type) {
+			case ed25519.PublicKey:
+				kept = slices.Contains([]string{"", string(jose.EdDSA), "Ed25519"}, k.Algorithm) && len(ks.ed) < MaxEd25519Keys
+				if kept {
+					ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
+				}
+			case *rsa.PublicKey:
+				kept = (k.Algorithm == "" || k.Algorithm == string(jose.RS256)) && pub.N.BitLen() >= MinRSABits
+				if kept {
+					ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
+				}
+			}
 		}
-		switch pub := k.Key.(type) {
-		case ed25519.PublicKey:
-			if (k.Algorithm != "" && k.Algorithm != string(jose.EdDSA) && k.Algorithm != "Ed25519") || len(ks.ed) >= MaxEd25519Keys {
-				skipped++
-				continue
-			}
-			ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
-		case *rsa.PublicKey:
-			if (k.Algorithm != "" && k.Algorithm != string(jose.RS256)) || pub.N.BitLen() < MinRSABits {
-				skipped++
-				continue
-			}
-			ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
-			nrsa++
-		default:
-			// Private halves, EC and symmetric keys: nothing here verifies
-			// with them, and a symmetric key must never be used as one.
+		if !kept {
 			skipped++
 		}
 	}
-	if len(ks.ed) == 0 && nrsa == 0 {
+	if skipped == len(raw.Keys) {
 		return nil, skipped, fmt.Errorf("the key set has no usable Ed25519 or RSA signing key (%d keys, all skipped)", len(raw.Keys))
 	}
 	return ks, skipped, nil
@@ -112,34 +111,22 @@ func parseKeySet(doc []byte) (*keySet, int, error) {
 // and no-cache counting as zero, clamped to [MinCacheLifetime,
 // MaxCacheLifetime]. Without max-age the minimum applies.
 func cacheLifetime(h http.Header) time.Duration {
-	ttl := time.Duration(-1)
-	noCache := false
-	for _, line := range h.Values("Cache-Control") {
-		for _, d := range strings.Split(line, ",") {
-			name, val, _ := strings.Cut(strings.TrimSpace(d), "=")
-			switch strings.ToLower(strings.TrimSpace(name)) {
-			case "no-store", "no-cache":
-				noCache = true
-			case "max-age":
-				s, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(val), `"`), 10, 64)
-				switch {
-				case err == nil && s <= uint64(MaxCacheLifetime/time.Second):
-					ttl = time.Duration(s) * time.Second
-				case err == nil || errors.Is(err, strconv.ErrRange):
-					// Longer than anything kept (RFC 9111 §1.2.2 asks
-					// that an overflow be read as a very long time).
-					ttl = MaxCacheLifetime
-				}
+	var ttl time.Duration
+	for _, d := range strings.Split(strings.Join(h.Values("Cache-Control"), ","), ",") {
+		name, val, _ := strings.Cut(strings.TrimSpace(d), "=")
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "no-store", "no-cache":
+			return MinCacheLifetime
+		case "max-age":
+			// An overflow is read as a very long time (RFC 9111 §1.2.2).
+			s, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(val), `"`), 10, 64)
+			if err == nil || errors.Is(err, strconv.ErrRange) {
+				ttl = time.Duration(min(s, uint64(MaxCacheLifetime/time.Second))) * time.Second
 			}
 		}
 	}
-	if noCache {
-		ttl = 0
-	}
-	if ttl > 0 {
-		if age, err := strconv.ParseInt(strings.TrimSpace(h.Get("Age")), 10, 64); err == nil && age > 0 {
-			ttl -= time.Duration(min(age, int64(MaxCacheLifetime/time.Second))) * time.Second
-		}
+	if age, err := strconv.ParseInt(strings.TrimSpace(h.Get("Age")), 10, 64); err == nil && age > 0 {
+		ttl -= time.Duration(min(age, int64(MaxCacheLifetime/time.Second))) * time.Second
 	}
 	return min(max(ttl, MinCacheLifetime), MaxCacheLifetime)
 }
@@ -147,93 +134,72 @@ func cacheLifetime(h http.Header) time.Duration {
 // cache holds the last key set fetched and decides when to fetch again.
 // Every fetch attempt, whoever asks for it, starts at least RefetchInterval
 // after the previous attempt ended; requests that arrive while one runs
-// wait for it instead of starting their own.
+// wait for it instead of starting their own. Requests take turns (turn, a
+// one-slot channel that a waiting request can give up on), which guards
+// the fields below it.
 type cache struct {
 	url     string
 	client  *http.Client
 	timeout time.Duration
 	now     func() time.Time
 	log     *slog.Logger
+	turn    chan struct{}
+	waiters atomic.Int64 // requests waiting for their turn (tests read it)
 
-	mu          sync.Mutex
-	set         *keySet       // the last set fetched, nil before the first success
-	gen         uint64        // generation of set
-	lastAttempt time.Time     // when the last fetch attempt ended; zero before the first
-	lastErr     error         // how the last attempt failed; nil when it succeeded
-	inflight    chan struct{} // closed when the running fetch ends; nil when none runs
-	waiters     int           // requests waiting on inflight (tests read it)
+	set         *keySet   // the last set fetched, nil before the first success
+	gen         uint64    // generation of set
+	lastAttempt time.Time // when the last fetch attempt ended; zero before the first
+	lastErr     error     // how the last attempt failed; nil when it succeeded
 }
 
 // get returns the key set to verify with. force asks for a fresh set (a
 // JWT names a kid the cached set lacks, or no cached key verifies a v1a);
 // a fetch starts only when the cached set is missing or expired, or force
-// is set, and RefetchInterval has passed since the last attempt. current
-// reports whether the last attempt succeeded, so that a signature the set
-// does not verify is known to be bad rather than possibly signed by a key
-// the receiver could not fetch. err is set when no usable set is cached.
+// is set, and RefetchInterval has passed since the last attempt (so a
+// request that waited for a fetch never starts another). current reports
+// whether the last attempt succeeded, so that a signature the set does not
+// verify is known to be bad rather than possibly signed by a key the
+// receiver could not fetch. err is set when no usable set is cached.
 func (c *cache) get(ctx context.Context, force bool) (ks *keySet, current bool, err error) {
-	c.mu.Lock()
-	for c.inflight != nil {
-		ch := c.inflight
-		c.waiters++
-		c.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			c.mu.Lock()
-			c.waiters--
-			c.mu.Unlock()
-			return nil, false, ctx.Err()
-		}
-		c.mu.Lock()
-		c.waiters--
-		// The fetch just waited for is as fresh as one started now.
-		force = false
+	c.waiters.Add(1)
+	select {
+	case c.turn <- struct{}{}:
+		c.waiters.Add(-1)
+	case <-ctx.Done():
+		c.waiters.Add(-1)
+		return nil, false, ctx.Err()
 	}
+	defer func() { <-c.turn }()
 	now := c.now()
 	usable := c.set != nil && now.Before(c.set.expires)
-	allowed := c.lastAttempt.IsZero() || now.Sub(c.lastAttempt) >= RefetchInterval
-	if (!usable || force) && allowed {
-		c.attempt(ctx) // unlocks while fetching, locks again
+	if (!usable || force) && (c.lastAttempt.IsZero() || now.Sub(c.lastAttempt) >= RefetchInterval) {
+		c.attempt(ctx)
 		usable = c.set != nil && c.now().Before(c.set.expires)
 	}
-	ks, lastErr, lastAttempt := c.set, c.lastErr, c.lastAttempt
-	c.mu.Unlock()
-	if !usable {
-		if lastErr != nil {
-			return nil, false, lastErr
-		}
-		return nil, false, fmt.Errorf("the cached key set has expired and the next fetch is not due until %s", lastAttempt.Add(RefetchInterval).UTC().Format(time.RFC3339))
+	switch {
+	case usable:
+		return c.set, c.lastErr == nil, nil
+	case c.lastErr != nil:
+		return nil, false, c.lastErr
 	}
-	return ks, lastErr == nil, nil
+	return nil, false, fmt.Errorf("the cached key set has expired and the next fetch is not due until %s", c.lastAttempt.Add(RefetchInterval).UTC().Format(time.RFC3339))
 }
 
-// attempt runs one fetch with c.mu held on entry and on return; the lock
-// is released during the request. A failed fetch keeps the cached set.
+// attempt runs one fetch, in the caller's turn. A failed fetch keeps the
+// cached set.
 func (c *cache) attempt(ctx context.Context) {
-	ch := make(chan struct{})
-	c.inflight = ch
-	c.mu.Unlock()
 	ks, skipped, ttl, err := c.fetch(ctx)
-	end := c.now()
+	c.lastAttempt, c.lastErr = c.now(), err
 	if err != nil {
 		c.log.Warn("dynamic webhooks: fetching the key set failed; dynamically signed requests that need it are answered as unavailable",
 			"url", c.url, "err", err, "next_attempt_after", RefetchInterval)
-	} else {
-		c.log.Info("dynamic webhooks: key set fetched", "url", c.url,
-			"ed25519_keys", len(ks.ed), "rsa_kids", len(ks.rsa), "skipped_keys", skipped, "cache_for", ttl)
+		return
 	}
-	c.mu.Lock()
-	c.lastAttempt = end
-	c.lastErr = err
-	if err == nil {
-		c.gen++
-		ks.gen = c.gen
-		ks.expires = end.Add(ttl)
-		c.set = ks
-	}
-	c.inflight = nil
-	close(ch)
+	c.log.Info("dynamic webhooks: key set fetched", "url", c.url,
+		"ed25519_keys", len(ks.ed), "rsa_kids", len(ks.rsa), "skipped_keys", skipped, "cache_for", ttl)
+	c.gen++
+	ks.gen, ks.expires = c.gen, c.lastAttempt.Add(ttl)
+	c.set = ks
 }
 
 // fetch GETs the key set. It runs on a context of its own (the values of

@@ -87,9 +87,7 @@ func TestConcurrentRequestsShareOneFetch(t *testing.T) {
 		quitter <- err
 	}()
 	waitFor(t, "every request to wait on the fetch", func() bool {
-		v.keys.mu.Lock()
-		defer v.keys.mu.Unlock()
-		return v.keys.waiters == others+1
+		return v.keys.waiters.Load() == others+1
 	})
 	quit()
 	if err := <-quitter; !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "context canceled") {
