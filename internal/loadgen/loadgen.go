@@ -1,8 +1,7 @@
 // Package loadgen sends signed webhook deliveries to a gemrecon receiver on
 // loopback, bounded in count and time, and measures what came back: the
-// tests' "no loss under shutdown" traffic and the serve benchmark. It also
-// measures the raw append+fdatasync rate of a directory, the ceiling that a
-// durable commit per request cannot beat.
+// tests' "no loss under shutdown" traffic and the deliveries of
+// internal/floors, the benchmark of BENCHMARKS.md.
 package loadgen
 
 import (

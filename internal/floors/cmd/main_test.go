@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gemrecon/gemrecon/internal/floors"
+	"github.com/gemrecon/gemrecon/internal/testkit"
+)
+
+func TestMain(m *testing.M) {
+	testkit.Main(m, map[string]func() int{floors.RusageCommand: floors.RusageMain})
+}
+
+// TestTinyRun runs every measure once at a tiny size, against a gemrecon
+// built from this module, and checks that the table has every row with a
+// figure (never the figures' size: they depend on the machine).
+func TestTinyRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds gemrecon and runs it as serve, poll and emulator")
+	}
+	ctx := context.Background()
+	bin, err := floors.Build(ctx, "../../..", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := filepath.Abs("../../../../shared/bench/seed000_sink.py")
+	if _, err := os.Stat(seed); err != nil {
+		t.Logf("no seed script (%v): its rows are left out", err)
+		seed = ""
+	}
+	args := []string{"-dir", t.TempDir(), "-gemrecon", bin, "-seed", seed, "-seed-n", "20", "-rounds", "2",
+		"-n", "3", "-concurrent", "20", "-senders", "4", "-dups", "30", "-deliveries", "3", "-gap", "1ms",
+		"-batches", "120", "-probe", "20ms"}
+	var out, progress bytes.Buffer
+	if err := run(ctx, args, &out, &progress); err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	table := out.String()
+	rows := []string{
+		"1. sequential new completions, product path (3, one at a time), per second",
+		"2. new completions, 4 in flight (20), per second",
+		"3. duplicates of a done key through ingest, per second (30, one at a time)",
+		"3. duplicates of a pending key through ingest, per second (30, one at a time)",
+		"4. serve --forward --confirm never: 2xx → effect start, ms (3 deliveries 1ms apart), p50",
+		"**p99**", "max",
+		"5. poll pass over 120 new completions (NDJSON effect, --qps 0), wall s",
+		"**completions per raw sync**", "**peak RSS, MiB**", "commits per completion",
+	}
+	if seed != "" {
+		rows = append(rows, "seed's sink `new_per_s` (N = 20)", "seed's sink `dup_per_s` (N = 20)", "**× the seed's `dup_per_s`**")
+	}
+	for _, r := range rows {
+		if !strings.Contains(table, "| "+r) && !strings.Contains(table, "|   "+r) {
+			t.Errorf("no row %q in:\n%s", r, table)
+		}
+	}
+	// Every row has a figure: median [min–max] over the two rounds.
+	for _, line := range strings.Split(strings.TrimSpace(table), "\n") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| measure") {
+			continue
+		}
+		if cells := strings.Split(line, "|"); len(cells) != 6 || !strings.Contains(cells[2], "[") || strings.Contains(cells[2], "NaN") {
+			t.Errorf("row without a median and range: %s", line)
+		}
+	}
+
+	// -format json: the rounds as measured, each with the pass's peak RSS.
+	out.Reset()
+	if err := run(ctx, append(args[:len(args):len(args)], "-rounds", "1", "-format", "json", "-seed", ""), &out, &progress); err != nil {
+		t.Fatalf("run -format json: %v\n%s", err, progress.String())
+	}
+	var rep floors.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("-format json: %v\n%s", err, out.String())
+	}
+	if len(rep.Rounds) != 1 || rep.Rounds[0].Poll.N != 120 || rep.Rounds[0].Poll.MaxRSSKiB <= 0 || len(rep.Rounds[0].Serve) != 3 {
+		t.Errorf("-format json = %+v, want one round with a pass of 120, its peak RSS, and 3 latencies", rep.Rounds)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	for _, args := range [][]string{{"-format", "csv"}, {"-rounds", "0"}, {"extra"}} {
+		if err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+			t.Errorf("run(%q) = nil, want a usage error", args)
+		}
+	}
+}
