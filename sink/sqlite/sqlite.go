@@ -71,10 +71,12 @@ type Sink struct {
 	opt        sink.Options
 	log        *slog.Logger
 	migrations []migration // what this binary knows
-	ident      *identity   // the opened file; nil when read-only
-	dsnParams  string      // see config
-	broken     atomic.Pointer[brokenErr]
-	opened     atomic.Bool // Open has returned the sink (checkConn)
+	// schemaFound and schemaNow are SchemaVersions'.
+	schemaFound, schemaNow int
+	ident                  *identity // the opened file; nil when read-only
+	dsnParams              string    // see config
+	broken                 atomic.Pointer[brokenErr]
+	opened                 atomic.Bool // Open has returned the sink (checkConn)
 
 	rdb *sql.DB // reader pool
 	wdb *sql.DB // one writer connection; nil when read-only
@@ -186,18 +188,19 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
 	}
-	if err := checkFile(path, opt.ReadOnly, ms); err != nil {
+	if err := checkFile(path, opt, ms); err != nil {
 		return nil, err
 	}
 	s := &Sink{
-		path:       path,
-		opt:        opt,
-		log:        cfg.logger,
-		migrations: ms,
-		done:       newDoneCache(cfg.doneCacheSize),
-		stats:      newStatBuffer(),
-		rows:       newRowCache(),
-		dsnParams:  cfg.dsnParams,
+		path:        path,
+		opt:         opt,
+		log:         cfg.logger,
+		migrations:  ms,
+		schemaFound: -1,
+		done:        newDoneCache(cfg.doneCacheSize),
+		stats:       newStatBuffer(),
+		rows:        newRowCache(),
+		dsnParams:   cfg.dsnParams,
 	}
 	if opt.ReadOnly {
 		s.rdb, err = openDB(path, opt.BusyTimeout, true)
@@ -323,9 +326,11 @@ func (s *Sink) openOwnWALIndex(ctx context.Context) (*walIndex, error) {
 
 // checkFile refuses, before SQLite touches anything, a path that is a
 // directory, a file that is not SQLite, a damaged header, a schema this
-// binary may not use, a file this process may not write, and (read-only) a
-// missing file. A missing file is created with mode 0600.
-func checkFile(path string, readOnly bool, ms []migration) error {
+// binary may not use, a file this process may not write, and (read-only or
+// MustExist) a missing or empty file. Otherwise a missing file is created
+// with mode 0600.
+func checkFile(path string, opt sink.Options, ms []migration) error {
+	readOnly, mustExist := opt.ReadOnly, opt.ReadOnly || opt.MustExist
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -333,13 +338,13 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		// link, and creating its target is not what was asked.
 		if target, lerr := os.Readlink(path); lerr == nil {
 			what := fmt.Sprintf("is a symbolic link to %s, which does not exist: point it at the database", target)
-			if readOnly {
+			if mustExist {
 				return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, what)
 			}
 			return fmt.Errorf("sqlite sink %s: %s, or give the path of the file to create instead of the link (gemrecon does not create a link's target)", path, what)
 		}
-		if readOnly {
-			return fmt.Errorf("sqlite sink %s: %w (nothing recorded yet: run a writing command such as poll first)", path, sink.ErrNoDatabase)
+		if mustExist {
+			return noDatabase(path, "the file does not exist")
 		}
 		dir := filepath.Dir(path)
 		if err := syscall.Access(dir, 2|1); err != nil { // W_OK|X_OK
@@ -362,6 +367,9 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		return fmt.Errorf("sqlite sink %s: is a directory, not a database file", path)
 	case !fi.Mode().IsRegular():
 		return fmt.Errorf("sqlite sink %s: is not a regular file", path)
+	}
+	if fi.Size() == 0 && mustExist {
+		return noDatabase(path, "the file is empty")
 	}
 	if fi.Size() > 0 {
 		f, err := os.Open(path)
@@ -406,6 +414,16 @@ func checkFile(path string, readOnly bool, ms []migration) error {
 		}
 	}
 	return nil
+}
+
+// noDatabase is sink.ErrNoDatabase for the file at path, named by its
+// absolute path (a relative --db resolves against a working directory the
+// reader of the message may not know), saying why.
+func noDatabase(path, why string) error {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, why)
 }
 
 // sqliteName is the name SQLite's unix VFS gives the existing file at path
@@ -759,6 +777,11 @@ func classify(path string, err error, waited, busy time.Duration) error {
 // Commits returns how many write transactions this sink has committed: with
 // group commit, operations per commit shows how many share one disk sync.
 func (s *Sink) Commits() int64 { return s.commits.Load() }
+
+// SchemaVersions returns the schema version Open found (0: none, so it
+// created gemrecon's schema) and the one the database holds now: this
+// binary's, or a newer one that a newer gemrecon wrote and this one may use.
+func (s *Sink) SchemaVersions() (found, now int) { return s.schemaFound, s.schemaNow }
 
 // Path is the database file.
 func (s *Sink) Path() string { return s.path }
