@@ -82,7 +82,7 @@ func TestCheckCommandLine(t *testing.T) {
 		{"poll --exec ./publish.sh --min-interval 10m", true, true},
 		{"--db KEY poll --lookback D --forward URL", true, true},
 		{"poll --no-such-flag", false, false},
-		{"poll --interval", false, false},  // a flag without its value
+		{"poll --interval", false, false},    // a flag without its value
 		{"poll --lookback 3d", false, false}, // not a duration, nor a placeholder
 		{"poll", false, true},                // a mention in prose
 		{"poll", true, false},                // a command line that chooses no effect
