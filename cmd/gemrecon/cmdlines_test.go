@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -117,7 +119,9 @@ func checkCommandLine(args []string, full bool) error {
 		return fmt.Errorf("unknown command %q", rest[0])
 	}
 	rest = withPlaceholderValues(cmd, rest)
-	if err := cmd.ParseFlags(rest); err != nil {
+	if err := cmd.ParseFlags(rest); errors.Is(err, pflag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	if err := cmd.ValidateFlagGroups(); err != nil {
@@ -424,4 +428,100 @@ func shellWords(line string) []word {
 
 func isDigits(s string) bool {
 	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// TestDocLinks: every relative link of README.md, CHANGELOG.md and docs/
+// names a file that exists and, for a Markdown file, a heading (GitHub's
+// anchor for it) or an <a id> that is there: what moved out of the README
+// stays one click away.
+func TestDocLinks(t *testing.T) {
+	root := filepath.Join("..", "..")
+	files := []string{filepath.Join(root, "README.md"), filepath.Join(root, "CHANGELOG.md")}
+	more, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, more...)
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(path string) map[string]bool {
+		if a, ok := anchors[path]; ok {
+			return a
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, seen := map[string]bool{}, map[string]int{}
+		inBlock := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				inBlock = !inBlock
+			}
+			if m := htmlID.FindAllStringSubmatch(line, -1); m != nil {
+				for _, id := range m {
+					a[id[1]] = true
+				}
+			}
+			if inBlock || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			slug := githubSlug(strings.TrimLeft(line, "# "))
+			if n := seen[slug]; n > 0 {
+				a[fmt.Sprintf("%s-%d", slug, n)] = true
+			} else {
+				a[slug] = true
+			}
+			seen[slug]++
+		}
+		anchors[path] = a
+		return a
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				path, anchor, _ := strings.Cut(target, "#")
+				dest := f
+				if path != "" {
+					dest = filepath.Join(filepath.Dir(f), path)
+				}
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s:%d: link %s: %v", rel, i+1, target, err)
+					continue
+				}
+				if anchor != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[anchor] {
+					t.Errorf("%s:%d: link %s: no heading or id %q in %s", rel, i+1, target, anchor, filepath.Base(dest))
+				}
+			}
+		}
+	}
+}
+
+var (
+	mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	htmlID = regexp.MustCompile(`<a id="([^"]+)"`)
+)
+
+// githubSlug is GitHub's anchor for a Markdown heading: lower case, every
+// character but letters, digits, spaces, hyphens and underscores dropped,
+// spaces made hyphens.
+func githubSlug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
 }

@@ -586,8 +586,8 @@ func openImmutable(path string) (*sql.DB, error) {
 // commit changes is written whole to the WAL, and a completion's two commits
 // change about six pages: at 1 KiB instead of SQLite's default 4 KiB a
 // commit appends about a third of the bytes (BENCHMARKS.md, issue 17). A
-// database keeps the page size it was created with; README.md says how to
-// rebuild one with this size.
+// database keeps the page size it was created with; docs/operating.md
+// ("SQLite files") says how to rebuild one with this size.
 const PageSize = 1024
 
 // openDB opens a pool on path. The busy timeout comes first so that the
