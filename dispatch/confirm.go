@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,7 +56,7 @@ import (
 // file (or its inlined responses) is written to the results directory
 // before the effect, bounded by DownloadTimeout; the lease is renewed
 // meanwhile. A failed download is a failure of the attempt (retried with
-// backoff).
+// backoff), except results that expired (ResultsKept): dead at once.
 
 // API is what dispatch needs of the Gemini API: *poller.Poller.
 type API interface {
@@ -75,6 +76,14 @@ const (
 // is still pending or running as EXPIRED (48 h).
 const BatchExpiry = 48 * time.Hour
 
+// ResultsKept is how long the API keeps a batch's responses file after the
+// batch ended (files are kept 48 h): a 404, or a 403 while the credential
+// works, for the file (or its files.get) of a batch that ended longer ago
+// means the results expired, and the key goes dead at once
+// (sink.DeadResultsExpired) instead of being retried until its attempts
+// run out.
+const ResultsKept = 48 * time.Hour
+
 // OutcomeUnconfirmed: the key was handed back without using an attempt
 // because the API has not confirmed it yet (not terminal, or no answer); it
 // is rechecked later.
@@ -82,10 +91,11 @@ const OutcomeUnconfirmed Outcome = "unconfirmed"
 
 // skipOpts are the claim options of this dispatcher.
 func (d *Dispatcher) claimOpts() []sink.ClaimOption {
-	if d.cfg.Confirm {
-		return nil
+	opts := []sink.ClaimOption{sink.ByCommand(d.cfg.Command)}
+	if !d.cfg.Confirm {
+		opts = append(opts, sink.SkipNeedsConfirm())
 	}
-	return []sink.ClaimOption{sink.SkipNeedsConfirm()}
+	return opts
 }
 
 // verdict is what preparing a claim decided when the effect must not run
@@ -98,7 +108,7 @@ type verdict struct {
 
 // needsPrep reports whether the claim needs work before its effect.
 func (d *Dispatcher) needsPrep(c sink.Claim) bool {
-	return (!c.Confirmed && (d.cfg.Confirm || c.NeedsConfirm)) || d.cfg.Results != nil
+	return (!c.Confirmed && (d.cfg.Confirm || c.NeedsConfirm)) || d.cfg.Results != nil && !c.NoResults
 }
 
 // prepare confirms the claim when it must be, fills in what the document
@@ -125,7 +135,7 @@ func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim
 			ev.ResultsLocation = r.Location
 		}
 	}
-	if d.cfg.Results != nil {
+	if d.cfg.Results != nil && !c.NoResults { // retry --without-results: they expired
 		if v := d.writeResults(ctx, log, c, &ev); v != nil {
 			return ev, v
 		}
@@ -248,7 +258,17 @@ func (d *Dispatcher) writeResults(ctx context.Context, log *slog.Logger, c sink.
 	switch {
 	case r.File != "":
 		fetch = func(ctx context.Context, w io.Writer) error {
-			_, err := d.cfg.API.Download(ctx, r.File, w)
+			lw := &lineWriter{w: w}
+			_, err := d.cfg.API.Download(ctx, r.File, lw)
+			if errors.Is(err, poller.ErrSizeUnknown) {
+				// Nothing told the end of the file from a dropped
+				// connection: it is whole only if it holds a line per
+				// request and ends in a newline.
+				if r.Requests > 0 && lw.lines == r.Requests && lw.last == '\n' {
+					return nil
+				}
+				return fmt.Errorf("%w; it holds %d complete lines (ending in %q) and the batch counted %d requests: taken as cut short", err, lw.lines, lw.last, r.Requests)
+			}
 			return err
 		}
 	case r.HasInlined:
@@ -266,6 +286,12 @@ func (d *Dispatcher) writeResults(ctx context.Context, log *slog.Logger, c sink.
 		}
 		if dctx.Err() != nil {
 			err = fmt.Errorf("%w (--download-timeout %v)", err, d.cfg.DownloadTimeout)
+		}
+		if errors.Is(err, poller.ErrNotFound) && !r.EndTime.IsZero() && d.cfg.Now().Sub(r.EndTime) > ResultsKept {
+			log.Warn("dispatch: the batch's results expired; the key is dead", "ended", r.EndTime, "err", err)
+			return &verdict{failure: sink.Failure{Permanent: true, DeadReason: sink.DeadResultsExpired, Cause: fmt.Sprintf(
+				"results expired: the batch ended %s, more than %v ago, and the API no longer has its results (%v)",
+				r.EndTime.UTC().Format(time.RFC3339), ResultsKept, err)}}
 		}
 		log.Warn("dispatch: writing the batch's results failed; the attempt fails and is retried", "err", err)
 		return &verdict{failure: sink.Failure{Cause: "results: " + err.Error()}}
@@ -288,6 +314,23 @@ func (d *Dispatcher) writeResults(ctx context.Context, log *slog.Logger, c sink.
 		}
 	}
 	return nil
+}
+
+// lineWriter counts the newlines written through it and keeps the last
+// byte: what tells a responses file cut short when nothing else can.
+type lineWriter struct {
+	w     io.Writer
+	lines int64
+	last  byte
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	n, err := l.w.Write(p)
+	l.lines += int64(bytes.Count(p[:n], []byte{'\n'}))
+	if n > 0 {
+		l.last = p[n-1]
+	}
+	return n, err
 }
 
 // prepareUnderLease runs prepare while the claim's lease is renewed every

@@ -73,11 +73,13 @@ const (
 	OutcomeSkipped Outcome = "skipped"
 )
 
-// Observer hears about every attempt (metrics).
+// Observer hears about every attempt: *metrics.Metrics is one. Its
+// outcome is an Outcome's name, a plain string so that metrics need not
+// import dispatch.
 type Observer interface {
-	// EffectFinished is called once per attempt with its outcome and the
+	// ObserveEffect is called once per attempt with its outcome and the
 	// effect's running time.
-	EffectFinished(key string, outcome Outcome, d time.Duration)
+	ObserveEffect(outcome string, d time.Duration)
 }
 
 // Config configures a Dispatcher. Zero fields take the defaults
@@ -93,6 +95,8 @@ type Config struct {
 	SQL *sqlscript.Script
 	// Owner names this holder in leases (default hostname:pid:random).
 	Owner string
+	// Command names what claims (poll, serve, drain) in the keys' history.
+	Command string
 	// Lease is how long a claim holds before another process may take it
 	// over (default 10m); it is renewed every Lease/3 while the effect runs.
 	Lease time.Duration
@@ -204,6 +208,16 @@ type Dispatcher struct {
 	// hurry is done once EndGrace was called: a shutdown's grace is over.
 	hurry    context.Context
 	endGrace context.CancelFunc
+
+	// slots holds a token for every effect running, or claim granted and
+	// waiting for its effect: Concurrency in all, shared by Drain and the
+	// claims made where keys are recorded (TakeSlot). freed is signalled
+	// whenever one is given back.
+	slots chan struct{}
+	freed chan struct{}
+	// live is where TakeSlot's claims run (Live); nil: nowhere.
+	liveMu sync.Mutex
+	live   *live
 }
 
 // New fills cfg's zero fields with their defaults, checks it (Validate, and
@@ -261,6 +275,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	hurry, endGrace := context.WithCancel(context.Background())
 	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
+		slots: make(chan struct{}, cfg.Concurrency), freed: make(chan struct{}, 1),
 		hurry: hurry, endGrace: endGrace}, nil
 }
 
@@ -327,6 +342,8 @@ func (d *Dispatcher) Kick() {
 func (d *Dispatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
+	stop := d.Live(ctx)
+	defer stop()
 	failures := 0
 	for {
 		sum, err := d.Drain(ctx)
@@ -515,7 +532,7 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 		if v != nil {
 			defer func() {
 				if d.cfg.Observer != nil {
-					d.cfg.Observer.EffectFinished(c.Key, out, d.cfg.Now().Sub(start))
+					d.cfg.Observer.ObserveEffect(string(out), d.cfg.Now().Sub(start))
 				}
 			}()
 			if v.fenced {
@@ -561,13 +578,13 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 
 	defer func() {
 		if d.cfg.Observer != nil {
-			d.cfg.Observer.EffectFinished(c.Key, out, elapsed)
+			d.cfg.Observer.ObserveEffect(string(out), elapsed)
 		}
 	}()
 
 	switch {
 	case d.completer != nil && runErr == nil: // it completed the claim itself (sql.go)
-		log.Debug("dispatch: effect done (in the transaction that marked the key done)", "duration", elapsed)
+		log.Info("dispatch: effect ok (in the transaction that marked the key done)", "duration", elapsed)
 		out = OutcomeDone
 	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
@@ -741,7 +758,7 @@ func (d *Dispatcher) complete(ctx, runCtx context.Context, log *slog.Logger, c s
 	})
 	switch {
 	case err == nil:
-		log.Debug("dispatch: effect done", "duration", elapsed)
+		log.Info("dispatch: effect ok", "duration", elapsed)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
@@ -816,7 +833,7 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 		// The effect's transaction committed (the key is done with this
 		// claim's token) although it reported an error, as when the
 		// context ended during the commit: the outcome is the commit's.
-		log.Debug("dispatch: effect done (its commit's answer was an error)", "duration", elapsed, "err", cause)
+		log.Info("dispatch: effect ok (its commit's answer was an error)", "duration", elapsed, "err", cause)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
 		log.Error("dispatch: FENCED: the key was taken over before this attempt's failure was recorded; its outcome is discarded", "err", err, "effect_err", cause)
@@ -868,6 +885,9 @@ func eventFor(c sink.Claim) effect.Event {
 		Confirmed:  c.Confirmed,
 		BatchState: c.BatchState,
 		Webhook:    jsonOrString(c.Webhook),
+		Rerun:      c.Rerun,
+
+		WithoutResults: c.NoResults,
 	}
 	return ev
 }

@@ -176,13 +176,13 @@ type observerLog struct {
 	out map[Outcome]int
 }
 
-func (o *observerLog) EffectFinished(key string, out Outcome, d time.Duration) {
+func (o *observerLog) ObserveEffect(out string, d time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.out == nil {
 		o.out = map[Outcome]int{}
 	}
-	o.out[out]++
+	o.out[Outcome(out)]++
 }
 
 func (o *observerLog) count(out Outcome) int {

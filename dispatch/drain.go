@@ -59,12 +59,15 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	st := &drainState{seen: map[string]bool{}, redue: map[string]bool{}}
 	finished := make(chan struct{}, conc)
 	var wg sync.WaitGroup
-	running := 0
+	running := 0    // this Drain's effects; the slots are shared with TakeSlot's claims
 	var ready []job // granted ahead, waiting for a slot
+	// waitOne waits until one of this Drain's effects finished or any slot
+	// was given back.
 	waitOne := func() bool {
 		select {
 		case <-finished:
 			running--
+		case <-d.freed:
 		case <-ctx.Done():
 			return false
 		}
@@ -78,12 +81,12 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 		}
 	}
 	startReady := func() {
-		for running < conc && len(ready) > 0 {
+		for len(ready) > 0 && d.takeSlot() {
 			j := ready[0]
 			ready = ready[1:]
 			running++
 			wg.Go(func() {
-				defer func() { finished <- struct{}{} }()
+				defer func() { d.giveSlot(); finished <- struct{}{} }()
 				d.runJob(ctx, runCtx, st, j)
 			})
 		}
@@ -101,14 +104,15 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		want := conc + ahead - running - len(ready)
-		if running > 0 && want < batch {
+		busy := len(d.slots)
+		want := conc + ahead - busy - len(ready)
+		if busy > 0 && want < batch {
 			if !waitOne() {
 				break
 			}
 			continue
 		}
-		jobs, err := d.next(ctx, st, want, conc-running-len(ready))
+		jobs, err := d.next(ctx, st, want, conc-busy-len(ready))
 		if err != nil {
 			if ctx.Err() == nil {
 				claimErr = err
@@ -120,7 +124,7 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 			if running == 0 && len(ready) == 0 {
 				break
 			}
-			if running == 0 {
+			if len(ready) > 0 && len(d.slots) < conc {
 				continue // start what is ready
 			}
 			// Whatever finishes may have freed the way for more (another
@@ -133,7 +137,7 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	// A sink error: run what was claimed already. Shutdown or a broken
 	// effect: hand it back.
 	for len(ready) > 0 && ctx.Err() == nil && d.brokenErr() == nil {
-		if running == conc && !waitOne() {
+		if len(d.slots) == conc && !waitOne() {
 			break
 		}
 		startReady()

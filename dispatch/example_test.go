@@ -39,7 +39,7 @@ func ExampleDispatcher_Drain() {
 	sum, err = d.Drain(ctx)
 	fmt.Printf("%+v %v\n", sum, err)
 	// Output:
-	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":1,"operation":{"name":"batches/abc","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true},"confirmed":true,"batch_state":"SUCCEEDED","webhook":{"type":"batch.succeeded","data":{"id":"abc"}}}
+	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":1,"operation":{"name":"batches/abc","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true},"confirmed":true,"batch_state":"SUCCEEDED","webhook":{"type":"batch.succeeded","data":{"id":"abc"}},"rerun":false}
 	// {Claimed:1 OK:1 Failed:0 Dead:0 Fenced:0 Unconfirmed:0 HandedBack:0} <nil>
 	// {Claimed:0 OK:0 Failed:0 Dead:0 Fenced:0 Unconfirmed:0 HandedBack:0} <nil>
 }

@@ -227,13 +227,13 @@ type outcomeCount struct {
 	n  map[Outcome]int
 }
 
-func (o *outcomeCount) EffectFinished(_ string, out Outcome, _ time.Duration) {
+func (o *outcomeCount) ObserveEffect(out string, _ time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
 		o.n = map[Outcome]int{}
 	}
-	o.n[out]++
+	o.n[Outcome(out)]++
 }
 
 func (o *outcomeCount) get(out Outcome) int {

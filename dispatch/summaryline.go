@@ -9,7 +9,7 @@ import (
 
 // DrainLine is drain's summary line: a Summary's counts and the run's
 // duration, under the same field names in the text line and in the JSON
-// object that --log-format json asks for (as ingest.Summary is a poll
+// object that --log-format json asks for (as reconcile.Summary is a poll
 // pass's).
 type DrainLine struct {
 	Claimed     int    `json:"claimed"`

@@ -32,6 +32,12 @@ type Event struct {
 	ResultsLocation string `json:"results_location,omitempty"`
 	// Webhook is the first webhook body, when a webhook saw the key.
 	Webhook json.RawMessage `json:"webhook,omitempty"`
+	// Rerun: the key was done and an operator sent it back (gemrecon rerun):
+	// this run repeats an effect that succeeded (design §1).
+	Rerun bool `json:"rerun"`
+	// WithoutResults: the operator asked for this run without the batch's
+	// results (retry --without-results: they expired, §9.5).
+	WithoutResults bool `json:"without_results,omitempty"`
 }
 
 // Effect runs once per attempt. A nil error is success. Errors are retried

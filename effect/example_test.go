@@ -27,7 +27,7 @@ func ExampleNewPrint() {
 		Webhook:    json.RawMessage(`{"type":"batch.succeeded","data":{"id":"abc"}}`),
 	})
 	// Output:
-	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":7,"operation":{"name":"batches/abc","done":true},"confirmed":true,"batch_state":"SUCCEEDED","webhook":{"type":"batch.succeeded","data":{"id":"abc"}}}
+	// {"key":"gemini:batches/abc","name":"batches/abc","state":"SUCCEEDED","source":"webhook","attempt":1,"token":7,"operation":{"name":"batches/abc","done":true},"confirmed":true,"batch_state":"SUCCEEDED","webhook":{"type":"batch.succeeded","data":{"id":"abc"}},"rerun":false}
 }
 
 // An effect tells the dispatcher how to treat a failure: retry with backoff

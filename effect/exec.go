@@ -174,6 +174,7 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 		"GEMRECON_BATCH_STATE="+ev.BatchState,
 		"GEMRECON_CONFIRMED="+strconv.FormatBool(ev.Confirmed),
 		"GEMRECON_RESULTS_FILE="+ev.ResultsFile,
+		"GEMRECON_RERUN="+map[bool]string{true: "1", false: "0"}[ev.Rerun],
 	)
 	// Its own process group, so that one signal reaches everything the
 	// command started: a shell pipeline or a backgrounded grandchild would

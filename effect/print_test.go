@@ -75,7 +75,7 @@ func TestPrintFlushesBeforeReturning(t *testing.T) {
 	if err := NewPrint(&f).Run(context.Background(), ev); err != nil {
 		t.Fatal(err)
 	}
-	want := `{"key":"gemini:batches/abc-123","name":"batches/abc-123","state":"SUCCEEDED","source":"webhook","attempt":3,"token":42,"operation":null,"confirmed":false,"batch_state":""}` + "\n"
+	want := `{"key":"gemini:batches/abc-123","name":"batches/abc-123","state":"SUCCEEDED","source":"webhook","attempt":3,"token":42,"operation":null,"confirmed":false,"batch_state":"","rerun":false}` + "\n"
 	if f.String() != want {
 		t.Errorf("Print wrote %q, want %q", f.String(), want)
 	}

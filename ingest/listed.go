@@ -1,3 +1,10 @@
+// Package ingest turns sightings of a completion into recorded keys, for
+// both sources (spec §9.1): a verified webhook body (webhook.go, called by
+// package webhook) and a listed operation (listed.go, called by the pass
+// loop of package reconcile). Each path is the canonical key (canon), the
+// check of what a key may be (spec §12), sink.Record, the deliveries
+// metrics, a line for each new key (logRecord), and, for webhooks, waking
+// dispatch. No command or handler records a sighting any other way.
 package ingest
 
 import (
@@ -40,11 +47,11 @@ func (l Listed) Record(ctx context.Context, op poller.Operation) (ListedOutcome,
 	if err == nil {
 		err = canon.CheckKey(key)
 	}
-	if op.NameInvalid {
-		err = fmt.Errorf("%w: the listed name is not valid UTF-8 or holds an unpaired surrogate escape", canon.ErrInvalidKey)
+	if op.Invalid != "" {
+		err = fmt.Errorf("%w: %s", canon.ErrInvalidKey, op.Invalid)
 	}
 	if err != nil {
-		l.Metrics.ObserveDelivery(sink.SourcePoll, OutcomeInvalid)
+		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
 		if l.Logger != nil {
 			l.Logger.Warn("listed operation has a name that cannot be a key; skipped",
 				"name", canon.Quote(op.Name), "err", err)
@@ -57,8 +64,24 @@ func (l Listed) Record(ctx context.Context, op poller.Operation) (ListedOutcome,
 		return ListedOutcome{Key: key}, err
 	}
 	l.Metrics.ObserveRecord(sink.SourcePoll, res)
+	logRecord(l.Logger, key, sink.SourcePoll, res)
 	if res.Confirmed && l.Logger != nil {
 		l.Logger.Info("a key first seen by webhook is confirmed by the listing", "key", key, "batch_state", op.State, "state", res.State)
 	}
 	return ListedOutcome{Key: key, Result: res}, nil
+}
+
+// logRecord says what Record did with a sighting: at the default level for
+// a key seen for the first time, so that the work shows as it happens
+// (spec §6, "Logs"), and at debug for one already known: every pass lists
+// the whole window again, and its duplicates, counted in the summary, would
+// bury the news.
+func logRecord(log *slog.Logger, key, source string, res sink.RecordResult) {
+	switch {
+	case log == nil:
+	case res.New:
+		log.Info("new key", "key", key, "source", source)
+	default:
+		log.Debug("known key", "key", key, "source", source, "state", res.State)
+	}
 }

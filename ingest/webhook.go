@@ -140,6 +140,7 @@ func (w *Webhooks) Event(ctx context.Context, body []byte, v Verification) Answe
 	}
 	outcome := metrics.RecordOutcome(res)
 	m.ObserveDelivery(sink.SourceWebhook, outcome)
+	logRecord(w.cfg.Logger, ev.Key, sink.SourceWebhook, res)
 	if res.Conflict {
 		w.cfg.Logger.Warn("webhook: the event's batch state differs from the stored one (a conflict; the stored state stays)",
 			"key", ev.Key, "state", ev.State)

@@ -23,7 +23,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -43,6 +42,10 @@ const (
 	// judged because the Gemini API's key set could not be fetched (503;
 	// the sender retries). Apart from unavailable, which is the database.
 	OutcomeJWKSUnavailable = "jwks_unavailable"
+	// OutcomeOverloaded: a webhook answered 503 before its body was read,
+	// over the receiver's cap of unverified bytes or of connections; the
+	// sender retries.
+	OutcomeOverloaded = "overloaded"
 )
 
 // DefaultStatsTTL is how long one sink.Stats result serves scrapes.
@@ -221,15 +224,16 @@ func RecordOutcome(r sink.RecordResult) string {
 	}
 }
 
-// ObserveEffect counts one finished dispatch attempt and its duration. A
-// fenced result also counts in gemrecon_fenced_total.
-func (m *Metrics) ObserveEffect(result dispatch.Outcome, d time.Duration) {
+// ObserveEffect counts one finished dispatch attempt and its duration
+// under its outcome (a dispatch.Outcome's name), which makes m a
+// dispatch.Observer. A fenced result also counts in gemrecon_fenced_total.
+func (m *Metrics) ObserveEffect(result string, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.effects.WithLabelValues(string(result)).Inc()
-	m.effectDuration.WithLabelValues(string(result)).Observe(d.Seconds())
-	if result == dispatch.OutcomeFenced {
+	m.effects.WithLabelValues(result).Inc()
+	m.effectDuration.WithLabelValues(result).Observe(d.Seconds())
+	if result == "fenced" { // dispatch.OutcomeFenced
 		m.fenced.Inc()
 	}
 }

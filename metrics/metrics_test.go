@@ -373,11 +373,12 @@ func TestHandlerMethods(t *testing.T) {
 	}
 }
 
-func TestObserver(t *testing.T) {
+// ObserveEffect is what dispatch calls as its Observer, with an outcome's
+// name.
+func TestObserveEffect(t *testing.T) {
 	m := NewWithOptions(nil, Options{NoRuntime: true})
-	o := m.Observer()
-	o.EffectFinished("gemini:batches/a", "done", 20*time.Millisecond)
-	o.EffectFinished("gemini:batches/b", "fenced", time.Second)
+	m.ObserveEffect("done", 20*time.Millisecond)
+	m.ObserveEffect("fenced", time.Second)
 	e := scrape(t, m)
 	e.expect(t, []check{
 		{"gemrecon_effects_total", []string{"result=done"}, 1},
@@ -388,5 +389,5 @@ func TestObserver(t *testing.T) {
 		t.Errorf("effect_duration_seconds_count{result=fenced} = %d, want 1", got)
 	}
 	var nilM *Metrics
-	nilM.Observer().EffectFinished("k", "done", time.Second) // must not panic
+	nilM.ObserveEffect("done", time.Second) // must not panic
 }

@@ -222,7 +222,7 @@ Command (from the module root; each size runs in a child process, the fake API i
 
     %s=1 go test -run TestLoadPass -v ./poller/
 
-One pass of the real SDK (google.golang.org/genai v1.77.0) over HTTP on loopback against
+One pass of poller.Pass (its own requests, read with encoding/json) over HTTP on loopback against
 internal/geminifake; pages of 100; 10%% of the batches terminal (handed to a no-op callback);
 no rate limit; Lookback 0 (every page). Peak RSS is the child's VmHWM (/proc/self/status; rusage
 max RSS is not used: Go forks children with CLONE_VM, so it reports the parent's peak); peak heap and

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -47,7 +46,8 @@ var errStalled = errors.New("no data received")
 // Redirects are followed (at most 10), and the API key header is dropped
 // when one leads to another host. A body without framing of its own (no
 // Content-Length, not chunked), which only the connection's end ends, is
-// checked against the file's sizeBytes (checkSize).
+// checked against the file's sizeBytes (checkSize); without one, the
+// download ends with ErrSizeUnknown.
 func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64, error) {
 	op := "download " + truncate(file, 120)
 	if p.cfg.Backend == BackendVertex {
@@ -57,25 +57,12 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 	if why := badID(id); why != "" {
 		return 0, fmt.Errorf("poller: %s: %w: %s", op, ErrInvalidName, why)
 	}
-	cc := p.client.ClientConfig()
-	u, err := url.Parse(cc.HTTPOptions.BaseURL)
-	if err != nil {
-		return 0, fmt.Errorf("poller: %s: base URL: %w", op, err)
-	}
-	// As the SDK builds it (api_client.go createAPIURL): the path joined
-	// under the base URL, the query set apart.
-	u = u.JoinPath(cc.HTTPOptions.APIVersion, "files", id+":download")
-	u.RawQuery = "alt=media"
-
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	trace := &passTrace{kind: kindDownload, stream: true}
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, traceKey{}, trace), http.MethodGet, u.String(), nil)
+	req, err := p.request(context.WithValue(ctx, traceKey{}, trace), "files/"+id+":download", url.Values{"alt": {"media"}})
 	if err != nil {
 		return 0, fmt.Errorf("poller: %s: %w", op, err)
-	}
-	if cc.APIKey != "" {
-		req.Header.Set("x-goog-api-key", cc.APIKey)
 	}
 	idle := p.cfg.RequestTimeout
 	fail := func(err error) error {
@@ -88,8 +75,7 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 		}
 		return &TransientError{Op: op, Err: err}
 	}
-	hc := &http.Client{Transport: p.transport, CheckRedirect: dropKeyAcrossHosts}
-	resp, err := hc.Do(req)
+	resp, err := p.httpc.Do(req)
 	if errors.Is(err, errRedirects) {
 		return 0, fmt.Errorf("poller: %s: %w: %v", op, ErrUnexpected, err)
 	}
@@ -131,7 +117,7 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 				// The end of this body is only the connection closing: a
 				// dropped connection looks the same. Ask the API how long
 				// the file is.
-				if err := p.checkSize(ctx, op, cc, id, n); err != nil {
+				if err := p.checkSize(ctx, op, id, n); err != nil {
 					return n, err
 				}
 			}
@@ -151,65 +137,45 @@ func unframed(resp *http.Response) bool {
 	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed
 }
 
+// ErrSizeUnknown: a download's body had no length of its own (no
+// Content-Length, not chunked) and the API gave no size to check it
+// against (files.get failed — the error wraps why, so a 404 there is also
+// an ErrNotFound — or its answer has no sizeBytes). Every byte received was
+// written, but nothing in the answer tells the whole file from one cut
+// short: the caller, who knows what the file should hold, decides (spec
+// §9.5: the batch's request count).
+var ErrSizeUnknown = errors.New("the download's length cannot be checked")
+
 // checkSize compares the n bytes an unframed download received with the
 // file's sizeBytes from files.get (GET {base}/{apiVersion}/files/<id>,
 // through the same transport: limiter, retries, counted as a download
 // request). A different size is a *TransientError (the caller starts
-// again). When the API gives no size (the request fails, or the answer has
-// no sizeBytes), the download is taken as it is, with a warning: nothing
-// else can tell.
-func (p *Poller) checkSize(ctx context.Context, op string, cc genai.ClientConfig, id string, n int64) error {
-	size, err := p.fileSize(ctx, cc, id)
+// again); no size is ErrSizeUnknown.
+func (p *Poller) checkSize(ctx context.Context, op, id string, n int64) error {
+	trace := &passTrace{kind: kindDownload}
+	body, err := p.call(context.WithValue(ctx, traceKey{}, trace), "files/"+id, nil)
+	var apiErr genai.APIError
+	if errors.As(err, &apiErr) {
+		err = p.classify(ctx, "files.get "+truncate("files/"+id, 120), apiErr, trace.lastDelay)
+	}
 	if err != nil {
-		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "a download without a length could not be checked against the file's size; taken as complete",
-			slog.String("file", truncate("files/"+id, 120)), slog.Int64("bytes", n), slog.String("error", err.Error()))
-		return nil
+		return fmt.Errorf("poller: %s: %w after %d bytes without a length: %w", op, ErrSizeUnknown, n, err)
+	}
+	var f struct {
+		SizeBytes json.RawMessage `json:"sizeBytes"`
+	}
+	size, perr := int64(-1), json.Unmarshal(body, &f)
+	if perr == nil {
+		// An int64: a JSON string, or a number.
+		size, perr = strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
+	}
+	if perr != nil || size < 0 {
+		return fmt.Errorf("poller: %s: %w after %d bytes without a length: files.get has no sizeBytes", op, ErrSizeUnknown, n)
 	}
 	if size != n {
 		return &TransientError{Op: op, Err: fmt.Errorf("the body ended after %d bytes without a length (the connection closed), but the file has %d bytes (sizeBytes)", n, size)}
 	}
 	return nil
-}
-
-// fileSize asks files.get for a file's sizeBytes (an int64: a JSON string,
-// or a number).
-func (p *Poller) fileSize(ctx context.Context, cc genai.ClientConfig, id string) (int64, error) {
-	u, err := url.Parse(cc.HTTPOptions.BaseURL)
-	if err != nil {
-		return 0, err
-	}
-	u = u.JoinPath(cc.HTTPOptions.APIVersion, "files", id)
-	trace := &passTrace{kind: kindDownload}
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, traceKey{}, trace), http.MethodGet, u.String(), nil)
-	if err != nil {
-		return 0, err
-	}
-	if cc.APIKey != "" {
-		req.Header.Set("x-goog-api-key", cc.APIKey)
-	}
-	resp, err := (&http.Client{Transport: p.transport, CheckRedirect: dropKeyAcrossHosts}).Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return 0, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("files.get: %s", describe(apiErrorOf(resp, body)))
-	}
-	var f struct {
-		SizeBytes json.RawMessage `json:"sizeBytes"`
-	}
-	if err := json.Unmarshal(body, &f); err != nil {
-		return 0, fmt.Errorf("files.get: %w", err)
-	}
-	size, err := strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
-	if err != nil || size < 0 {
-		return 0, fmt.Errorf("files.get: no sizeBytes in the answer")
-	}
-	return size, nil
 }
 
 var errRedirects = errors.New("stopped after 10 redirects")
@@ -256,23 +222,30 @@ type Results struct {
 	// outputInfo.bigqueryOutputDataset and bigqueryOutputTable). Nothing
 	// there can be downloaded through the API.
 	Location string
+	// Requests is metadata.batchStats.requestCount, the lines a complete
+	// responses file holds (0: not given); EndTime is metadata.endTime
+	// (zero: not given), from which the file is kept 48 h.
+	Requests int64
+	EndTime  time.Time
 }
-
-// None reports that the operation names no results (not succeeded, or
-// succeeded without an output).
-func (r Results) None() bool { return r.File == "" && !r.HasInlined && r.Location == "" }
 
 // ResultsOf reads where a batch operation's results are from its raw JSON
 // (as listed or fetched): Gemini API metadata.output.responsesFile or
-// metadata.output.inlinedResponses.inlinedResponses[] (embedding batches:
-// inlinedEmbedContentResponses), falling back to the operation's response
-// field, which carries the same output; Vertex outputInfo. It reads what is
-// there whatever the state: the caller decides which states want results.
-// An error means Raw is not a JSON object or a field has the wrong type.
+// metadata.output.inlinedResponses.inlinedResponses[] — for generateContent
+// and embedding batches alike; inlinedEmbedContentResponses, where the SDK
+// looks for an embedding batch's (go-genai #712), is read too —, falling
+// back to the operation's response field, which carries the same output;
+// Vertex outputInfo. It reads what is there whatever the state: the caller
+// decides which states want results. An error means Raw is not a JSON
+// object or a field has the wrong type.
 func ResultsOf(op Operation) (Results, error) {
 	var raw struct {
 		Metadata *struct {
-			Output *geminiOutput `json:"output"`
+			Output     *geminiOutput `json:"output"`
+			EndTime    time.Time     `json:"endTime"`
+			BatchStats struct {
+				RequestCount int64 `json:"requestCount,string"`
+			} `json:"batchStats"`
 		} `json:"metadata"`
 		Response   *geminiOutput `json:"response"`
 		OutputInfo *struct {
@@ -286,8 +259,8 @@ func ResultsOf(op Operation) (Results, error) {
 	}
 	var r Results
 	var fromMeta *geminiOutput
-	if raw.Metadata != nil {
-		fromMeta = raw.Metadata.Output
+	if m := raw.Metadata; m != nil {
+		fromMeta, r.Requests, r.EndTime = m.Output, m.BatchStats.RequestCount, m.EndTime
 	}
 	for _, out := range []*geminiOutput{fromMeta, raw.Response} {
 		if out == nil {

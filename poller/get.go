@@ -2,18 +2,15 @@ package poller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/genai"
-
-	"github.com/gemrecon/gemrecon/canon"
 )
 
 // Errors of Get and Download besides ErrAuth; match with errors.Is (and
@@ -95,28 +92,28 @@ func (p *Poller) RequestCounts() RequestCounts {
 	}
 }
 
-// Get fetches one batch with Batches.Get through the same client, rate
-// limiter, retry rules and raw-capturing transport as Pass (spec §9,
-// confirmation: one rate limit per process for list, get and downloads).
-// name is "batches/<id>" on the Gemini API; on Vertex a job's full name
-// ("projects/P/locations/L/batchPredictionJobs/N") or its numeric id — the
-// SDK rebuilds the path from the client's own project and location and the
-// name's last segment, so a full name of another location is refused with
-// ErrInvalidName rather than fetched from the wrong place.
+// Get fetches one batch — the request the SDK's Batches.Get sends, GET
+// {base}/{apiVersion}/batches/<id> — through the same HTTP client, rate
+// limiter and retry rules as Pass (spec §9, confirmation: one rate limit
+// per process for list, get and downloads), and reads the answer itself as
+// Pass does (fromRaw). name is "batches/<id>" on the Gemini API; on Vertex
+// a job's full name ("projects/P/locations/L/batchPredictionJobs/N") or
+// its numeric id — the path is built from the client's own project and
+// location and the name's last segment, so a full name of another location
+// is refused with ErrInvalidName rather than fetched from the wrong place.
 //
 // The Operation is the API's: Raw exactly as sent (done, error, response,
 // batchStats kept), State normalised, Terminal, CreateTime and EndTime.
 // Unlike Pass, Get hands back non-terminal operations too. Errors: see
 // ErrNotFound, ErrAuth, ErrTransient, ErrInvalidName, ErrUnexpected.
 func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
-	sdkName, check, err := p.batchName(name)
+	path, check, err := p.batchName(name)
 	if err != nil {
 		return Operation{}, err
 	}
 	op := "get " + truncate(name, 120)
 	trace := &passTrace{kind: kindGet}
-	job, err := p.client.Batches.Get(context.WithValue(ctx, traceKey{}, trace), sdkName, nil)
-	body := trace.lastBody
+	body, err := p.call(context.WithValue(ctx, traceKey{}, trace), path, nil)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Operation{}, &TransientError{Op: op, Err: ctx.Err()}
@@ -130,51 +127,21 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 			// An answer, too large to read: asking again gets the same one.
 			return Operation{}, fmt.Errorf("poller: %s: %w: %w", op, ErrUnexpected, big)
 		}
-		if body == nil {
-			// A transport failure (or a per-attempt timeout) after the
-			// retry budget.
-			return Operation{}, &TransientError{Op: op, Err: err}
-		}
-		// The SDK could not decode a 2xx body (the Vertex traps): read it raw.
-		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a batch; read it raw",
-			slog.String("name", truncate(name, 120)), slog.String("error", sdkError(err)))
-		job = nil
+		// A transport failure (or a per-attempt timeout) after the retry
+		// budget.
+		return Operation{}, &TransientError{Op: op, Err: err}
 	}
-	var o Operation
-	switch {
-	case body != nil:
-		o, _, err = fromRaw(body)
-		if err != nil {
-			return Operation{}, fmt.Errorf("poller: %s: %w: the body is not an operation: %v", op, ErrUnexpected, err)
-		}
-	case job != nil: // no captured body (cannot happen through our transport)
-		raw, _ := json.Marshal(job)
-		o = fromJob(job, raw)
-	default:
-		return Operation{}, fmt.Errorf("poller: %s: %w: an empty answer", op, ErrUnexpected)
-	}
-	if job != nil {
-		if job.State != "" {
-			o.State = canon.NormalizeState(string(job.State))
-		}
-		if !job.CreateTime.IsZero() {
-			o.CreateTime = job.CreateTime
-		}
-		if !job.EndTime.IsZero() {
-			o.EndTime = job.EndTime
-		}
-		if !job.UpdateTime.IsZero() {
-			o.UpdateTime = job.UpdateTime
-		}
+	o := fromRaw(body)
+	if o.Invalid != "" {
+		return Operation{}, fmt.Errorf("poller: %s: %w: the body is not an operation: %s", op, ErrUnexpected, o.Invalid)
 	}
 	if !check(o.Name) {
 		return Operation{}, fmt.Errorf("poller: %s: %w: the API answered with %q", op, ErrUnexpected, truncate(o.Name, 120))
 	}
-	o.Terminal = finished(o.State, o.done)
 	return o, nil
 }
 
-// batchName checks a name for Get and returns what to hand the SDK, and a
+// batchName checks a name for Get and returns the request path, and a
 // check that the answer is the batch asked for.
 func (p *Poller) batchName(name string) (string, func(string) bool, error) {
 	bad := func(why string) error {
@@ -212,14 +179,14 @@ func (p *Poller) batchName(name string) (string, func(string) bool, error) {
 	if why := badID(id); why != "" {
 		return "", nil, bad(why)
 	}
-	return name, func(got string) bool {
+	return "batchPredictionJobs/" + id, func(got string) bool {
 		i := strings.LastIndex(got, "/")
 		return i >= 0 && got[i+1:] == id
 	}, nil
 }
 
-// badID says why an id cannot be the last segment of a request path: the
-// SDK joins it into the path as already escaped (url.URL.JoinPath), so "?"
+// badID says why an id cannot be the last segment of a request path: it
+// is joined into the path as already escaped (url.URL.JoinPath), so "?"
 // would start a query, "%41" would arrive as "A", and "." or ".." would
 // name another resource. Other characters ("#", a space, non-ASCII) are
 // escaped on the way and arrive intact.
@@ -277,7 +244,7 @@ func (p *Poller) classify(ctx context.Context, op string, e genai.APIError, dela
 // credential is at fault. A probe that gets no answer decides nothing.
 func (p *Poller) probe(ctx context.Context, op, what string) error {
 	trace := &passTrace{kind: kindProbe}
-	_, err := p.client.Batches.List(context.WithValue(ctx, traceKey{}, trace), &genai.ListBatchJobsConfig{PageSize: 1})
+	_, err := p.call(context.WithValue(ctx, traceKey{}, trace), p.collection(), url.Values{"pageSize": {"1"}})
 	if err == nil {
 		return fmt.Errorf("poller: %s: %w (%s, while the same credential lists batches: a batch of another project)",
 			op, ErrNotFound, what)
@@ -294,9 +261,8 @@ func (p *Poller) probe(ctx context.Context, op, what string) error {
 	case errors.As(err, &pe):
 		return &TransientError{Op: op, Status: pe.Code, RetryAfter: trace.lastDelay,
 			Err: fmt.Errorf("%s; the credential probe got %s", what, describe(pe))}
-	case trace.lastBody != nil, errors.Is(err, ErrBodyTooLarge):
-		// The probe's page came back but the SDK could not decode it (the
-		// Vertex traps), or it was too large to read: the credential works.
+	case errors.Is(err, ErrBodyTooLarge):
+		// The probe's page was too large to read: the credential works.
 		return fmt.Errorf("poller: %s: %w (%s, while the same credential lists batches: a batch of another project)",
 			op, ErrNotFound, what)
 	}

@@ -1,11 +1,14 @@
 // Package poller lists Gemini batch operations (Gemini API or Vertex AI
-// batch prediction jobs) with google.golang.org/genai and hands every
-// terminal one to a callback: one reconciliation pass of spec §5.
+// batch prediction jobs) and hands every terminal one to a callback: one
+// reconciliation pass of spec §5. google.golang.org/genai builds its client
+// (key, base URL, pinned API version, Vertex credentials); the requests and
+// the reading of their answers are its own, with encoding/json, one
+// operation at a time (the SDK's mapping drops fields and panics on shapes
+// the API sends: docs/gemini-api.md).
 //
-// It owns what the SDK does not do: a rate limiter every HTTP request waits
-// on, bounded retries honouring google.rpc.RetryInfo and Retry-After, the
-// raw operation as the API sent it (the SDK drops a failed batch's error on
-// the Gemini backend), the lookback stop rule (spec §5.2: paging ends early
+// It owns a rate limiter every HTTP request waits on, bounded retries
+// honouring google.rpc.RetryInfo and Retry-After, the raw operation as the
+// API sent it (done, error, response, batchStats), the lookback stop rule (spec §5.2: paging ends early
 // only once the listing has shown itself newest first), the scope a pass
 // lists (spec §5.5), and refusing to loop on a repeated page token or on
 // fresh tokens for pages that list nothing new (ErrEndlessListing). It
@@ -16,6 +19,7 @@
 package poller
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -28,6 +32,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,6 +49,16 @@ import (
 const (
 	BackendGemini = "gemini"
 	BackendVertex = "vertex"
+)
+
+// API versions gemrecon speaks, set on every client it builds so that
+// neither the SDK's default (v1 for the Gemini API from genai v1.78.0) nor
+// GOOGLE_GENAI_API_VERSION can move them: the WebhookService exists only on
+// v1beta, and batches, files and downloads are documented there
+// (docs/gemini-api.md, "Building the client").
+const (
+	APIVersionGemini = "v1beta"
+	APIVersionVertex = "v1beta1"
 )
 
 // Defaults used by DefaultConfig (and by New where a field is zero and zero
@@ -126,7 +142,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	// maxBody replaces MaxResponseBody when non-zero: for tests, whose
-	// pages at the limit would otherwise be 64 MiB for the SDK to decode.
+	// pages at the limit would otherwise be 64 MiB to decode.
 	maxBody int64
 }
 
@@ -211,11 +227,15 @@ type Operation struct {
 	// Name as listed: "batches/x" (Gemini API) or
 	// "projects/P/locations/L/batchPredictionJobs/N" (Vertex).
 	Name string
-	// NameInvalid: the listed name is not valid UTF-8 or holds an unpaired
-	// surrogate escape (spec §12). Decoding replaces those with U+FFFD, so
-	// two different names would read as one: Name holds that replaced form,
-	// for logs only, and the operation must not be recorded.
-	NameInvalid bool
+	// Invalid says why the operation must not be recorded, "" when it may:
+	// it does not parse (not a JSON object, or a field gemrecon reads has
+	// the wrong JSON type: Name is then whatever name could be read), or
+	// its name is not valid UTF-8 or holds an unpaired surrogate escape
+	// (spec §12: decoding replaces those with U+FFFD, so two different
+	// names would read as one; Name holds that replaced form, for logs
+	// only). Pass hands such an operation over as terminal, so that the
+	// caller counts and names it, and goes on listing.
+	Invalid string
 	// State normalised by canon.NormalizeState: "SUCCEEDED", "FAILED",
 	// "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED" (the BATCH_STATE_ /
 	// JOB_STATE_ prefix dropped, CANCELED spelled CANCELLED).
@@ -231,7 +251,18 @@ type Operation struct {
 	// error, response and batchStats that the SDK drops.
 	Raw json.RawMessage
 
-	done bool // the raw operation's "done": true
+	done        bool // the raw operation's "done": true
+	unknownType bool // metadata @type is none of knownTypes
+}
+
+// knownTypes are the metadata @types of the Gemini API's batches/
+// collection that gemrecon knows: generateContent batches and embedding
+// batches (asyncBatchEmbedContent). Both keep state, times and output in
+// the same fields. Any other @type is read the same way and counted apart
+// (PassStats.UnknownTypes).
+var knownTypes = []string{
+	"type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch",
+	"type.googleapis.com/google.ai.generativelanguage.v1main.EmbedContentBatch",
 }
 
 // finished reports whether an operation has ended: its (normalised) state
@@ -262,9 +293,12 @@ type PassStats struct {
 	Terminal   int // of which in a terminal state
 	Passed     int // handed to the callback (terminal and inside the lookback window)
 	SkippedOld int // terminal but created before now − Lookback (createdBefore): not handed over
-	Pages      int // list pages read
-	Requests   int // HTTP requests sent, retries included
-	Retries    int // of which retries
+	// UnknownTypes: of those handed over, operations whose metadata @type
+	// is none of knownTypes (recorded all the same, with the raw operation).
+	UnknownTypes int
+	Pages        int // list pages read
+	Requests     int // HTTP requests sent, retries included
+	Retries      int // of which retries
 	// FullScan: the pass read every page to the end (the last page had no
 	// next token) without an error: every operation the API listed was seen.
 	FullScan bool
@@ -286,7 +320,8 @@ type PassOptions struct {
 // other or concurrently; they share its rate limiter.
 type Poller struct {
 	cfg       Config
-	client    *genai.Client
+	client    *genai.Client // resolves the key, base URL and version; sends nothing
+	httpc     *http.Client  // the client's HTTP client: list, get and probe
 	transport *transport
 	scope     string
 }
@@ -345,12 +380,13 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 		APIKey:     cfg.APIKey,
 		HTTPClient: &http.Client{Transport: t},
 		HTTPOptions: genai.HTTPOptions{
-			BaseURL: cfg.BaseURL,
+			BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini,
 		},
 	}
 	if cfg.Backend == BackendVertex {
 		cc.Backend = genai.BackendVertexAI
 		cc.Project, cc.Location = cfg.Project, cfg.Location
+		cc.HTTPOptions.APIVersion = APIVersionVertex
 		if cfg.APIKey == "" && !cfg.NoCredentials {
 			// The SDK only finds ADC itself when it builds its own client;
 			// ours must carry the token, so wrap it here (the auth layer sits
@@ -369,7 +405,11 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 		}
 		return nil, fmt.Errorf("poller: genai client: %w", err)
 	}
-	return &Poller{cfg: cfg, client: client, transport: t, scope: scopeOf(client.ClientConfig())}, nil
+	// The SDK's client is kept for what it resolves (key, base URL and
+	// version from the config or the environment; on Vertex the
+	// credentials around the transport); the requests are gemrecon's own.
+	httpc := &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
+	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t, scope: scopeOf(client.ClientConfig())}, nil
 }
 
 const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
@@ -477,6 +517,9 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 				continue
 			}
 			stats.Passed++
+			if op.unknownType {
+				stats.UnknownTypes++
+			}
 			if err := fn(*op); err != nil {
 				return stats, fmt.Errorf("poller: handling %s: %w", op.Name, err)
 			}
@@ -560,15 +603,13 @@ func (c *orderCheck) page(ops []Operation) bool {
 	return true
 }
 
-// page fetches one list page through the SDK and pairs each SDK item with
-// the raw operation from the captured body.
+// page fetches one list page and reads it (rawPage).
 func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int) ([]Operation, string, error) {
-	trace.lastBody = nil
-	page, err := p.client.Batches.List(ctx, &genai.ListBatchJobsConfig{
-		PageSize: int32(p.cfg.PageSize), PageToken: token,
-	})
-	body := trace.lastBody
-	trace.lastBody = nil
+	q := url.Values{"pageSize": {strconv.Itoa(p.cfg.PageSize)}}
+	if token != "" {
+		q.Set("pageToken", token)
+	}
+	body, err := p.call(ctx, p.collection(), q)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, "", fmt.Errorf("poller: page %d: %w", n, ctx.Err())
@@ -583,37 +624,74 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 			// of it than the limit and did not retry.
 			return nil, "", fmt.Errorf("poller: page %d: %w", n, big)
 		}
-		if body == nil {
-			// A transport failure after the retry budget.
-			return nil, "", fmt.Errorf("poller: listing page %d: %w", n, err)
-		}
-		// The SDK could not decode a 2xx body. Either it is not a list page at
-		// all, or it is one the SDK's types refuse (a Vertex completionStats
-		// counter sent as a number): fall back to reading the raw page.
-		ops, next, rerr := p.rawPage(body, nil)
-		if rerr != nil {
-			return nil, "", fmt.Errorf("poller: page %d: %w: %v (SDK: %s)", n, ErrMalformedPage, rerr, sdkError(err))
-		}
-		p.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "the SDK could not decode a list page; read it raw",
-			slog.Int("page", n), slog.String("error", sdkError(err)))
-		return ops, next, nil
+		// A transport failure after the retry budget.
+		return nil, "", fmt.Errorf("poller: listing page %d: %w", n, err)
 	}
-	if body == nil {
-		// No captured body (cannot happen through our transport): build Raw
-		// from what the SDK kept.
-		ops := make([]Operation, 0, len(page.Items))
-		for _, job := range page.Items {
-			raw, _ := json.Marshal(job)
-			ops = append(ops, fromJob(job, raw))
-		}
-		return ops, page.NextPageToken, nil
-	}
-	ops, next, err := p.rawPage(body, page.Items)
+	ops, next, err := p.rawPage(body)
 	if err != nil {
 		return nil, "", fmt.Errorf("poller: page %d: %w: %v", n, ErrMalformedPage, err)
 	}
-	_ = next // the SDK's token and the raw one are the same field
-	return ops, page.NextPageToken, nil
+	return ops, next, nil
+}
+
+// collection is the path of the batch list: "batches" on the Gemini API,
+// "batchPredictionJobs" on Vertex AI (under the project and location).
+func (p *Poller) collection() string {
+	if p.cfg.Backend == BackendVertex {
+		return "batchPredictionJobs"
+	}
+	return "batches"
+}
+
+// request builds GET {base}/{apiVersion}/[projects/P/locations/L/]path?q
+// as the SDK builds its requests (api_client.go createAPIURL: the path
+// joined under the base URL, taken as already escaped), with the API key
+// header when there is a key.
+func (p *Poller) request(ctx context.Context, path string, q url.Values) (*http.Request, error) {
+	cc := p.client.ClientConfig()
+	u, err := url.Parse(cc.HTTPOptions.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("base URL: %w", err)
+	}
+	if cc.Backend == genai.BackendVertexAI && cc.Project != "" && cc.Location != "" {
+		path = "projects/" + cc.Project + "/locations/" + cc.Location + "/" + path
+	}
+	u = u.JoinPath(cc.HTTPOptions.APIVersion, path)
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if cc.APIKey != "" {
+		req.Header.Set("x-goog-api-key", cc.APIKey)
+	}
+	return req, nil
+}
+
+// call sends one request (request) through the client's HTTP client — the
+// transport, wrapped in the credentials on Vertex AI — and returns the body
+// of a 2xx answer; a refusal is a genai.APIError (apiErrorOf). The answer
+// is read with encoding/json by the caller, never mapped by the SDK: the
+// SDK drops done, error, response and batchStats, and its mapping panics
+// on some shapes the API can send (docs/gemini-api.md).
+func (p *Poller) call(ctx context.Context, path string, q url.Values) ([]byte, error) {
+	req, err := p.request(ctx, path, q)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.httpc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body) // already read by the transport, at most its limit
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return nil, apiErrorOf(resp, body)
+	}
+	return body, nil
 }
 
 // apiError is the error of a list page the API refused; delay is the
@@ -639,8 +717,11 @@ func (p *Poller) apiError(n int, e genai.APIError, delay time.Duration) error {
 	return fmt.Errorf("poller: listing page %d: %s", n, what)
 }
 
-// rawPage decodes a list body and pairs raw operations with SDK items.
-func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, string, error) {
+// rawPage reads a list body. Each operation is read on its own (fromRaw):
+// one that does not parse is handed on as Invalid, never a reason to fail
+// the page (and with it every later page, on every pass while the API
+// lists it). Only a body that is not a list page at all is an error.
+func (p *Poller) rawPage(body []byte) ([]Operation, string, error) {
 	var pg struct {
 		Operations          []json.RawMessage `json:"operations"`
 		BatchPredictionJobs []json.RawMessage `json:"batchPredictionJobs"`
@@ -653,41 +734,9 @@ func (p *Poller) rawPage(body []byte, items []*genai.BatchJob) ([]Operation, str
 	if p.cfg.Backend == BackendVertex {
 		raws = pg.BatchPredictionJobs
 	}
-	byName := make(map[string]*genai.BatchJob, len(items))
-	for _, job := range items {
-		if job != nil {
-			byName[job.Name] = job
-		}
-	}
 	ops := make([]Operation, 0, len(raws))
-	for i, raw := range raws {
-		op, listedAs, err := fromRaw(raw)
-		if err != nil {
-			return nil, "", fmt.Errorf("operation %d: %v", i, err)
-		}
-		// The SDK names its item by the top-level name only (listedAs: ""
-		// for an operation without one, whose Name may come from
-		// metadata.name).
-		if job := byName[listedAs]; job != nil {
-			if job.State != "" {
-				op.State = canon.NormalizeState(string(job.State))
-			}
-			if !job.CreateTime.IsZero() {
-				op.CreateTime = job.CreateTime
-			}
-			if !job.EndTime.IsZero() {
-				op.EndTime = job.EndTime
-			}
-			if !job.UpdateTime.IsZero() {
-				op.UpdateTime = job.UpdateTime
-			}
-			delete(byName, listedAs)
-		}
-		op.Terminal = finished(op.State, op.done)
-		ops = append(ops, op)
-	}
-	if len(byName) > 0 {
-		return nil, "", fmt.Errorf("the SDK listed %d operations absent from the raw page", len(byName))
+	for _, raw := range raws {
+		ops = append(ops, fromRaw(raw))
 	}
 	return ops, pg.NextPageToken, nil
 }
@@ -702,6 +751,7 @@ type rawOp struct {
 	UpdateTime string          `json:"updateTime"`
 	Done       *bool           `json:"done"`
 	Metadata   *struct {
+		Type       string          `json:"@type"`
 		Name       json.RawMessage `json:"name"`
 		State      string          `json:"state"`
 		CreateTime string          `json:"createTime"`
@@ -711,20 +761,32 @@ type rawOp struct {
 }
 
 // fromRaw reads one raw operation. Its Name is the top-level name, else
-// metadata.name (the Gemini API repeats it there); listedAs is the
-// top-level name alone, the one the SDK's item carries. An operation with
-// neither is returned with an empty Name, not refused: one operation the
-// API lists without a name must not fail the page it is on (and with it
-// every pass while it is listed); the caller skips it as a name that
-// cannot be a key (spec §12).
-func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
+// metadata.name (the Gemini API repeats it there). An operation with
+// neither gets an empty Name, not an error: the caller skips it as a name
+// that cannot be a key (spec §12). One that does not parse is Invalid and
+// terminal (handed over to be counted and named), with the name that can
+// be read.
+func fromRaw(raw json.RawMessage) Operation {
 	var r rawOp
-	if err := json.Unmarshal(raw, &r); err != nil {
-		return Operation{}, "", err
+	err := json.Unmarshal(raw, &r)
+	if t := bytes.TrimSpace(raw); err == nil && (len(t) == 0 || t[0] != '{') {
+		err = errors.New("not a JSON object")
+	}
+	if err != nil {
+		var names struct {
+			Name     json.RawMessage
+			Metadata struct{ Name json.RawMessage }
+		}
+		_ = json.Unmarshal(raw, &names)
+		name, _ := listedName(names.Name)
+		if name == "" {
+			name, _ = listedName(names.Metadata.Name)
+		}
+		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
 	name, valid := listedName(r.Name)
-	listedAs = name
 	state, ct, et, ut := r.State, r.CreateTime, r.EndTime, r.UpdateTime
+	unknownType := false
 	if m := r.Metadata; m != nil {
 		if name == "" {
 			name, valid = listedName(m.Name)
@@ -733,18 +795,23 @@ func fromRaw(raw json.RawMessage) (op Operation, listedAs string, err error) {
 		ct = cmpOr(ct, m.CreateTime)
 		et = cmpOr(et, m.EndTime)
 		ut = cmpOr(ut, m.UpdateTime)
+		unknownType = m.Type != "" && !slices.Contains(knownTypes, m.Type)
 	}
-	op = Operation{Name: name, NameInvalid: !valid, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done}
+	op := Operation{Name: name, State: canon.NormalizeState(state), Raw: raw, done: r.Done != nil && *r.Done, unknownType: unknownType}
+	if !valid {
+		op.Invalid = "the listed name is not valid UTF-8 or holds an unpaired surrogate escape"
+	}
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, ct)
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, et)
 	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, ut)
-	return op, listedAs, nil
+	op.Terminal = finished(op.State, op.done)
+	return op
 }
 
 // listedName reads a listed name strictly (canon.StrictString). One that
 // is not valid (ok false) is returned as encoding/json decodes it, with
-// U+FFFD for what it could not read: the form the SDK's item carries, for
-// pairing and logs only.
+// U+FFFD for what it could not read, for logs only; a name that is not a
+// string is "".
 func listedName(raw json.RawMessage) (name string, ok bool) {
 	if name, ok = canon.StrictString(raw); ok {
 		return name, true
@@ -753,23 +820,12 @@ func listedName(raw json.RawMessage) (name string, ok bool) {
 	return name, false
 }
 
-func fromJob(job *genai.BatchJob, raw json.RawMessage) Operation {
-	st := canon.NormalizeState(string(job.State))
-	return Operation{Name: job.Name, State: st, Terminal: canon.IsTerminal(st),
-		CreateTime: job.CreateTime, EndTime: job.EndTime, UpdateTime: job.UpdateTime, Raw: raw}
-}
-
 func cmpOr(a, b string) string {
 	if a != "" {
 		return a
 	}
 	return b
 }
-
-// sdkError is the text of an error the SDK gave for a body it could not
-// decode, cut short: the SDK appends the whole body (up to
-// MaxResponseBody), which is no message for a log line or a terminal.
-func sdkError(err error) string { return truncate(err.Error(), 500) }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

@@ -18,14 +18,11 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// passTrace is the per-pass slot the transport fills, carried by the
-// request's context: the SDK hands our ctx to every request it builds, so
-// the raw body of the page it is decoding lands here (the SDK drops done,
-// error, response and batchStats; Raw keeps them).
+// passTrace is the per-pass (or per-request) slot the transport fills,
+// carried by the request's context.
 type passTrace struct {
 	requests atomic.Int64
 	retries  atomic.Int64
-	lastBody []byte // the last successful response body (one page at a time)
 	// kind says what the requests are for, to count them apart (the zero
 	// value is a list page).
 	kind reqKind
@@ -55,11 +52,12 @@ func traceFrom(ctx context.Context) *passTrace {
 	return t
 }
 
-// transport is the one place every HTTP request of the SDK passes through:
-// it waits on the rate limiter, retries 429/5xx/transport errors with a
-// bounded budget (honouring google.rpc.RetryInfo and Retry-After, else
-// exponential backoff with jitter) and captures the raw body (at most
-// maxBody of it: a longer successful answer is a *BodyTooLargeError).
+// transport is the one place every HTTP request to the API passes
+// through: it waits on the rate limiter, retries 429/5xx/transport errors
+// with a bounded budget (honouring google.rpc.RetryInfo and Retry-After,
+// else exponential backoff with jitter) and reads the body before handing
+// it back (at most maxBody of it: a longer successful answer is a
+// *BodyTooLargeError), except a download's (passTrace.stream).
 type transport struct {
 	base       http.RoundTripper
 	limiter    *rate.Limiter
@@ -74,7 +72,7 @@ type transport struct {
 	byKind [numKinds]atomic.Int64
 	// maxBody bounds how much of one response the transport buffers:
 	// MaxResponseBody, except in tests (Config.maxBody), which would
-	// otherwise need a 64 MiB page whose decoding by the SDK takes seconds.
+	// otherwise need a 64 MiB page whose decoding takes seconds.
 	maxBody int64
 }
 
@@ -232,9 +230,6 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body = io.NopCloser(bytes.NewReader(body))
 		resp.ContentLength = int64(len(body))
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-			if trace != nil {
-				trace.lastBody = body
-			}
 			return resp, nil
 		}
 		d, source := serverDelay(resp.Header, body, time.Now())

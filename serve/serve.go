@@ -1,7 +1,7 @@
 // Package serve owns the lifecycle of a webhook receiver process — `gemrecon
 // serve`, and the demo's receiver (spec §6): the HTTP server
-// (webhook.Serve), the background dispatcher that runs the accepted keys,
-// and the reconciliation passes of --poll-every (ingest.Poll), started
+// (Receiver, webhook.Serve), the background dispatcher that runs the accepted keys,
+// and the reconciliation passes of --poll-every (reconcile.Poll), started
 // together and stopped in order. On shutdown the server stops accepting and
 // drains its requests first; the dispatcher's workers outlive it, so that
 // accepted keys still get their effect started, and then get the
@@ -19,29 +19,52 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/metrics"
+	"github.com/gemrecon/gemrecon/reconcile"
+	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // Config is what one receiver process runs.
 type Config struct {
-	// Listener and Handler are the HTTP server's (webhook.NewHandler);
-	// Server tunes it (its drain timeout, write timeout, logger).
+	// Listener and Handler are the HTTP server's (Receiver); Server tunes
+	// it (its drain timeout, write timeout, logger).
 	Listener net.Listener
-	Handler  http.Handler
+	Handler  *webhook.Handler
 	Server   webhook.ServerOptions
 	// Dispatcher runs the accepted keys in the background (required).
 	Dispatcher *dispatch.Dispatcher
 	// Poll, when set, runs reconciliation passes while the server runs;
 	// OnPass hears each one's result.
-	Poll   *ingest.Poll
-	OnPass func(ingest.Result)
+	Poll   *reconcile.Poll
+	OnPass func(reconcile.Result)
 	// Logger receives the shutdown line (default: discard).
 	Logger *slog.Logger
+}
+
+// Receiver builds the webhook receiver on s, as serve and the demo run it:
+// ingest's webhook path on s (spec §9.1), counting in cfg.Metrics (a new
+// Metrics on s when nil) and kicking cfg.Dispatcher after each sighting —
+// unless cfg.Sync, whose requests run their key themselves —, behind the
+// HTTP side cfg configures (webhook.NewHandler).
+func Receiver(cfg webhook.Config, s sink.Sink) (*webhook.Handler, error) {
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(s)
+	}
+	ic := ingest.WebhookConfig{Sink: s, Metrics: cfg.Metrics, Logger: cfg.Logger}
+	if !cfg.Sync && cfg.Dispatcher != nil {
+		ic.Kicker = cfg.Dispatcher
+	}
+	in, err := ingest.NewWebhooks(ic)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Sink, cfg.Ingest = s, in
+	return webhook.NewHandler(cfg)
 }
 
 // Server is a running receiver process.
@@ -71,7 +94,7 @@ func Start(ctx context.Context, cfg Config) *Server {
 	})
 	if cfg.Poll != nil {
 		wg.Go(func() {
-			_ = cfg.Poll.Watch(serveCtx, func(r ingest.Result) {
+			_ = cfg.Poll.Watch(serveCtx, func(r reconcile.Result) {
 				if cfg.OnPass != nil {
 					cfg.OnPass(r)
 				}

@@ -52,8 +52,8 @@ func start(t *testing.T, ctx context.Context, eff effect.Effect) (*serve.Server,
 		t.Fatal(err)
 	}
 	wc := webhook.DefaultConfig()
-	wc.Sink, wc.InsecureNoVerify, wc.Dispatcher, wc.Logger = s, true, d, quiet
-	h, err := webhook.NewHandler(wc)
+	wc.InsecureNoVerify, wc.Dispatcher, wc.Logger = true, d, quiet
+	h, err := serve.Receiver(wc, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ package sink
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -90,6 +91,9 @@ type Sighting struct {
 	// this project's. A key whose every sighting so far was dynamic needs
 	// confirmation: no process runs it unconfirmed.
 	Dynamic bool
+	// EndTime is when the batch ended, as the API says (FromAPI only; zero
+	// when unknown): its results are kept for sink.ResultsKept from then.
+	EndTime time.Time
 }
 
 // RecordResult says what Record found.
@@ -130,6 +134,12 @@ type Claim struct {
 	Webhook []byte
 	// ResultsFile is where the batch's results were written (NoteResults).
 	ResultsFile string
+	// Rerun: the key was done and an operator sent it back (spec §7); its
+	// effect is told so.
+	Rerun bool
+	// NoResults: the operator asked for the attempt to run without the
+	// batch's results (retry --without-results, spec §9.5).
+	NoResults bool
 }
 
 // Confirmation is the API's answer about a claimed key (Sink.Confirm).
@@ -138,6 +148,8 @@ type Confirmation struct {
 	Operation []byte
 	// State is its state, normalised by canon.NormalizeState.
 	State string
+	// EndTime is when the batch ended (zero when the API gave none).
+	EndTime time.Time
 }
 
 // Dead reasons: the class of a permanent failure, kept while the key is dead
@@ -148,6 +160,10 @@ const (
 	// cannot fetch and the key may not run unconfirmed. A later sighting
 	// from the API revives it.
 	DeadUnknownToAPI = "unknown_to_api"
+	// DeadResultsExpired: the batch's results file is gone from the API
+	// (404, or 403 while the credential works) and the batch ended more
+	// than 48 h ago, longer than the API keeps files (spec §9.5).
+	DeadResultsExpired = "results_expired"
 	// DeadEffect is how Stats names every other dead key: the effect failed
 	// permanently or ran out of attempts (stored as "").
 	DeadEffect = "effect"
@@ -159,6 +175,9 @@ type ClaimOptions struct {
 	// dynamically verified) to another claimer: a process that cannot
 	// confirm passes it, so it never claims such a key only to hand it back.
 	SkipNeedsConfirm bool
+	// Command names what claims (poll, serve, drain), for the key's
+	// history.
+	Command string
 }
 
 // ClaimOption sets a ClaimOptions field.
@@ -166,6 +185,9 @@ type ClaimOption func(*ClaimOptions)
 
 // SkipNeedsConfirm is the claim option of a process that cannot confirm keys.
 func SkipNeedsConfirm() ClaimOption { return func(o *ClaimOptions) { o.SkipNeedsConfirm = true } }
+
+// ByCommand names the command that claims, in the key's history.
+func ByCommand(name string) ClaimOption { return func(o *ClaimOptions) { o.Command = name } }
 
 // ClaimOptionsOf applies opts.
 func ClaimOptionsOf(opts []ClaimOption) ClaimOptions {
@@ -191,6 +213,9 @@ type Failure struct {
 	// DeadReason is stored when the failure makes the key dead (e.g.
 	// DeadUnknownToAPI); "" for an ordinary failure of the effect.
 	DeadReason string
+	// Interrupted: a shutdown stopped the effect (the key's history says
+	// so; otherwise a failure like any other).
+	Interrupted bool
 }
 
 // StateConflict reports whether a sighting's state conflicts with the
@@ -231,10 +256,63 @@ type Entry struct {
 	DeadReason string `json:"dead_reason,omitempty"`
 	// ResultsFile is where the batch's results were written, if anywhere.
 	ResultsFile string `json:"results_file"`
-	Payload     []byte `json:"-"`
+	// Reruns counts the operator's reruns of the key once done.
+	Reruns int `json:"reruns"`
+	// BatchEnd is when the batch ended by the API's word (zero: unknown).
+	BatchEnd time.Time `json:"batch_end,omitzero"`
+	// History is the key's last HistoryKept attempts and operator actions,
+	// oldest first (Get only); Dropped counts older entries no longer kept.
+	History []Attempt `json:"history,omitempty"`
+	Dropped int       `json:"history_dropped,omitempty"`
+	Payload []byte    `json:"-"`
 	// Webhook is the first webhook body, when a webhook saw the key.
 	Webhook []byte `json:"-"`
 }
+
+// ResultsKept is how long the Gemini API keeps a batch's results file after
+// the batch ended (gemini-api.md: files are kept 48 h), and ResultsWarning
+// how long before that stats counts a key whose effect has not run yet.
+const (
+	ResultsKept    = 48 * time.Hour
+	ResultsWarning = 6 * time.Hour
+)
+
+// HistoryKept bounds a key's history: the last entries are kept, and the
+// older ones only counted.
+const HistoryKept = 20
+
+// Attempt is one entry of a key's history (spec §3 "History"): an attempt
+// from its claim to its outcome, a fenced outcome, or an operator's retry
+// or rerun.
+type Attempt struct {
+	Kind    string    `json:"kind"` // KindAttempt, KindFenced, KindRetry, KindRerun
+	Token   int64     `json:"token"`
+	Command string    `json:"command,omitempty"` // the claiming command: poll, serve, drain
+	Holder  string    `json:"holder,omitempty"`  // the lease owner, or who asked (user@host)
+	Start   time.Time `json:"start"`
+	End     time.Time `json:"end,omitzero"`
+	Outcome string    `json:"outcome,omitempty"` // Outcome* (attempts and fenced outcomes)
+	Error   string    `json:"error,omitempty"`
+}
+
+// Kinds of history entries.
+const (
+	KindAttempt = "attempt"
+	KindFenced  = "fenced"
+	KindRetry   = "retry"
+	KindRerun   = "rerun"
+)
+
+// Outcomes of attempts in the history.
+const (
+	OutcomeRunning      = "running" // not ended yet (or its holder died: the takeover ends it)
+	OutcomeOK           = "ok"
+	OutcomeFailed       = "failed"
+	OutcomeFenced       = "fenced"
+	OutcomeLeaseExpired = "lease expired"
+	OutcomeHandedBack   = "handed back"
+	OutcomeInterrupted  = "interrupted"
+)
 
 // ListOptions filters List.
 type ListOptions struct {
@@ -252,6 +330,9 @@ type Stats struct {
 	Fenced               int64            `json:"fenced"`
 	// DeadByReason splits the dead keys: DeadUnknownToAPI, DeadEffect.
 	DeadByReason map[string]int64 `json:"dead_by_reason"`
+	// ResultsExpiring counts the keys of succeeded batches not done yet
+	// whose results expire within ResultsWarning (spec §9.5).
+	ResultsExpiring int64 `json:"results_expiring"`
 	// Completion-to-done latency (first sighting → done) over done keys.
 	LatencyP50 time.Duration `json:"latency_p50_ns"`
 	LatencyP99 time.Duration `json:"latency_p99_ns"`
@@ -282,6 +363,10 @@ type PassRecord struct {
 	Holder    string    `json:"holder,omitempty"`
 	HeldUntil time.Time `json:"held_until,omitzero"`
 	Token     int64     `json:"token"`
+	// Unfinished and OldestUnfinished are the last listing's unfinished
+	// batches (PassOutcome).
+	Unfinished       map[string]int64 `json:"unfinished,omitempty"`
+	OldestUnfinished time.Time        `json:"oldest_unfinished,omitzero"`
 }
 
 // PassLease is a held pass lease of one scope (spec §5.5).
@@ -297,6 +382,11 @@ type PassOutcome struct {
 	Start, End time.Time
 	Success    bool // listed fully and every effect succeeded (exit 0)
 	FullScan   bool // read every page to the end without an error
+	// Unfinished counts the batches the pass listed that had not finished,
+	// by state, and OldestUnfinished is the creation of the oldest (spec
+	// §5.5); nil when the listing failed, which keeps the last figures.
+	Unfinished       map[string]int64
+	OldestUnfinished time.Time
 }
 
 // ErrPassHeld is wrapped by AcquirePass when another live holder has the
@@ -337,13 +427,17 @@ type Sink interface {
 	// Record notes a sighting. A new key becomes pending and due now, durably,
 	// before Record returns; it is confirmed when the sighting is FromAPI, and
 	// needs confirmation when it is Dynamic. A known key only updates
-	// sighting statistics, which may be buffered in memory and written lazily
+	// sighting statistics, which are buffered in memory and written lazily
 	// (a duplicate must not cost a disk sync) — except a sighting from the
 	// API of an unconfirmed key, which confirms it durably (spec §9.2: the
 	// operation becomes the payload, a pending key is due now, a key dead as
 	// DeadUnknownToAPI is pending again). A terminal state that differs from
 	// the stored batch state is a conflict (spec §9.4).
 	Record(ctx context.Context, s Sighting) (RecordResult, error)
+	// RecordAndClaim is Record, and when the key can then be claimed as the
+	// dispatcher would claim it (req's options) and no other key is due
+	// before it, a claim in the same commit; otherwise the claim is nil.
+	RecordAndClaim(ctx context.Context, s Sighting, req ClaimRequest) (RecordResult, *Claim, error)
 	// Claim takes the key for one attempt: allowed when pending and due, or
 	// claimed with an expired lease (takeover). Increments token and attempt
 	// in one durable commit. ErrNotClaimable / ErrNotFound otherwise (also
@@ -370,8 +464,10 @@ type Sink interface {
 	// Fail returns the key to pending with backoff, or to dead when permanent
 	// or attempts reached the maximum. Fenced like Complete. Returns the new state.
 	Fail(ctx context.Context, key string, token int64, f Failure) (State, error)
-	// Retry moves a dead key to pending, due now (operator action).
-	Retry(ctx context.Context, key string) error
+	// Retry moves a dead key to pending, due now, with a fresh attempt
+	// budget (operator action; ErrNotDead otherwise), or with o.Rerun a
+	// done key (ErrNotDone otherwise).
+	Retry(ctx context.Context, key string, o RetryOptions) error
 	// Due lists keys that can be claimed now, oldest first.
 	Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error)
 	// Get returns one key's entry, or ErrNotFound.
@@ -380,17 +476,14 @@ type Sink interface {
 	List(ctx context.Context, opt ListOptions) ([]Entry, error)
 	// Stats summarises the sink.
 	Stats(ctx context.Context) (Stats, error)
-	// Purge deletes done rows done for longer than olderThan and returns
-	// how many. The age is measured with the clock that wrote the done
-	// times (the sink's: Options.Now, or on PostgreSQL without it the
-	// database's now()), never the caller's: a caller whose clock runs
-	// ahead would otherwise purge keys done less than olderThan ago, inside
-	// a poll's lookback. A negative olderThan is an error. The lookback
-	// guard is PurgeRequest.Check (spec §7).
-	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
-	// PurgeKeys is Purge returning the keys it deleted (purge --results-dir
-	// removes their results files).
-	PurgeKeys(ctx context.Context, olderThan time.Duration) ([]string, error)
+	// Purge deletes the keys done for longer than olderThan and returns
+	// them. The age is measured with the clock that wrote the done times
+	// (the sink's: Options.Now, or on PostgreSQL without it the database's
+	// now()), never the caller's: a caller whose clock runs ahead would
+	// otherwise purge keys done less than olderThan ago, inside a poll's
+	// lookback. A negative olderThan is an error. The lookback guard is
+	// PurgeRequest.Check (spec §7).
+	Purge(ctx context.Context, olderThan time.Duration) ([]string, error)
 	// NoteLookback records that a poll used this lookback (0 = forever), so
 	// that MaxLookback can guard purge.
 	NoteLookback(ctx context.Context, lookback time.Duration) error
@@ -502,3 +595,15 @@ func TruncateError(s string) string {
 	}
 	return "…" + s[i:]
 }
+
+// NewStats returns empty Stats with every state and dead reason at 0.
+func NewStats() Stats {
+	return Stats{
+		ByState:      map[State]int64{StatePending: 0, StateClaimed: 0, StateDone: 0, StateDead: 0},
+		FirstSource:  map[string]int64{},
+		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0, DeadResultsExpired: 0},
+	}
+}
+
+// PayloadHash is the SHA-256 both backends keep beside a stored payload.
+func PayloadHash(p []byte) [32]byte { return sha256.Sum256(p) }

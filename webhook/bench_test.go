@@ -16,7 +16,7 @@ import (
 // through the handler (no network): verify, canon, Record of a known key.
 func BenchmarkDuplicateHandler(b *testing.B) {
 	s := sqlitetest.Open(b, sqlitetest.Path(b), sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -89,7 +89,7 @@ func TestConcurrentDuplicatesOneProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Dispatcher: d})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Dispatcher: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func checkNoLoss(t *testing.T, path string, acks []loadgen.Ack) {
 func TestNoLossUnderShutdownInProcess(t *testing.T) {
 	path := sqlitetest.Path(t)
 	s := sqlitetest.Open(t, path, sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
 	if err != nil {
 		t.Fatal(err)
 	}

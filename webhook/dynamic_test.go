@@ -53,7 +53,7 @@ func newDynRig(t *testing.T, secrets ...string) *dynRig {
 		t.Fatal(err)
 	}
 	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: secrets, Dynamic: v})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: secrets, Dynamic: v})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,10 +343,10 @@ func TestNewHandlerDynamicConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := webhook.NewHandler(webhook.Config{Sink: s, Dynamic: v}); err != nil {
+	if _, err := newHandler(webhook.Config{Sink: s, Dynamic: v}); err != nil {
 		t.Errorf("dynamic only: %v", err)
 	}
-	if _, err := webhook.NewHandler(webhook.Config{Sink: s, Dynamic: v, InsecureNoVerify: true}); err == nil || !strings.Contains(err.Error(), "insecure") {
+	if _, err := newHandler(webhook.Config{Sink: s, Dynamic: v, InsecureNoVerify: true}); err == nil || !strings.Contains(err.Error(), "insecure") {
 		t.Errorf("dynamic with InsecureNoVerify = %v, want a refusal", err)
 	}
 }

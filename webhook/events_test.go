@@ -48,7 +48,7 @@ func eventServer(t *testing.T) (base string, s sink.Sink, m *metrics.Metrics, lo
 	m = metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
 	logs = &logBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, Logger: log})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func FuzzWebhook(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	s := sqlitetest.Open(f, sqlitetest.Path(f), sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, InsecureNoVerify: true, MaxBody: 4096})
+	h, err := newHandler(webhook.Config{Sink: s, InsecureNoVerify: true, MaxBody: 4096})
 	if err != nil {
 		f.Fatal(err)
 	}

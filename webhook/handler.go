@@ -2,14 +2,16 @@
 // side only: it bounds and reads the body, verifies its signature — Standard
 // Webhooks HMAC (v1) with the project's secrets, and, when configured, the
 // dynamic (per-job) signatures of package webhook/dynamic — hands the
-// verified body to the ingest package (which turns it into a key, records
-// the sighting durably, counts it and wakes the dispatcher: spec §9.1) with
-// how it was verified, and turns ingest's answer into a status code —
-// durable before any 2xx. With Sync it runs the effect inside the request.
-// It also serves /healthz, /readyz and /metrics, and runs an http.Server
-// with timeouts and a graceful drain. The receiver's configuration rules —
-// a verifier is required (ErrNoVerifier), dynamic verification does not go
-// with InsecureNoVerify, the path and limits — are Config.Validate's.
+// verified body to the ingest path it is given (which turns it into a key,
+// records the sighting durably, counts it and wakes the dispatcher: spec
+// §9.1) with how it was verified, and turns ingest's answer into a status
+// code — durable before any 2xx. With Sync it runs the effect inside the
+// request. It also serves /healthz, /readyz and the /metrics it is given,
+// and runs an http.Server with timeouts and a graceful drain. It builds
+// neither the ingest path nor the metrics: the caller does (package serve's
+// Receiver). The receiver's configuration rules — a verifier is required
+// (ErrNoVerifier), dynamic verification does not go with InsecureNoVerify,
+// the path and limits — are Config.Validate's.
 package webhook
 
 import (
@@ -18,12 +20,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -68,20 +70,20 @@ type Dispatcher interface {
 	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
 }
 
-// Sink is what the receiver needs of the sink: Record (through the ingest
-// path), Get (a --sync request looks at the key's row), Ping (/readyz) and
-// Stats (a Metrics made for it on Sink).
+// Sink is what the receiver needs of the sink beside the ingest path's
+// Record: Get (a --sync request looks at the key's row) and Ping (/readyz).
 type Sink interface {
-	ingest.Recorder
-	metrics.StatsReader
 	Get(ctx context.Context, key string) (sink.Entry, error)
 	Ping(ctx context.Context) error
 }
 
 // Config configures NewHandler.
 type Config struct {
-	// Sink records sightings (required).
+	// Sink answers /readyz and a --sync request's look at its key (required).
 	Sink Sink
+	// Ingest records what the receiver verified (required): it counts in
+	// Metrics and, unless Sync, kicks Dispatcher (serve.Receiver builds it).
+	Ingest *ingest.Webhooks
 	// Secrets are whsec_ secrets; a request passes if any verifies it.
 	Secrets []string
 	// Dynamic, when set, verifies the signatures of the Gemini API's
@@ -100,6 +102,18 @@ type Config struct {
 	Path string
 	// MaxBody is the largest body accepted (default DefaultMaxBody); larger is 413.
 	MaxBody int64
+	// MaxUnverified caps the bytes of bodies read but not yet verified,
+	// summed over every request (default DefaultMaxUnverified, at least
+	// MaxBody): a request that would go over gets 503 with Retry-After
+	// before its body is read.
+	MaxUnverified int64
+	// MaxConns caps the connections Serve keeps open (default
+	// DefaultMaxConns), beside ProbeConns spare ones for the probes.
+	MaxConns int
+	// SecretSource says where Secrets came from — a flag, a file, the
+	// environment, never their values — for the line that logs refused
+	// signatures.
+	SecretSource string
 	// Sync runs the effect inside the request through Dispatcher.RunKey.
 	Sync bool
 	// SyncWait is how long a Sync request waits for a key that another live
@@ -108,27 +122,35 @@ type Config struct {
 	// Dispatcher is kicked after each new sighting (may be nil in inbox
 	// mode: something else dispatches); required with Sync.
 	Dispatcher Dispatcher
-	// Metrics receives counters and serves /metrics; nil makes a fresh one
-	// on Sink.
+	// Metrics receives the requests' counters and serves /metrics (required).
 	Metrics *metrics.Metrics
 	// Logger receives one line per rejected or failed request; nil discards.
 	Logger *slog.Logger
 	// RetryAfter is the Retry-After of a 503 (default DefaultRetryAfter).
 	RetryAfter time.Duration
-	// Now is the clock for signature timestamps; nil means time.Now.
+	// Now is the clock for signature timestamps and the refusals' log
+	// lines; nil means time.Now.
 	Now func() time.Time
 }
 
-// handler serves the receiver's routes.
-type handler struct {
+// Handler serves the receiver's routes (NewHandler); Serve runs it.
+type Handler struct {
 	cfg      Config
 	verifier *Verifier         // nil when InsecureNoVerify or without Secrets
 	dynamic  *dynamic.Verifier // nil without Config.Dynamic
-	ingest   *ingest.Webhooks
-	metrics  *metrics.Metrics
 	metricsH http.Handler
 	log      *slog.Logger
 	syncRuns runCounter // --sync requests running their key
+	// stopping is done once Serve's shutdown has begun (stopSync): a
+	// --sync request's effect then gets the dispatcher's grace, as the
+	// background workers' effects do.
+	stopping context.Context
+	stopSync context.CancelFunc
+	// unverified is the bytes of bodies being read or verified
+	// (readVerified); sigWarn and loadWarn space the WARN lines of
+	// refusals.
+	unverified        atomic.Int64
+	sigWarn, loadWarn throttle
 }
 
 // runCounter counts running --sync requests, so that Serve can wait for
@@ -164,17 +186,18 @@ func (c *runCounter) wait() {
 	<-idle
 }
 
-// waitSyncRuns waits until no --sync request runs its key (Serve, after a
-// drain that timed out).
-func (h *handler) waitSyncRuns() { h.syncRuns.wait() }
-
 // NewHandler validates cfg and returns the receiver: POST cfg.Path, GET
 // /healthz, GET /readyz (the sink answers Ping), GET /metrics. It refuses a
 // config without a verifier (Secrets or Dynamic) unless InsecureNoVerify is
 // set, and Dynamic together with InsecureNoVerify.
-func NewHandler(cfg Config) (http.Handler, error) {
-	if cfg.Sink == nil {
+func NewHandler(cfg Config) (*Handler, error) {
+	switch {
+	case cfg.Sink == nil:
 		return nil, errors.New("webhook: no sink")
+	case cfg.Ingest == nil:
+		return nil, errors.New("webhook: no ingest path")
+	case cfg.Metrics == nil:
+		return nil, errors.New("webhook: no metrics")
 	}
 	if cfg.Path == "" {
 		cfg.Path = DefaultPath
@@ -188,28 +211,26 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
+	if cfg.MaxUnverified <= 0 {
+		cfg.MaxUnverified = DefaultMaxUnverified
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Sync && cfg.Dispatcher == nil {
 		return nil, errors.New("webhook: sync mode needs a dispatcher")
 	}
-	h := &handler{cfg: cfg, metrics: cfg.Metrics, log: cfg.Logger}
+	h := &Handler{cfg: cfg, log: cfg.Logger, metricsH: cfg.Metrics.Handler()}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
-	if h.metrics == nil {
-		h.metrics = metrics.New(cfg.Sink)
-	}
-	h.metricsH = h.metrics.Handler()
-	ic := ingest.WebhookConfig{Sink: cfg.Sink, Metrics: h.metrics, Logger: h.log}
-	if !cfg.Sync && cfg.Dispatcher != nil {
-		ic.Kicker = cfg.Dispatcher // with Sync the request runs the key itself
-	}
-	var err error
-	if h.ingest, err = ingest.NewWebhooks(ic); err != nil {
-		return nil, fmt.Errorf("webhook: %w", err)
-	}
+	h.stopping, h.stopSync = context.WithCancel(context.Background())
 	if !cfg.InsecureNoVerify {
 		if len(cfg.Secrets) > 0 {
 			v, err := NewVerifier(cfg.Secrets, cfg.Now)
@@ -227,7 +248,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 // caller adds the Sink, the verifiers and what it changes, then checks it
 // with Validate.
 func DefaultConfig() Config {
-	return Config{Path: DefaultPath, MaxBody: DefaultMaxBody, SyncWait: DefaultSyncWait, RetryAfter: DefaultRetryAfter}
+	return Config{Path: DefaultPath, MaxBody: DefaultMaxBody, MaxUnverified: DefaultMaxUnverified, MaxConns: DefaultMaxConns,
+		SyncWait: DefaultSyncWait, RetryAfter: DefaultRetryAfter}
 }
 
 // ErrNoVerifier is wrapped by Validate's error for a Config that verifies
@@ -252,6 +274,10 @@ func (c Config) Validate() error {
 		return field.Errorf(p, "{Path} %q is taken by a built-in endpoint", c.Path)
 	case c.MaxBody <= 0:
 		return field.Errorf(p, "{MaxBody} must be positive")
+	case c.MaxUnverified < c.MaxBody:
+		return field.Errorf(p, "{MaxUnverified} %d is below {MaxBody} %d: a body of the largest size could never be read", c.MaxUnverified, c.MaxBody)
+	case c.MaxConns < 1:
+		return field.Errorf(p, "{MaxConns} must be positive")
 	case c.SyncWait < 0:
 		return field.Errorf(p, "{SyncWait} must not be negative")
 	case c.InsecureNoVerify && c.Dynamic != nil:
@@ -292,7 +318,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves the receiver's routes.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if onSpareConn(r) {
+		w.Header().Set("Connection", "close") // one answer: the spare is free again for the next probe
+	}
 	switch r.URL.Path {
 	case h.cfg.Path:
 		if r.Method != http.MethodPost {
@@ -303,7 +333,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		h.serveEvent(sw, r)
-		h.metrics.ObserveRequest(sw.code, time.Since(start))
+		h.cfg.Metrics.ObserveRequest(sw.code, time.Since(start))
 	case "/healthz":
 		if !getOrHead(w, r) {
 			return
@@ -348,7 +378,7 @@ func getOrHead(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-func (h *handler) retryAfter() string {
+func (h *Handler) retryAfter() string {
 	return strconv.Itoa(int((h.cfg.RetryAfter + time.Second - 1) / time.Second))
 }
 
@@ -356,8 +386,8 @@ func (h *handler) retryAfter() string {
 var utf8BOM = []byte("\xef\xbb\xbf")
 
 // reject answers a request that records nothing.
-func (h *handler) reject(w http.ResponseWriter, r *http.Request, code int, outcome, msg string) {
-	h.metrics.ObserveDelivery(sink.SourceWebhook, outcome)
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, code int, outcome, msg string) {
+	h.cfg.Metrics.ObserveDelivery(sink.SourceWebhook, outcome)
 	h.log.Info("webhook rejected", "status", code, "reason", msg, "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
 	writeError(w, code, msg)
 }
@@ -366,7 +396,7 @@ func (h *handler) reject(w http.ResponseWriter, r *http.Request, code int, outco
 // sender does not retry for a day what no retry can fix (and does not
 // disable the webhook), recorded nowhere (ingest counted it), logged at
 // error level (spec §6).
-func (h *handler) invalid(w http.ResponseWriter, r *http.Request, a ingest.Answer) {
+func (h *Handler) invalid(w http.ResponseWriter, r *http.Request, a ingest.Answer) {
 	h.log.Error("webhook: a verified body cannot be used; answered 200 invalid and recorded nothing",
 		"reason", a.Reason, "err", a.Err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
 	writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: a.Err.Error()})
@@ -386,27 +416,26 @@ func clip(s string) string {
 	return s[:cut] + "…"
 }
 
-func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
-	// 1. Body, bounded. A declared length over the limit fails before reading.
+func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
+	// 1. What the connection and the headers decide, before a byte of the
+	// body is read (spec §6): a spare connection, a declared length over
+	// the limit, a signature no body could make pass.
+	if onSpareConn(r) {
+		h.overloaded(w, r, fmt.Sprintf("over the %d open connections this receiver keeps", h.cfg.MaxConns))
+		return
+	}
 	if r.ContentLength > h.cfg.MaxBody {
 		h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
 			fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, h.cfg.MaxBody))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
-				fmt.Sprintf("body is over the %d-byte limit", h.cfg.MaxBody))
-			return
-		}
-		h.reject(w, r, http.StatusBadRequest, metrics.OutcomeBadRequest, "reading body: "+err.Error())
+	if !h.checkHeaders(w, r) {
 		return
 	}
 
-	// 2. Signature, over the exact bytes received.
-	verification, ok := h.verify(w, r, body)
+	// 2. The body, bounded, and its signature, over the exact bytes
+	// received.
+	body, verification, ok := h.readVerified(w, r)
 	if !ok {
 		return
 	}
@@ -422,7 +451,7 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 	// verified body without a usable name is answered 200, no retry can
 	// fix it), the key, the durable record before any 2xx, the metrics and
 	// the kick.
-	a := h.ingest.Event(r.Context(), body, verification)
+	a := h.cfg.Ingest.Event(r.Context(), body, verification)
 	switch a.Kind {
 	case ingest.Ignored:
 		if a.Key == "" {
@@ -446,7 +475,6 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "database unavailable, retry later: "+a.Err.Error())
 		return
 	}
-	h.log.Debug("webhook recorded", "key", a.Key, "status", a.Outcome)
 	if h.cfg.Sync && a.Result.State != sink.StateDone {
 		h.runSync(w, r, a.Key, a.Outcome)
 		return
@@ -471,7 +499,7 @@ func (h *handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 //     JWKS. A key set that cannot be fetched (dynamic.ErrUnavailable) is
 //     503 with Retry-After KeysRetryAfter, counted as jwks_unavailable (not
 //     the database's unavailable): the sender retries. Anything else is 401.
-func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (ingest.Verification, bool) {
+func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (ingest.Verification, bool) {
 	if h.cfg.InsecureNoVerify {
 		return ingest.Unverified, true
 	}
@@ -481,7 +509,7 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 			return ingest.VerifiedStatic, true
 		}
 		if h.dynamic == nil {
-			h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+hmacErr.Error())
+			h.refuseSignature(w, r, hmacErr, nil)
 			return 0, false
 		}
 	}
@@ -491,18 +519,12 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 		h.log.Debug("webhook verified by a dynamic signature; its key is confirmed with the API before it runs",
 			"scheme", res.Scheme, "kid", clip(res.KeyID), "webhook_id", clip(r.Header.Get("webhook-id")))
 		return ingest.VerifiedDynamic, true
-	case errors.Is(err, dynamic.ErrNoEntry) && hmacErr != nil:
-		h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, "signature: "+hmacErr.Error())
 	case errors.Is(err, dynamic.ErrUnavailable):
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(h.cfg.RetryAfter, KeysRetryAfter)/time.Second)))
 		h.reject(w, r, http.StatusServiceUnavailable, metrics.OutcomeJWKSUnavailable,
 			"dynamic signature: "+err.Error()+"; retry later")
 	default:
-		msg := "dynamic signature: " + err.Error()
-		if hmacErr != nil {
-			msg = "signature: " + hmacErr.Error() + "; " + msg
-		}
-		h.reject(w, r, http.StatusUnauthorized, metrics.OutcomeUnverified, msg)
+		h.refuseSignature(w, r, hmacErr, err)
 	}
 	return 0, false
 }
@@ -511,24 +533,23 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 // effect failed in this request (the sender retries), 202 when another live
 // holder has it past SyncWait, and 202 "dead" for a key that was dead
 // before the request (nothing ran, and a redelivery cannot change that).
-func (h *handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
+func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, key, recorded string) {
 	h.syncRuns.add(1)
 	defer h.syncRuns.add(-1)
 	ctx := r.Context()
 	// The effect is not cancelled when the sender hangs up (its own request
 	// timeout): a half-run effect is worse than an unread answer, and the
 	// sender's retry finds the key done. dispatch's effect timeout bounds it.
-	// The server's shutdown does end it: runCtx is done once it begins, and
-	// dispatch gives the effect its grace, then kills it and records a
-	// retryable failure, as for the background workers' effects, so the
-	// key is not left claimed behind an effect nothing supervises.
+	// The server's shutdown does end it: runCtx is done once it begins
+	// (h.stopping), and dispatch gives the effect its grace, then kills it
+	// and records a retryable failure, as for the background workers'
+	// effects, so the key is not left claimed behind an effect nothing
+	// supervises.
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
-	if stopping := stoppingFrom(ctx); stopping != nil {
-		defer context.AfterFunc(stopping, stop)()
-		if stopping.Err() != nil {
-			stop() // at once, not in AfterFunc's goroutine: claim nothing now
-		}
+	defer context.AfterFunc(h.stopping, stop)()
+	if h.stopping.Err() != nil {
+		stop() // at once, not in AfterFunc's goroutine: claim nothing now
 	}
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond

@@ -91,7 +91,7 @@ func TestBadInput(t *testing.T) {
 	path := sqlitetest.Path(t)
 	s := sqlitetest.Open(t, path, sink.Options{BusyTimeout: 200 * time.Millisecond})
 	m := metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, RetryAfter: 2 * time.Second})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, RetryAfter: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestBadInput(t *testing.T) {
 func TestHealthAndReady(t *testing.T) {
 	path := sqlitetest.Path(t)
 	s := sqlitetest.Open(t, path, sink.Options{BusyTimeout: 100 * time.Millisecond})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, InsecureNoVerify: true})
+	h, err := newHandler(webhook.Config{Sink: s, InsecureNoVerify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestNewHandlerConfig(t *testing.T) {
 		{"path with a fragment", webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/webhook#a"}, "no request"},
 	}
 	for _, tt := range tests {
-		_, err := webhook.NewHandler(tt.cfg)
+		_, err := newHandler(tt.cfg)
 		switch {
 		case tt.wantErr == "" && err != nil:
 			t.Errorf("NewHandler(%s) = %v, want nil", tt.name, err)
@@ -323,7 +323,7 @@ func TestNewHandlerConfig(t *testing.T) {
 
 func TestCustomPathAndSmallBody(t *testing.T) {
 	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/hooks/gemini", MaxBody: 100})
+	h, err := newHandler(webhook.Config{Sink: s, InsecureNoVerify: true, Path: "/hooks/gemini", MaxBody: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,47 +353,47 @@ func TestCustomPathAndSmallBody(t *testing.T) {
 }
 
 func TestServeDrainTimeout(t *testing.T) {
-	started := make(chan struct{})
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		time.Sleep(2 * time.Second)
-	})
-	base, stop := serve(t, slow, webhook.ServerOptions{DrainTimeout: 200 * time.Millisecond})
-	go func() {
-		if resp, err := http.Get(base); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	select { // the request is in flight before the drain starts
-	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the request never reached the handler")
-	}
+	h, started, release := blockedHandler(t)
+	defer close(release)
+	base, stop := serve(t, h, webhook.ServerOptions{DrainTimeout: 200 * time.Millisecond})
+	getInFlight(t, base, started) // the request is in flight before the drain starts
 	if err := stop(); !errors.Is(err, webhook.ErrDrainTimeout) {
 		t.Errorf("Serve after a drain timeout = %v, want ErrDrainTimeout", err)
 	}
 }
 
-// blockedHandler answers 200 once release is closed; started is closed when
-// the first request reaches it.
-func blockedHandler() (h http.Handler, started, release chan struct{}) {
-	started, release = make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { close(started) })
-		<-release
-		w.WriteHeader(http.StatusOK)
-	})
-	return h, started, release
+// pingBlocked is a sink whose Ping waits until release is closed; started
+// is closed when the first Ping comes.
+type pingBlocked struct {
+	sink.Sink
+	once             sync.Once
+	started, release chan struct{}
 }
 
-// getInFlight GETs base in the background and returns where its status
-// (0: no answer) arrives, once the request has reached the handler.
+func (p *pingBlocked) Ping(context.Context) error {
+	p.once.Do(func() { close(p.started) })
+	<-p.release
+	return nil
+}
+
+// blockedHandler is a receiver whose GET /readyz answers 200 once release
+// is closed; started is closed when the first such request reaches it.
+func blockedHandler(t *testing.T) (h *webhook.Handler, started, release chan struct{}) {
+	p := &pingBlocked{Sink: sqlitetest.OpenTemp(t, sink.Options{}), started: make(chan struct{}), release: make(chan struct{})}
+	h, err := newHandler(webhook.Config{Sink: p, InsecureNoVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, p.started, p.release
+}
+
+// getInFlight GETs base's /readyz in the background and returns where its
+// status (0: no answer) arrives, once the request has reached the handler.
 func getInFlight(t *testing.T, base string, started chan struct{}) chan int {
 	t.Helper()
 	answered := make(chan int, 1)
 	go func() {
-		resp, err := http.Get(base)
+		resp, err := http.Get(base + "/readyz")
 		if err != nil {
 			answered <- 0
 			return
@@ -414,7 +414,7 @@ func getInFlight(t *testing.T, base string, started chan struct{}) chan int {
 // webhook sender retries). Before, a negative DrainTimeout was the 30 s
 // default.
 func TestServeNoDrain(t *testing.T) {
-	h, started, release := blockedHandler()
+	h, started, release := blockedHandler(t)
 	defer close(release)
 	base, stop := serve(t, h, webhook.ServerOptions{DrainTimeout: webhook.NoDrain})
 	answered := getInFlight(t, base, started)
@@ -436,7 +436,7 @@ func TestServeNoDrain(t *testing.T) {
 // A zero DrainTimeout is still the default, not NoDrain: the request in
 // flight when shutdown begins finishes and is answered.
 func TestServeZeroDrainTimeoutWaits(t *testing.T) {
-	h, started, release := blockedHandler()
+	h, started, release := blockedHandler(t)
 	base, stop := serve(t, h, webhook.ServerOptions{})
 	answered := getInFlight(t, base, started)
 	stopped := make(chan error, 1)

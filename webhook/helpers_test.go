@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	gserve "github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -30,10 +31,21 @@ func event(id string) []byte {
 	return fmt.Appendf(nil, `{"type":"batch.succeeded","version":"v1","timestamp":"2026-11-29T07:00:00Z","data":{"id":%q}}`, id)
 }
 
+// newHandler builds a receiver on cfg.Sink as serve does (serve.Receiver:
+// the ingest path, and a Metrics unless cfg has one); without a sink it is
+// webhook.NewHandler's refusal.
+func newHandler(cfg webhook.Config) (*webhook.Handler, error) {
+	s, ok := cfg.Sink.(sink.Sink)
+	if !ok {
+		return webhook.NewHandler(cfg)
+	}
+	return gserve.Receiver(cfg, s)
+}
+
 // serve runs h through webhook.Serve on a loopback port until the test ends
 // (or cancel is called) and returns its base URL and a function that stops
 // it and returns Serve's result.
-func serve(t testing.TB, h http.Handler, opts webhook.ServerOptions) (string, func() error) {
+func serve(t testing.TB, h *webhook.Handler, opts webhook.ServerOptions) (string, func() error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -98,7 +98,7 @@ func childServe() int {
 		}
 		cfg.Dispatcher = d
 	}
-	h, err := webhook.NewHandler(cfg)
+	h, err := newHandler(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1

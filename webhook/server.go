@@ -91,17 +91,14 @@ var ErrDrainTimeout = errors.New("webhook server: drain timed out; open connecti
 // either way no 2xx went out), and Serve returns nil, the cut being what
 // was asked for (it logs at info when connections were still open); a
 // --sync request's effect still ends, as below, before it returns.
-func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOptions) error {
+//
+// A Handler serves under one Serve: its shutdown tells the Handler's --sync
+// requests for good.
+func Serve(ctx context.Context, ln net.Listener, h *Handler, opts ServerOptions) error {
 	o := opts.withDefaults()
 	srv := &http.Server{
-		// Requests are not cancelled at shutdown, but a --sync request's
-		// effect is: it hears of the shutdown through this value
-		// (stoppingFrom) and gets the dispatcher's grace, as the background
-		// workers' effects do.
-		BaseContext: func(net.Listener) context.Context {
-			return context.WithValue(context.Background(), stoppingKey{}, ctx)
-		},
 		Handler:           h,
+		ConnContext:       connContext,
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		ReadTimeout:       o.ReadTimeout,
 		WriteTimeout:      o.WriteTimeout,
@@ -110,12 +107,16 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(newLimitListener(ln, h.cfg.MaxConns)) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("webhook server: %w", err)
 	case <-ctx.Done():
 	}
+	// Requests are not cancelled at shutdown (a Record in progress
+	// completes), but a --sync request's effect is: it gets the
+	// dispatcher's grace, as the background workers' effects do.
+	h.stopSync()
 	// NoDrain: a deadline already past, so Shutdown closes the listener and
 	// the idle connections, and returns at once if any request is in flight.
 	dctx, cancel := context.WithTimeout(context.Background(), max(o.DrainTimeout, 0))
@@ -128,9 +129,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 		// runs must still end (its grace, the kill, its outcome recorded)
 		// before the process may exit, or the key stays claimed for a
 		// whole lease while the effect runs on unsupervised.
-		if w, ok := h.(interface{ waitSyncRuns() }); ok {
-			w.waitSyncRuns()
-		}
+		h.syncRuns.wait()
 		if errors.Is(err, context.DeadlineExceeded) {
 			if o.DrainTimeout < 0 {
 				o.Logger.Info("webhook server: open connections closed at shutdown without a drain; a request they carried got no answer, and its sender retries")
@@ -141,15 +140,4 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, opts ServerOpti
 		return fmt.Errorf("webhook server: shutdown: %w", err)
 	}
 	return nil
-}
-
-// stoppingKey is the request context value that carries Serve's context,
-// done once shutdown has begun.
-type stoppingKey struct{}
-
-// stoppingFrom returns the context, carried by a request served by Serve,
-// that is done once Serve's shutdown has begun (nil outside Serve).
-func stoppingFrom(ctx context.Context) context.Context {
-	c, _ := ctx.Value(stoppingKey{}).(context.Context)
-	return c
 }

@@ -15,7 +15,7 @@ import (
 // whose second line carries the valid one: it is accepted.
 func TestSecondSignatureLine(t *testing.T) {
 	s := sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}})
 	if err != nil {
 		t.Fatal(err)
 	}

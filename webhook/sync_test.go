@@ -31,7 +31,7 @@ func syncServer(t *testing.T, fail func(context.Context, string) error, wait tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: wait, Dispatcher: d})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: wait, Dispatcher: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func syncServerOn(t *testing.T, s sink.Sink, effects string, wait time.Duration)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: wait, Dispatcher: d})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: wait, Dispatcher: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestSyncBackingOffByTheServersClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: 3 * time.Second, Dispatcher: d})
+	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Sync: true, SyncWait: 3 * time.Second, Dispatcher: d})
 	if err != nil {
 		t.Fatal(err)
 	}

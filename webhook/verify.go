@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,47 +79,15 @@ func NewVerifier(secrets []string, now func() time.Time) (*Verifier, error) {
 	return v, nil
 }
 
-// Verify checks the three headers and the signature over body. It returns
-// nil, or one of ErrUnsigned, ErrBadTimestamp, ErrStale, ErrFuture,
-// ErrBadSignature. Every webhook-signature header line and every
-// space-separated entry in each is considered (spec §6): a request passes
-// when any entry verifies.
+// Verify checks the three headers (Check) and the signature over body. It
+// returns nil, or an error matching one of ErrUnsigned, ErrBadTimestamp,
+// ErrStale, ErrFuture, ErrBadSignature. Every webhook-signature header line
+// and every space-separated entry in each is considered (spec §6): a
+// request passes when any entry verifies.
 func (v *Verifier) Verify(body []byte, h http.Header) error {
-	id := h.Get(standardwebhooks.HeaderWebhookID)
-	ts := h.Get(standardwebhooks.HeaderWebhookTimestamp)
-	lines := h.Values(standardwebhooks.HeaderWebhookSignature)
-	signed := h
-	if len(lines) != 1 {
-		// The library reads only the first webhook-signature line (Get):
-		// hand it every entry of every line as one line, which it splits
-		// on spaces. (One line, the usual case, it reads as it is.)
-		sigs := signatureEntries(lines)
-		if len(sigs) == 0 {
-			return ErrUnsigned
-		}
-		signed = http.Header{}
-		signed.Set(standardwebhooks.HeaderWebhookID, id)
-		signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
-		signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
-	} else if strings.TrimSpace(lines[0]) == "" {
-		return ErrUnsigned
-	}
-	if id == "" || ts == "" {
-		return ErrUnsigned
-	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
+	signed, err := v.headers(h)
 	if err != nil {
-		return ErrBadTimestamp
-	}
-	// The library's window: older than now-Tolerance or newer than
-	// now+Tolerance fails.
-	now := v.now()
-	at := time.Unix(sec, 0)
-	if now.Sub(at) > Tolerance {
-		return ErrStale
-	}
-	if at.After(now.Add(Tolerance)) {
-		return ErrFuture
+		return err
 	}
 	// Try every secret even after a match, so the time taken does not say
 	// which secret (old or new) signed the request.
@@ -132,6 +101,53 @@ func (v *Verifier) Verify(body []byte, h http.Header) error {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// Check judges the headers alone, as Verify does before it looks at the
+// body: the error Verify would return whatever the body (a header missing,
+// a timestamp unreadable or outside Tolerance — saying how far —, or no v1
+// entry at all), or nil when some body could verify. The receiver calls it
+// before it reads a body (spec §6).
+func (v *Verifier) Check(h http.Header) error {
+	_, err := v.headers(h)
+	return err
+}
+
+// headers is Check, returning the headers for the library: itself, or with
+// every signature entry on one line.
+func (v *Verifier) headers(h http.Header) (http.Header, error) {
+	id := h.Get(standardwebhooks.HeaderWebhookID)
+	ts := h.Get(standardwebhooks.HeaderWebhookTimestamp)
+	lines := h.Values(standardwebhooks.HeaderWebhookSignature)
+	sigs := signatureEntries(lines)
+	if id == "" || ts == "" || len(sigs) == 0 {
+		return nil, ErrUnsigned
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return nil, ErrBadTimestamp
+	}
+	// The library's window: older than now-Tolerance or newer than
+	// now+Tolerance fails.
+	if off := v.now().Sub(time.Unix(sec, 0)); off > Tolerance {
+		return nil, fmt.Errorf("%w: %v before this host's clock (at most %v)", ErrStale, off.Round(time.Second), Tolerance)
+	} else if -off > Tolerance {
+		return nil, fmt.Errorf("%w: %v after this host's clock (at most %v)", ErrFuture, (-off).Round(time.Second), Tolerance)
+	}
+	// The library reads "v1,<base64>" entries and skips the others.
+	if !slices.ContainsFunc(sigs, func(e string) bool { return strings.HasPrefix(e, "v1,") }) {
+		return nil, fmt.Errorf("%w: webhook-signature has no v1 entry", ErrBadSignature)
+	}
+	if len(lines) == 1 {
+		return h, nil
+	}
+	// The library reads only the first webhook-signature line (Get): hand
+	// it every entry of every line as one line, which it splits on spaces.
+	signed := http.Header{}
+	signed.Set(standardwebhooks.HeaderWebhookID, id)
+	signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
+	signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
+	return signed, nil
 }
 
 // signatureEntries returns the entries ("v1,<base64>", …) of every

@@ -327,6 +327,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	}
 	defer s.Close()
 	a.warn(api)
+	dcfg.Command = "drain"
 	d, err := a.dispatcher(dcfg, s, nil, api)
 	if err != nil {
 		return err

@@ -120,8 +120,16 @@ func TestIssue24SafeDefaults(t *testing.T) {
 			if r.code != exitFatal || !strings.Contains(r.stderr, b.typoW) || !strings.Contains(r.stderr, "gemrecon init") {
 				t.Errorf("poll on a mistyped --db: want exit 1 naming %q and init, got %v", b.typoW, r)
 			}
+			// So does every other command that writes.
+			for _, args := range [][]string{{"drain", "--print"}, {"retry", "--all-dead"}, {"rerun", "batches/b0"},
+				{"purge", "--older-than", "1000h", "--force"}} {
+				r = runChild(t, env, append([]string{"--db", b.typo}, args...)...)
+				if r.code != exitFatal || !strings.Contains(r.stderr, b.typoW) {
+					t.Errorf("%s on a mistyped --db: want exit 1 naming %q, got %v", args[0], b.typoW, r)
+				}
+			}
 			if b.typoExists() {
-				t.Errorf("poll on a mistyped --db created it")
+				t.Errorf("a command on a mistyped --db created it")
 			}
 			if n := len(readLines(t, log)); n != 2 {
 				t.Errorf("the effects ran again on a mistyped --db: %d lines, want 2", n)

@@ -27,10 +27,12 @@ import (
 // body. "state" is "unknown" for a key never seen.
 type statusJSON struct {
 	sink.Entry
-	State      string          `json:"state"`
-	BatchError string          `json:"batch_error,omitempty"`
-	Operation  json.RawMessage `json:"operation,omitempty"`
-	Webhook    json.RawMessage `json:"webhook,omitempty"`
+	State      string `json:"state"`
+	BatchError string `json:"batch_error,omitempty"`
+	// Missing counts the attempts the history lacks (historyMissing).
+	Missing   int64           `json:"history_missing,omitempty"`
+	Operation json.RawMessage `json:"operation,omitempty"`
+	Webhook   json.RawMessage `json:"webhook,omitempty"`
 }
 
 // batchError is the reason a batch gives for its outcome: the operation's
@@ -74,7 +76,7 @@ func batchLine(e sink.Entry) string {
 }
 
 func entryJSON(e sink.Entry, withDocs bool) statusJSON {
-	j := statusJSON{Entry: e, State: string(e.State), BatchError: batchError(e)}
+	j := statusJSON{Entry: e, State: string(e.State), BatchError: batchError(e), Missing: historyMissing(e)}
 	if withDocs {
 		j.Operation, j.Webhook = rawOrNil(e.Payload), rawOrNil(e.Webhook)
 	}
@@ -282,6 +284,57 @@ func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	}
 	row("conflicts", fmt.Sprint(e.Conflicts))
 	tw.Flush()
+	printHistory(w, e)
+}
+
+// printHistory prints the key's history (design §3 "History"), one entry a
+// line, and what is not on record: older entries no longer kept, and the
+// attempts of a gemrecon from before the history.
+func printHistory(w io.Writer, e sink.Entry) {
+	if len(e.History) == 0 && e.Token == 0 {
+		return
+	}
+	fmt.Fprintln(w, "history:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, a := range e.History {
+		switch a.Kind {
+		case sink.KindAttempt:
+			took := "-"
+			if !a.End.IsZero() {
+				took = a.End.Sub(a.Start).Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(tw, "  #%d\t%s\t%s\tby %s via %s\ttook %s\t%s\n", a.Token, fmtTime(a.Start), a.Outcome,
+				printable(a.Holder), printable(a.Command), took, printable(oneLine(a.Error)))
+		case sink.KindFenced:
+			fmt.Fprintf(tw, "  #%d\t%s\tfenced\ta stale holder's %s, discarded\t\t\n", a.Token, fmtTime(a.Start), printable(a.Error))
+		default: // retry, rerun
+			fmt.Fprintf(tw, "  \t%s\t%s\tasked by %s\t\t\n", fmtTime(a.Start), a.Kind, printable(a.Holder))
+		}
+	}
+	tw.Flush()
+	if e.Dropped > 0 {
+		fmt.Fprintf(w, "  (%d older entries not kept)\n", e.Dropped)
+	}
+	if n := historyMissing(e); n > 0 {
+		fmt.Fprintf(w, "  (%d attempt(s) not on record: made by a gemrecon from before the history)\n", n)
+	}
+}
+
+// historyMissing counts the attempts the history lacks: tokens, from the
+// oldest entry kept on (or from 1 when none was dropped), that no attempt
+// entry has.
+func historyMissing(e sink.Entry) int64 {
+	from := int64(1)
+	if e.Dropped > 0 && len(e.History) > 0 {
+		from = e.History[0].Token
+	}
+	seen := map[int64]bool{}
+	for _, a := range e.History {
+		if a.Kind == sink.KindAttempt && a.Token >= from {
+			seen[a.Token] = true
+		}
+	}
+	return max(e.Token-from+1, 0) - int64(len(seen))
 }
 
 // deadReasonText names a dead reason class for people.
@@ -289,6 +342,8 @@ func deadReasonText(reason string) string {
 	switch reason {
 	case sink.DeadUnknownToAPI:
 		return "unknown to the API"
+	case sink.DeadResultsExpired:
+		return "its results expired (the API keeps them 48 h): retry --without-results runs the effect without them"
 	case "", sink.DeadEffect:
 		return "the effect failed (permanently or for the last time)"
 	}

@@ -10,14 +10,14 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gemrecon/gemrecon/dispatch"
-	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
 // pollFlags configure the listing side of a poll pass (spec §5). Their
-// rules are poller.Config.Validate's and ingest's.
+// rules are poller.Config.Validate's and reconcile's.
 type pollFlags struct {
 	backend  string
 	baseURL  string
@@ -43,8 +43,8 @@ func (f *pollFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.burst, "burst", def.Burst, "API request burst")
 	fs.IntVar(&f.pageSize, "page-size", def.PageSize, "operations per list request")
 	fs.DurationVar(&f.lookback, "lookback", def.Lookback, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
-	fs.DurationVar(&f.fullScanEvery, "full-scan-every", ingest.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
-	fs.DurationVar(&f.passLease, "pass-lease", ingest.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
+	fs.DurationVar(&f.fullScanEvery, "full-scan-every", reconcile.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
+	fs.DurationVar(&f.passLease, "pass-lease", reconcile.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
 }
 
 // pollerConfig is the poller's configuration from the flags and the API key.
@@ -90,10 +90,10 @@ type loopOptions struct {
 }
 
 // pollConfig is the pass loop's configuration from the flags, checked
-// (ingest's rules: exit 2) before anything is opened; the caller adds the
+// (reconcile's rules: exit 2) before anything is opened; the caller adds the
 // sink, the poller and the dispatcher.
-func (a *app) pollConfig(f *pollFlags, o loopOptions) (ingest.PollConfig, error) {
-	cfg := ingest.PollConfig{
+func (a *app) pollConfig(f *pollFlags, o loopOptions) (reconcile.PollConfig, error) {
+	cfg := reconcile.PollConfig{
 		FullScanEvery: f.fullScanEvery,
 		Interval:      o.interval,
 		MinInterval:   o.minInterval,
@@ -102,21 +102,21 @@ func (a *app) pollConfig(f *pollFlags, o loopOptions) (ingest.PollConfig, error)
 		Logger:        a.logger,
 	}
 	names := map[string]string{"Interval": o.intervalFlag}
-	if err := usage(ingest.ValidateFullScanEvery(f.lookback, f.fullScanEvery), names); err != nil {
+	if err := usage(reconcile.ValidateFullScanEvery(f.lookback, f.fullScanEvery), names); err != nil {
 		return cfg, err
 	}
 	return cfg, usage(cfg.Validate(), names)
 }
 
 // pollLoop wires the sink, the poller, the dispatcher and metrics into cfg.
-func pollLoop(cfg ingest.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*ingest.Poll, error) {
+func pollLoop(cfg reconcile.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*reconcile.Poll, error) {
 	cfg.Sink, cfg.Poller, cfg.Dispatcher, cfg.Metrics = s, p, d, m
-	return ingest.NewPoll(cfg)
+	return reconcile.NewPoll(cfg)
 }
 
 // printSummary writes a pass's summary line (spec §5.4) on stderr, as JSON
 // under --log-format json.
-func (a *app) printSummary(r ingest.Result) {
+func (a *app) printSummary(r reconcile.Result) {
 	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
 		a.logger.Error("writing the poll summary", "err", err)
 	}
@@ -124,7 +124,7 @@ func (a *app) printSummary(r ingest.Result) {
 
 // passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
 // effect failed or an outcome was fenced, else 0.
-func passExit(r ingest.Result) error {
+func passExit(r reconcile.Result) error {
 	if err := r.Err(); err != nil {
 		return err
 	}
@@ -230,6 +230,7 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 		return err
 	}
 	defer s.Close()
+	dcfg.Command = "poll"
 	d, err := a.dispatcher(dcfg, s, nil, api)
 	if err != nil {
 		return err
@@ -247,12 +248,12 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 }
 
 // reportPass prints a pass's summary and writes --metrics-textfile.
-func (a *app) reportPass(r ingest.Result, metricsFile string) {
+func (a *app) reportPass(r reconcile.Result, metricsFile string) {
 	a.printSummary(r)
 	if metricsFile == "" {
 		return
 	}
-	if err := ingest.WriteTextfile(metricsFile, r); err != nil {
+	if err := reconcile.WriteTextfile(metricsFile, r); err != nil {
 		a.logger.Error("writing --metrics-textfile", "path", metricsFile, "err", err)
 	}
 }
@@ -260,10 +261,10 @@ func (a *app) reportPass(r ingest.Result, metricsFile string) {
 // watch runs poll --watch's passes until ctx is done. A broken stdout (the
 // print effect's reader went away) ends the watch: no later pass could run
 // an effect.
-func (a *app) watch(ctx context.Context, loop *ingest.Poll, metricsFile string) error {
+func (a *app) watch(ctx context.Context, loop *reconcile.Poll, metricsFile string) error {
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	_ = loop.Watch(wctx, func(r ingest.Result) {
+	_ = loop.Watch(wctx, func(r reconcile.Result) {
 		a.reportPass(r, metricsFile)
 		err := r.Err()
 		if errors.Is(err, dispatch.ErrEffectBroken) {

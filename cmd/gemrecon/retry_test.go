@@ -136,8 +136,8 @@ func (r *retryRace) waitBlockedBy(locks ...*lock) (*lock, uint32) {
 			if err != nil {
 				r.t.Fatal(err)
 			}
-			if !strings.Contains(query, "UPDATE gemrecon_keys SET state = 'pending'") {
-				r.t.Fatalf("the child waits for the lock of %s in a statement that is not retry's UPDATE: %s", l.key, query)
+			if !strings.Contains(query, "FROM gemrecon_keys WHERE key = $1 FOR UPDATE") {
+				r.t.Fatalf("the child waits for the lock of %s in a statement that is not retry's read of the row: %s", l.key, query)
 			}
 			return l, pid
 		}

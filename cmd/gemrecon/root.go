@@ -159,6 +159,7 @@ line) runs until it succeeds, and never again once it is done.`,
 		a.listCommand(),
 		a.statsCommand(),
 		a.retryCommand(),
+		a.rerunCommand(),
 		a.purgeCommand(),
 		a.drainCommand(),
 		a.pollCommand(),
@@ -195,7 +196,7 @@ func envOr(name, def string) string {
 // (version, completion, emulator, webhooks, demo with its own database) run
 // whatever --db or GEMRECON_DB says.
 var opensDB = map[string]bool{"status": true, "list": true, "stats": true, "retry": true,
-	"purge": true, "drain": true, "poll": true, "serve": true, "init": true}
+	"purge": true, "drain": true, "poll": true, "serve": true, "init": true, "rerun": true}
 
 // setup validates the global flags and builds the logger. --db is checked
 // only for a command that opens it.

@@ -94,6 +94,7 @@ var scriptCmds = map[string]func(ts *testscript.TestScript, neg bool, args []str
 	"fakeapi":    cmdFakeAPI,
 	"jsonlines":  cmdJSONLines,
 	"jsonfields": cmdJSONFields,
+	"jsonis":     cmdJSONIs,
 	"pgschema":   cmdPGSchema,
 }
 
@@ -275,6 +276,36 @@ func cmdJSONFields(ts *testscript.TestScript, neg bool, args []string) {
 		if _, ok := m[f]; !ok {
 			ts.Fatalf("%s has no field %q", args[0], f)
 		}
+	}
+}
+
+// jsonis stdout|stderr|FILE PATH WANT fails unless the JSON value at PATH
+// (dot-separated object fields and array indexes: history.0.outcome) is
+// WANT, written as fmt prints it (a number without quotes).
+func cmdJSONIs(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 3 {
+		ts.Fatalf("usage: jsonis stdout|stderr|FILE PATH WANT")
+	}
+	var v any
+	if err := json.Unmarshal([]byte(ts.ReadFile(args[0])), &v); err != nil {
+		ts.Fatalf("%s is not JSON: %v", args[0], err)
+	}
+	for _, step := range strings.Split(args[1], ".") {
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[step]
+		case []any:
+			i, err := strconv.Atoi(step)
+			if err != nil || i < 0 || i >= len(x) {
+				ts.Fatalf("%s: no element %q of an array of %d", args[1], step, len(x))
+			}
+			v = x[i]
+		default:
+			ts.Fatalf("%s: %q is not inside an object or array", args[1], step)
+		}
+	}
+	if got := fmt.Sprint(v); got != args[2] {
+		ts.Fatalf("%s at %s = %s, want %s", args[0], args[1], got, args[2])
 	}
 }
 

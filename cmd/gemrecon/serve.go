@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gemrecon/gemrecon/dispatch"
-	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
@@ -31,6 +31,8 @@ type serveOptions struct {
 	secretFile string
 	insecure   bool
 	maxBody    int64
+	maxUnver   int64
+	maxConns   int
 	syncMode   bool
 	syncWait   time.Duration
 	pollEvery  time.Duration
@@ -66,6 +68,8 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation; serve warns when its group or others may read it); or set GEMRECON_WEBHOOK_SECRET")
 	f.BoolVar(&o.insecure, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
 	f.Int64Var(&o.maxBody, "max-body", def.MaxBody, "largest accepted body in bytes (larger: 413)")
+	f.Int64Var(&o.maxUnver, "max-unverified-bytes", def.MaxUnverified, "bytes of bodies read but not yet verified, over all requests; a request that would go over gets 503 with Retry-After before its body is read")
+	f.IntVar(&o.maxConns, "max-connections", def.MaxConns, fmt.Sprintf("open connections kept; %d more answer only /healthz, /readyz and /metrics", webhook.ProbeConns))
 	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
 	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
@@ -102,6 +106,16 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	}
 	cfg.Secrets, cfg.InsecureNoVerify = secrets, o.insecure
 	cfg.Path, cfg.MaxBody, cfg.Sync, cfg.SyncWait = o.path, o.maxBody, o.syncMode, o.syncWait
+	cfg.MaxUnverified, cfg.MaxConns = o.maxUnver, o.maxConns
+	// Where the secrets came from, never their values, for the line that
+	// logs refused signatures.
+	from := webhook.SecretEnv
+	if o.secretFile != "" && os.Getenv(webhook.SecretEnv) != "" {
+		from += " and --secret-file " + o.secretFile
+	} else if o.secretFile != "" {
+		from = "--secret-file " + o.secretFile
+	}
+	cfg.SecretSource = fmt.Sprintf("%d from %s", len(secrets), from)
 	cfg.Logger = a.logger
 	if o.dynOn {
 		if cfg.Dynamic, err = a.dynamicVerifier(o.jwksURL, o.audience); err != nil {
@@ -113,7 +127,7 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 		// The variable only sets the key set's address.
 		return cfg, withCode(exitUsage, fmt.Errorf("%w (%s only sets the key set's address: --dynamic turns dynamic verification on)", usage(err), jwksEnv))
 	}
-	return cfg, usage(err)
+	return cfg, usage(err, map[string]string{"MaxUnverified": "--max-unverified-bytes", "MaxConns": "--max-connections"})
 }
 
 // runServe is serve: the receiver, its dispatcher and --poll-every's
@@ -126,9 +140,9 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	var pcfg ingest.PollConfig
+	var pcfg reconcile.PollConfig
 	var plcfg poller.Config
-	if o.pollEvery != 0 { // a negative --poll-every is ingest's error
+	if o.pollEvery != 0 { // a negative --poll-every is reconcile's error
 		if plcfg, err = a.listingPoller(&o.pf); err != nil {
 			return err
 		}
@@ -182,7 +196,7 @@ func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.Conf
 
 // startServe opens the sink, wires the receiver and runs it until ctx is
 // done.
-func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg ingest.PollConfig, api apiSetup) error {
+func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg reconcile.PollConfig, api apiSetup) error {
 	s, err := a.openSink(ctx, o.ef.sinkOptions())
 	if err != nil {
 		return err
@@ -190,12 +204,13 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	defer s.Close()
 	a.warn(api)
 	m := metrics.New(s)
-	d, err := a.dispatcher(dcfg, s, m.Observer(), api)
+	dcfg.Command = "serve"
+	d, err := a.dispatcher(dcfg, s, m, api)
 	if err != nil {
 		return err
 	}
-	wcfg.Sink, wcfg.Dispatcher, wcfg.Metrics = s, d, m
-	h, err := webhook.NewHandler(wcfg)
+	wcfg.Dispatcher, wcfg.Metrics = d, m
+	h, err := serve.Receiver(wcfg, s)
 	if err != nil {
 		return usage(err)
 	}
@@ -209,7 +224,7 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
 			return err
 		}
-		sc.OnPass = func(r ingest.Result) {
+		sc.OnPass = func(r reconcile.Result) {
 			a.printSummary(r)
 			if err := r.Err(); err != nil && ctx.Err() == nil {
 				a.logger.Error("poll pass failed; the next pass retries", "err", err)

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/user"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,9 +19,12 @@ import (
 	"github.com/gemrecon/gemrecon/sink/dial"
 )
 
-// retryOptions are the flags of retry.
+// retryOptions are the flags of retry and rerun.
 type retryOptions struct {
-	allDead bool
+	sink.RetryOptions
+	allDead           bool
+	since, until, src string // rerun: done keys by their done time and first source
+	yes               bool   // rerun: more than one key
 }
 
 func (a *app) retryCommand() *cobra.Command {
@@ -28,18 +34,21 @@ func (a *app) retryCommand() *cobra.Command {
 		Short: "Send dead completions back to pending, due now",
 		Long:  retryLong,
 		Example: `  gemrecon retry batches/abc123
+  gemrecon retry --without-results batches/abc123   # its results expired: run the effect without them
   gemrecon retry --all-dead && gemrecon drain --exec ./publish.sh`,
 		RunE: func(cmd *cobra.Command, args []string) error { return a.runRetry(cmd.Context(), &o, args) },
 	}
 	cmd.Flags().BoolVar(&o.allDead, "all-dead", false, "retry every dead key")
+	cmd.Flags().BoolVar(&o.WithoutResults, "without-results", false, "run the effect without the batch's results (they expired: dead reason results_expired)")
 	return cmd
 }
 
 const retryLong = `Move dead keys back to pending, due now, so that the next poll, drain or
 serve worker runs their effect again. Their history (attempts, last error) is
-kept. A key given by name that is not dead is left alone and reported
-(exit 1); for an unknown bare id (x) the report names the recorded batches/x
-(or batchPredictionJobs/x, operations/x) it may have meant.
+kept, and the retry is added to it with who asked. A key given by name that is
+not dead is left alone and reported (exit 1); for an unknown bare id (x) the
+report names the recorded batches/x (or batchPredictionJobs/x, operations/x)
+it may have meant.
 
 --all-dead sends back every key it lists as dead and ends with how many it
 sent back. A listed key that is no longer dead when its turn comes (another
@@ -47,6 +56,66 @@ retry, a worker or a purge changed it after the listing) is skipped: its
 line says so and what it is now, the summary counts it apart, and it is no
 error (exit 0). A database error is exit 1, after the summary of what was
 sent back before it.`
+
+func (a *app) rerunCommand() *cobra.Command {
+	o := retryOptions{RetryOptions: sink.RetryOptions{Rerun: true}}
+	cmd := &cobra.Command{
+		Use:   "rerun KEY-OR-NAME... | --done-since T [--done-until T] [--source S]",
+		Short: "Run the effect of done completions once more, on purpose",
+		Long: `Send done keys back to pending, due now, so that their effect runs once
+more: the one way a done completion runs again (design §1, §7). The attempt
+budget restarts and the next claim takes the next fencing token; the effect
+is told it is a rerun ("rerun": true in the event document,
+GEMRECON_RERUN=1, @rerun for --sql), and status shows who asked and when.
+Keys by name, or every key done between --done-since and --done-until (RFC
+3339 times; until defaults to now), optionally first seen by --source (poll
+or webhook). More than one key needs --yes: without it rerun prints what it
+would do and changes nothing. A key that is unknown or not done is reported
+(exit 1).`,
+		Example: `  gemrecon rerun batches/abc123
+  gemrecon rerun --done-since 2026-12-01T00:00:00Z --source webhook          # prints what it would do
+  gemrecon rerun --done-since 2026-12-01T00:00:00Z --source webhook --yes`,
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runRetry(cmd.Context(), &o, args) },
+	}
+	cmd.Flags().StringVar(&o.since, "done-since", "", "rerun the keys done at or after this time (RFC 3339)")
+	cmd.Flags().StringVar(&o.until, "done-until", "", "with --done-since: and before this time (RFC 3339; default now)")
+	cmd.Flags().StringVar(&o.src, "source", "", "with --done-since: only keys first seen by this source (poll or webhook)")
+	cmd.Flags().BoolVar(&o.yes, "yes", false, "rerun more than one key (without it, print what would be done)")
+	return cmd
+}
+
+// whoAsked names the operator of a retry or rerun for the key's history.
+func whoAsked() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+// doneBetween lists the done keys of rerun's --done-since, --done-until and
+// --source.
+func doneBetween(ctx context.Context, s sink.Sink, o *retryOptions) ([]string, error) {
+	since, err := time.Parse(time.RFC3339, o.since)
+	if err != nil {
+		return nil, usageError("--done-since %q: want an RFC 3339 time such as 2026-12-01T00:00:00Z", o.since)
+	}
+	until := time.Now()
+	if o.until != "" {
+		if until, err = time.Parse(time.RFC3339, o.until); err != nil {
+			return nil, usageError("--done-until %q: want an RFC 3339 time such as 2026-12-02T00:00:00Z", o.until)
+		}
+	}
+	done, err := s.List(ctx, sink.ListOptions{State: sink.StateDone})
+	var keys []string
+	for _, e := range done {
+		if !e.DoneAt.Before(since) && e.DoneAt.Before(until) && (o.src == "" || e.FirstSource == o.src) {
+			keys = append(keys, e.Key)
+		}
+	}
+	return keys, err
+}
 
 // retryKeys are the canonical keys of the arguments, and for those typed as
 // a key whose canonical form differs, the key exactly as typed (spec §12).
@@ -65,9 +134,22 @@ func retryKeys(args []string) (keys []string, exact map[string]string, err error
 	return keys, exact, nil
 }
 
-// runRetry does the work of retry.
+// runRetry does the work of retry and rerun.
 func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) error {
-	if o.allDead == (len(args) > 0) {
+	verb, byList := "retried", o.allDead
+	if o.Rerun {
+		verb, byList = "rerun", o.since != ""
+		if o.since == "" && (o.until != "" || o.src != "") {
+			return usageError("--done-until and --source go with --done-since")
+		}
+		if o.src != "" && o.src != sink.SourcePoll && o.src != sink.SourceWebhook {
+			return usageError("--source %q: want poll or webhook", o.src)
+		}
+	}
+	if byList == (len(args) > 0) {
+		if o.Rerun {
+			return usageError("give one or more keys, or --done-since (not both)")
+		}
 		return usageError("give one or more keys, or --all-dead (not both)")
 	}
 	keys, exact, err := retryKeys(args)
@@ -79,14 +161,38 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 		return err
 	}
 	defer s.Close()
+	o.By = whoAsked()
 	if o.allDead {
-		return a.retryAllDead(ctx, s)
+		return a.retryAllDead(ctx, s, o.RetryOptions)
+	}
+	if o.Rerun && byList {
+		if keys, err = doneBetween(ctx, s, o); err != nil {
+			return err
+		}
+	}
+	if o.Rerun && len(keys) > 1 && !o.yes {
+		n := 0
+		for _, k := range keys {
+			switch e, err := s.Get(ctx, k); {
+			case errors.Is(err, sink.ErrNotFound):
+				fmt.Fprintf(a.stdout, "%s: unknown, would be left alone\n", printable(k))
+			case err != nil:
+				return err
+			case e.State != sink.StateDone:
+				fmt.Fprintf(a.stdout, "%s: %s, not done: would be left alone\n", printable(k), e.State)
+			default:
+				n++
+				fmt.Fprintf(a.stdout, "%s: would be rerun\n", printable(k))
+			}
+		}
+		fmt.Fprintf(a.stdout, "%d key(s) would be rerun: add --yes to rerun them\n", n)
+		return nil
 	}
 	var failed, never int
 	for _, k := range keys {
-		err := s.Retry(ctx, k)
+		err := s.Retry(ctx, k, o.RetryOptions)
 		if as, ok := exact[k]; ok && errors.Is(err, sink.ErrNotFound) {
-			if err = s.Retry(ctx, as); !errors.Is(err, sink.ErrNotFound) {
+			if err = s.Retry(ctx, as, o.RetryOptions); !errors.Is(err, sink.ErrNotFound) {
 				k = as
 			}
 		}
@@ -101,7 +207,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 		switch {
 		case err == nil:
 			fmt.Fprintf(a.stdout, "%s: pending, due now\n", printable(k))
-		case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead):
+		case errors.Is(err, sink.ErrNotFound), errors.Is(err, sink.ErrNotDead), errors.Is(err, sink.ErrNotDone):
 			failed++
 			// sink.KeyText: quoted and cut short when the key is one
 			// spec §12 refuses (the sink's text names it again).
@@ -114,9 +220,9 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 	case never > 0:
 		// A name that spec §12 refuses and that is not stored can never
 		// be retried: a usage error, as status says of it (exit 2).
-		return usageError("%d of %d key(s) could not be retried (%d of them names that no key can have)", failed, len(keys), never)
+		return usageError("%d of %d key(s) could not be %s (%d of them names that no key can have)", failed, len(keys), verb, never)
 	case failed > 0:
-		return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be retried", failed, len(keys)))
+		return withCode(exitFatal, fmt.Errorf("%d of %d key(s) could not be %s", failed, len(keys), verb))
 	}
 	return nil
 }
@@ -128,7 +234,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 // for. The summary counts the keys this run actually sent back, and the
 // skipped ones apart. A database error ends the run (exit 1) after saying
 // how many were sent back before it.
-func (a *app) retryAllDead(ctx context.Context, s sink.Sink) error {
+func (a *app) retryAllDead(ctx context.Context, s sink.Sink, ro sink.RetryOptions) error {
 	dead, err := s.List(ctx, sink.ListOptions{State: sink.StateDead})
 	if err != nil {
 		return err
@@ -145,7 +251,7 @@ func (a *app) retryAllDead(ctx context.Context, s sink.Sink) error {
 		fmt.Fprintln(a.stdout, line)
 	}
 	for _, e := range dead {
-		err := s.Retry(ctx, e.Key)
+		err := s.Retry(ctx, e.Key, ro)
 		if errors.Is(err, sink.ErrNotDead) || errors.Is(err, sink.ErrNotFound) {
 			// The sink's error carries the state only as text: Get says
 			// what the key is now.
@@ -234,19 +340,14 @@ func (a *app) runPurge(ctx context.Context, o *purgeOptions) error {
 	if dial.IsPostgres(a.db) {
 		clock = "the PostgreSQL server's clock"
 	}
-	if dir == nil {
-		n, err := s.Purge(ctx, o.req.OlderThan)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v by %s\n", n, o.req.OlderThan, clock)
-		return nil
-	}
-	keys, err := s.PurgeKeys(ctx, o.req.OlderThan)
+	keys, err := s.Purge(ctx, o.req.OlderThan)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(a.stdout, "purged %d done key(s) older than %v by %s\n", len(keys), o.req.OlderThan, clock)
+	if dir == nil {
+		return nil
+	}
 	return a.removeResults(dir, keys)
 }
 

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/webhook"
 )
@@ -68,6 +70,9 @@ func webhooksAPI(t *testing.T) *geminifake.Server {
 	t.Helper()
 	t.Setenv("GEMINI_API_KEY", testAPIKey)
 	t.Setenv("GOOGLE_API_KEY", "")
+	// The stand-in serves the WebhookService on v1beta only, as the API
+	// does: every webhooks test shows that this cannot move the version.
+	t.Setenv("GOOGLE_GENAI_API_VERSION", "v1")
 	return fakeAPI(t)
 }
 
@@ -116,7 +121,7 @@ func TestWebhooksCreateListPingDelete(t *testing.T) {
 	}
 	held := api.Webhooks().All()
 	if len(held) != 1 || held[0].ID != id || held[0].Secrets[0].Secret != secret || held[0].Name != "nightly" ||
-		strings.Join(held[0].SubscribedEvents, ",") != "batch.succeeded,batch.failed,batch.expired" {
+		strings.Join(held[0].SubscribedEvents, ",") != "batch.succeeded,batch.failed,batch.expired,batch.cancelled" {
 		t.Fatalf("the API holds %+v; create printed id %s", held, id)
 	}
 
@@ -126,7 +131,7 @@ func TestWebhooksCreateListPingDelete(t *testing.T) {
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ID") {
 		t.Fatalf("list: %q", r.stdout)
 	}
-	for _, want := range []string{id, "nightly", "enabled", "batch.succeeded,batch.failed,batch.expired", rc.srv.URL + "/webhook"} {
+	for _, want := range []string{id, "nightly", "enabled", "batch.succeeded,batch.failed,batch.expired,batch.cancelled", rc.srv.URL + "/webhook"} {
 		if !strings.Contains(lines[1], want) {
 			t.Errorf("list row %q lacks %q", lines[1], want)
 		}
@@ -146,7 +151,7 @@ func TestWebhooksCreateListPingDelete(t *testing.T) {
 		} `json:"signing_secrets"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil || len(listed) != 1 || listed[0].ID != id ||
-		listed[0].State != "enabled" || len(listed[0].SubscribedEvents) != 3 || len(listed[0].SigningSecrets) != 1 {
+		listed[0].State != "enabled" || len(listed[0].SubscribedEvents) != 4 || len(listed[0].SigningSecrets) != 1 {
 		t.Fatalf("list --json = %s (err %v)", r.stdout, err)
 	}
 
@@ -583,5 +588,67 @@ func TestWebhooksWithServe(t *testing.T) {
 	}
 	if lines := readLines(t, log); strings.Join(lines, ",") != "gemini:batches/e2e1,gemini:batches/e2e2" {
 		t.Fatalf("effects ran for %q", lines)
+	}
+}
+
+// A webhook the API disabled after failed deliveries shows its state in
+// list, with what to do; enable brings it back (PATCH, update_mask state),
+// and the next completion — a cancelled batch, which the default
+// subscriptions include — is delivered.
+func TestWebhooksEnableAfterFailedDeliveries(t *testing.T) {
+	api := webhooksAPI(t)
+	ws := api.Webhooks()
+	noWait := func(context.Context, time.Duration) error { return nil }
+	if err := ws.SetOptions(geminifake.WebhookOptions{MaxAttempts: 2, Sleep: noWait}); err != nil {
+		t.Fatal(err)
+	}
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL + "/webhook"
+	dead.Close() // connection refused from now on
+	r := gemrecon(t, wh(api, "create", "--url", deadURL)...)
+	wantCode(t, r, exitOK)
+	id := match(t, idLine, r.stdout)
+	api.Add(geminifake.Batch{Name: "batches/lost", State: "FAILED"})
+	idleDeliveries(t, api)
+	r = gemrecon(t, wh(api, "list")...)
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "disabled_due_to_failed_deliveries") || !strings.Contains(r.stderr, "gemrecon webhooks enable "+id) {
+		t.Fatalf("list of a disabled webhook: %v", r)
+	}
+
+	rc := newHookReceiver(t)
+	fixed := rc.srv.URL + "/webhook"
+	if _, err := ws.Update(id, geminifake.WebhookUpdate{URI: &fixed}); err != nil {
+		t.Fatal(err)
+	}
+	r = gemrecon(t, wh(api, "enable", id)...)
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "enabled webhook "+id) {
+		t.Errorf("enable: %v", r)
+	}
+	if got, err := ws.Get(id); err != nil || got.State != geminifake.WebhookEnabled {
+		t.Fatalf("after enable the API holds %+v, %v", got, err)
+	}
+	api.Add(geminifake.Batch{Name: "batches/stopped", State: "CANCELLED"})
+	idleDeliveries(t, api)
+	_, body := rc.last(t)
+	var ev struct{ Type string }
+	if err := json.Unmarshal(body, &ev); err != nil || ev.Type != "batch.cancelled" {
+		t.Fatalf("delivered %s (%v), want batch.cancelled", body, err)
+	}
+	r = gemrecon(t, wh(api, "enable", "nope")...)
+	wantCode(t, r, exitFatal)
+	if !strings.Contains(r.stderr, "404") {
+		t.Errorf("enable of an unknown webhook: %v", r)
+	}
+}
+
+// A panic in a webhooks command (the SDK's client on an answer it cannot
+// map) is an error naming it, exit 1, never a crash.
+func TestWebhooksPanicIsExit1(t *testing.T) {
+	cmd := &cobra.Command{Use: "probe"}
+	err := contained(func(*cobra.Command, []string) error { panic("interface conversion: string, not map") })(cmd, nil)
+	if err == nil || !strings.Contains(err.Error(), "interface conversion") || exitCode(err) != exitFatal {
+		t.Fatalf("err = %v, want exit %d naming the panic", err, exitFatal)
 	}
 }

@@ -20,7 +20,7 @@ import (
 // (without the @), in the order of spec §4. Params binds all of them.
 func ParamNames() []string {
 	return []string{"key", "name", "state", "source", "token", "attempt", "operation",
-		"batch_state", "confirmed", "results_file", "webhook"}
+		"batch_state", "confirmed", "results_file", "webhook", "rerun"}
 }
 
 // Script is the --sql effect's script (spec §4), checked: the sink runs it
@@ -37,8 +37,8 @@ type Script struct {
 // Load reads and checks a script file at start-up. Errors name the file
 // and say what is wrong: an unreadable or empty file, an unterminated
 // literal or comment, a parameter other than @key, @name, @state, @source,
-// @token, @attempt, @operation, @batch_state, @confirmed, @results_file
-// and @webhook (an @ inside a string literal, a quoted identifier or a
+// @token, @attempt, @operation, @batch_state, @confirmed, @results_file,
+// @webhook and @rerun (an @ inside a string literal, a quoted identifier or a
 // comment is not a parameter), a positional or other-style
 // parameter (?, ?1, :name, $1, $name), or a statement that would end the
 // transaction (BEGIN, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE,
@@ -99,8 +99,8 @@ func (q *Script) Uses() []string { return append([]string(nil), q.uses...) }
 // NULL when none was recorded (cast it on PostgreSQL: @operation::jsonb; on
 // SQLite use the JSON functions, json_extract(@operation, '$.name')),
 // batch_state (text), confirmed (a boolean; 1 or 0 on SQLite), results_file
-// (text, ” when none) and webhook (the first webhook body's JSON text, or
-// NULL) (spec §9.3).
+// (text, ” when none), webhook (the first webhook body's JSON text, or
+// NULL) (spec §9.3) and rerun (a boolean: an operator's rerun, spec §7).
 func (q *Script) Params(ev effect.Event) map[string]any {
 	var op, hook any
 	if len(ev.Operation) > 0 {
@@ -121,6 +121,7 @@ func (q *Script) Params(ev effect.Event) map[string]any {
 		"confirmed":    ev.Confirmed,
 		"results_file": ev.ResultsFile,
 		"webhook":      hook,
+		"rerun":        ev.Rerun,
 	}
 }
 

@@ -55,7 +55,7 @@ func TestParseRejects(t *testing.T) {
 	}{
 		{``, "no SQL statements"},
 		{"  -- nothing\n/* at all */ ;", "no SQL statements"},
-		{`INSERT INTO t VALUES (@invoice)`, "unknown parameter @invoice at line 1 (known: @key, @name, @state, @source, @token, @attempt, @operation, @batch_state, @confirmed, @results_file, @webhook)"},
+		{`INSERT INTO t VALUES (@invoice)`, "unknown parameter @invoice at line 1 (known: @key, @name, @state, @source, @token, @attempt, @operation, @batch_state, @confirmed, @results_file, @webhook, @rerun)"},
 		{"SELECT 1;\nSELECT @key, @Key", "unknown parameter @Key at line 2"},
 		{`SELECT ?`, "positional parameter ?"},
 		{`SELECT ?1`, "positional parameter ?1"},
@@ -127,7 +127,7 @@ func TestParams(t *testing.T) {
 		ResultsFile: "/r/a.jsonl", Webhook: json.RawMessage(`{"type":"batch.succeeded"}`)}
 	want := map[string]any{"key": "gemini:batches/a", "name": "batches/a", "state": "JOB_STATE_SUCCEEDED", "source": "webhook",
 		"token": int64(7), "attempt": int64(2), "operation": `{"name":"batches/a"}`,
-		"batch_state": "SUCCEEDED", "confirmed": true, "results_file": "/r/a.jsonl", "webhook": `{"type":"batch.succeeded"}`}
+		"batch_state": "SUCCEEDED", "confirmed": true, "results_file": "/r/a.jsonl", "webhook": `{"type":"batch.succeeded"}`, "rerun": false}
 	if got := q.Params(ev); !reflect.DeepEqual(got, want) {
 		t.Errorf("Params(%+v) = %v, want %v", ev, got, want)
 	}

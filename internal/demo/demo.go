@@ -2,7 +2,7 @@
 // starts the emulator (internal/emulator: the Gemini API stand-in with its
 // WebhookService and key set) and the very wiring of serve — the sink, the
 // dispatcher with confirmation and results (dispatch), the receiver
-// (webhook.NewHandler, run by package serve) — and of poll (ingest.Poll),
+// (serve.Receiver, run by package serve) — and of poll (reconcile.Poll),
 // then tells what happened to five batches whose completions arrive by
 // signed webhook, twice, or not at all, and are seen again by a poll pass:
 // each runs its effect once. Everything it starts is stopped before Run
@@ -29,11 +29,11 @@ import (
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
-	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/emulator"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/sink"
@@ -255,7 +255,7 @@ func (r *run) startServe(ctx context.Context, ln net.Listener) error {
 	r.metrics = metrics.New(r.sink)
 	dc := dispatch.DefaultConfig()
 	dc.Sink, dc.Effect, dc.Lease, dc.EffectTimeout, dc.Grace = r.sink, r.eff, 30*time.Second, 10*time.Second, 5*time.Second
-	dc.Logger, dc.Observer, dc.Confirm, dc.API, dc.Results = r.log, r.metrics.Observer(), true, r.poller, dir
+	dc.Logger, dc.Observer, dc.Confirm, dc.API, dc.Results = r.log, r.metrics, true, r.poller, dir
 	dc.RecheckBase, dc.RecheckMax, dc.DownloadTimeout = 100*time.Millisecond, time.Second, time.Minute
 	if r.disp, err = dispatch.New(dc); err != nil {
 		return err
@@ -265,8 +265,8 @@ func (r *run) startServe(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	wc := webhook.DefaultConfig()
-	wc.Sink, wc.Secrets, wc.Dynamic, wc.Dispatcher, wc.Metrics, wc.Logger = r.sink, []string{r.secret}, dyn, r.disp, r.metrics, r.log
-	h, err := webhook.NewHandler(wc)
+	wc.Secrets, wc.Dynamic, wc.Dispatcher, wc.Metrics, wc.Logger = []string{r.secret}, dyn, r.disp, r.metrics, r.log
+	h, err := serve.Receiver(wc, r.sink)
 	if err != nil {
 		return err
 	}
@@ -327,8 +327,8 @@ func (r *run) finishBatches(ctx context.Context) error {
 // every completion again.
 func (r *run) pollPass(ctx context.Context) error {
 	r.say("poll pass: listing batches through the genai SDK (pages of 2), as `gemrecon poll` does")
-	loop, err := ingest.NewPoll(ingest.PollConfig{Sink: r.sink, Poller: r.poller, Dispatcher: r.disp, Metrics: r.metrics,
-		FullScanEvery: ingest.DefaultFullScanEvery, PassLease: ingest.DefaultPassLease, Logger: r.log})
+	loop, err := reconcile.NewPoll(reconcile.PollConfig{Sink: r.sink, Poller: r.poller, Dispatcher: r.disp, Metrics: r.metrics,
+		FullScanEvery: reconcile.DefaultFullScanEvery, PassLease: reconcile.DefaultPassLease, Logger: r.log})
 	if err != nil {
 		return err
 	}

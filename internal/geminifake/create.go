@@ -1,7 +1,7 @@
 package geminifake
 
 // batches.create as the Gemini API serves it to the SDK's Batches.Create
-// (google.golang.org/genai v1.77.0, batches.go: create,
+// (google.golang.org/genai v1.79.1, batches.go: create,
 // createBatchJobParametersToMldev, batchJobSourceToMldev,
 // createBatchJobConfigToMldev):
 //
@@ -10,6 +10,8 @@ package geminifake
 //	          "inputConfig":{"fileName":"files/…"} | {"requests":{"requests":[{"request":{…},"metadata":{…}}]}},
 //	          "webhookConfig":{"uris":[…],"userMetadata":{…}}}}
 //
+// and POST /v1beta/{model}:asyncBatchEmbedContent (Batches.CreateEmbeddings:
+// an embedding batch, metadata @type EmbedContentBatch, same body shape),
 // answered with the new batch's long-running operation (PENDING), which the
 // SDK reads with batchJobFromMldev. The fake only records the batch; what
 // happens to it next is the caller's (SetCreateHook: the emulator schedules
@@ -17,6 +19,7 @@ package geminifake
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"io"
@@ -80,8 +83,9 @@ type createBody struct {
 		DisplayName string `json:"displayName"`
 		Model       string `json:"model"`
 		InputConfig *struct {
-			FileName string `json:"fileName"`
-			Requests *struct {
+			FileName      string `json:"fileName"`
+			EmbedFileName string `json:"file_name"` // the SDK's spelling for an embedding batch
+			Requests      *struct {
 				Requests []struct {
 					Request  json.RawMessage   `json:"request"`
 					Metadata map[string]string `json:"metadata"`
@@ -100,8 +104,12 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	model, ok := strings.CutSuffix(rest, ":batchGenerateContent")
+	typ := ""
 	if !ok {
-		return false
+		if model, ok = strings.CutSuffix(rest, ":asyncBatchEmbedContent"); !ok {
+			return false
+		}
+		typ = "EmbedContentBatch"
 	}
 	if r.Method != http.MethodPost {
 		writeError(w, http.StatusMethodNotAllowed, "batchGenerateContent: want POST")
@@ -123,7 +131,7 @@ func (s *Server) serveCreate(w http.ResponseWriter, r *http.Request) bool {
 	b := Batch{
 		Name: GeminiName(newID(10)), State: "BATCH_STATE_PENDING", DisplayName: req.DisplayName, Model: model,
 		CreateTime: now, UpdateTime: now, RequestCount: int64(len(req.Requests)),
-		WebhookConfig: req.WebhookConfig.Clone(),
+		WebhookConfig: req.WebhookConfig.Clone(), Type: typ,
 	}
 	s.Add(b)
 	s.mu.Lock()
@@ -171,6 +179,9 @@ func parseCreate(r *http.Request, model string) (CreateRequest, error) {
 	}
 	out := CreateRequest{Model: model, DisplayName: b.DisplayName, WebhookConfig: b.WebhookConfig.Clone()}
 	ic := b.InputConfig
+	if ic != nil {
+		ic.FileName = cmp.Or(ic.FileName, ic.EmbedFileName)
+	}
 	hasFile := ic != nil && ic.FileName != ""
 	hasRequests := ic != nil && ic.Requests != nil
 	if hasFile == hasRequests {

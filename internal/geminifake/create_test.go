@@ -13,7 +13,7 @@ import (
 	"github.com/gemrecon/gemrecon/internal/genaitest"
 )
 
-// Batches.Create through the SDK v1.77.0, inline and file sources with a
+// Batches.Create through the SDK v1.79.1, inline and file sources with a
 // webhookConfig: the request is read as the SDK sends it, the answer is the
 // PENDING operation the SDK maps, the hook sees the request, and the batch
 // is listed and fetched afterwards.

@@ -17,6 +17,7 @@ package geminifake
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -135,6 +136,15 @@ type Batch struct {
 	// WebhookConfig, when set, is the batch's per-job (dynamic) webhook
 	// configuration (dynamic.go).
 	WebhookConfig *WebhookConfig `json:"webhookConfig,omitempty"`
+	// Type is the Gemini operation's metadata @type after
+	// "…generativelanguage.v1main.": "" for GenerateContentBatch,
+	// EmbedContentBatch (asyncBatchEmbedContent), or any other name.
+	Type string `json:"type,omitempty"`
+	// Raw, when set, is rendered as the operation instead of the fields
+	// above (list and get alike; Name still places it): a shape the API
+	// may send and the SDK cannot map, such as null or a metadata.output
+	// that is a string.
+	Raw json.RawMessage `json:"raw,omitempty"`
 }
 
 // GeminiName returns the Gemini API name of the batch with this id.
@@ -609,6 +619,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, f *Fault) {
 		_, _ = w.Write([]byte(f.Body))
 		return
 	}
+	// Batches and files are served on v1 too (the SDK's default from
+	// v1.78.0); the WebhookService is on v1beta only, as on the API.
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/"); ok && !strings.HasPrefix(rest, "webhooks") {
+		r.URL.Path, r.URL.RawPath = "/v1beta/"+rest, ""
+	}
 	if s.serveWebhooks(w, r) { // webhooks.go
 		return
 	}
@@ -844,10 +859,7 @@ type geminiResponse struct {
 	InlinedResponses *geminiInlined `json:"inlinedResponses,omitempty"`
 }
 
-const (
-	geminiMetaType = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
-	geminiRespType = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput"
-)
+const typePrefix = "type.googleapis.com/google.ai.generativelanguage.v1main."
 
 func optTS(t time.Time) string {
 	if t.IsZero() {
@@ -877,9 +889,13 @@ func vertexState(s string) string {
 
 // renderGemini renders a batch as the Gemini API's long-running operation.
 func (s *Server) renderGemini(b Batch) any {
+	if b.Raw != nil {
+		return b.Raw
+	}
 	short := ShortState(b.State)
+	typ := cmp.Or(b.Type, "GenerateContentBatch")
 	op := geminiOp{Name: b.Name, Metadata: geminiMeta{
-		Type: geminiMetaType, Model: b.Model, DisplayName: b.DisplayName, Name: b.Name,
+		Type: typePrefix + typ, Model: b.Model, DisplayName: b.DisplayName, Name: b.Name,
 		CreateTime: optTS(b.CreateTime), EndTime: optTS(b.EndTime), UpdateTime: optTS(b.UpdateTime),
 		State: geminiState(b.State),
 	}}
@@ -896,7 +912,7 @@ func (s *Server) renderGemini(b Batch) any {
 				in = &geminiInlined{b.InlinedResponses}
 			}
 			op.Metadata.Output = &geminiOutput{b.ResponsesFile, in}
-			op.Response = &geminiResponse{Type: geminiRespType, ResponsesFile: b.ResponsesFile, InlinedResponses: in}
+			op.Response = &geminiResponse{Type: typePrefix + typ + "Output", ResponsesFile: b.ResponsesFile, InlinedResponses: in}
 		}
 	}
 	return op

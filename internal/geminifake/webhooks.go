@@ -1,7 +1,7 @@
 package geminifake
 
 // The WebhookService of the Gemini API (static webhooks, registered per
-// project), in the shapes the Go SDK v1.77.0 sends and reads
+// project), in the shapes the Go SDK v1.79.1 sends and reads
 // (google.golang.org/genai/interactions, webhooks.go and
 // models/webhooks): snake_case JSON, paths under /v1beta/webhooks, the
 // verbs ":ping" and ":rotateSigningSecret". The delivery of events to the

@@ -42,7 +42,7 @@ func createHook(t *testing.T, c *genai.Client, uri string, events ...webhooks.We
 	return res.Webhook
 }
 
-// Every WebhookService method through the SDK v1.77.0: paths, methods, JSON
+// Every WebhookService method through the SDK v1.79.1: paths, methods, JSON
 // names and response shapes are the SDK's.
 func TestWebhookServiceThroughSDK(t *testing.T) {
 	s, base := start(t, Options{APIKey: whKey})

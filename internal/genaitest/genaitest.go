@@ -11,11 +11,12 @@ import (
 	"google.golang.org/genai"
 )
 
-// Client returns an SDK client of the Gemini API at baseURL with apiKey.
+// Client returns an SDK client of the Gemini API at baseURL with apiKey,
+// on v1beta as gemrecon's own clients (the WebhookService is there only).
 func Client(t testing.TB, baseURL, apiKey string) *genai.Client {
 	t.Helper()
 	c, err := genai.NewClient(context.Background(), &genai.ClientConfig{
-		APIKey: apiKey, Backend: genai.BackendGeminiAPI, HTTPOptions: genai.HTTPOptions{BaseURL: baseURL},
+		APIKey: apiKey, Backend: genai.BackendGeminiAPI, HTTPOptions: genai.HTTPOptions{BaseURL: baseURL, APIVersion: "v1beta"},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 	"github.com/gemrecon/gemrecon/webhook"
@@ -37,7 +38,7 @@ func TestCheckLoopback(t *testing.T) {
 func TestRunAgainstReceiver(t *testing.T) {
 	ctx := context.Background()
 	s := sqlitetest.OpenTemp(t, sink.Options{})
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{secret}})
+	h, err := serve.Receiver(webhook.Config{Secrets: []string{secret}}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

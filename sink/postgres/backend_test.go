@@ -185,7 +185,7 @@ func TestCompleteOutcomeUnknown(t *testing.T) {
 	ctx := context.Background()
 	key := "gemini:batches/unknown"
 	c := claimedForComplete(ctx, t, s, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)})
-	cctx, dropped := lostReply(t, p)
+	cctx, dropped := lostCommit(t, s, p)
 	if err := s.Complete(cctx, key, c.Token); err != nil {
 		t.Fatalf("Complete with a lost reply = %v, want nil (read back: done)", err)
 	}
@@ -216,7 +216,7 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 	if _, err := s.Claim(ctx, key+"-warm-up", "w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	cctx, dropped := lostReply(t, p)
+	cctx, dropped := lostCommit(t, s, p)
 	c, err := s.Claim(cctx, key, "w", time.Minute)
 	if err != nil {
 		t.Fatalf("Claim with a lost reply = %v, want the claim read back", err)
@@ -286,7 +286,7 @@ func TestClaimDueOutcomeUnknown(t *testing.T) {
 	if cs, err := s.ClaimDue(ctx, "w", time.Minute, 1); err != nil || len(cs) != 1 {
 		t.Fatalf("warm-up ClaimDue = %v, %v", cs, err)
 	}
-	cctx, dropped := lostReply(t, p)
+	cctx, dropped := lostCommit(t, s, p)
 	cs, err := s.ClaimDue(cctx, "w", time.Minute, 10)
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("ClaimDue with a lost reply = %d claims, %v; want 3 read back", len(cs), err)
@@ -349,7 +349,7 @@ func TestSessionSettings(t *testing.T) {
 			s := openDSN(t, tt.dsn, tt.opt, tt.opts...)
 			for name, want := range tt.want {
 				var got string
-				err := s.withConn(context.Background(), func(c *pgx.Conn) error {
+				err := s.pg.withConn(context.Background(), func(c *pgx.Conn) error {
 					return c.QueryRow(context.Background(), `SELECT current_setting($1)`, name).Scan(&got)
 				})
 				if err != nil || got != want {
@@ -380,7 +380,7 @@ func TestMaxConns(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := openDSN(t, tt.dsn, sink.Options{}, tt.opts...)
-			if got := s.pool.Stat().MaxConns(); got != tt.want {
+			if got := s.pg.pool.Stat().MaxConns(); got != tt.want {
 				t.Errorf("Open(%q) MaxConns = %d, want %d", tt.dsn, got, tt.want)
 			}
 			if _, err := s.Get(context.Background(), "gemini:batches/none"); !errors.Is(err, sink.ErrNotFound) {
@@ -408,7 +408,7 @@ func TestDroppedIdleConnection(t *testing.T) {
 			admin := adminConn(t, baseDSN(t))
 			var n int
 			if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
-				WHERE application_name = $1`, s.appName).Scan(&n); err != nil || n != 1 {
+				WHERE application_name = $1`, s.pg.appName).Scan(&n); err != nil || n != 1 {
 				t.Fatalf("terminated %d backends, %v; want 1", n, err)
 			}
 			_, err := s.Get(ctx, "gemini:batches/a")
@@ -440,7 +440,7 @@ func TestFailOutcomeUnknown(t *testing.T) {
 	if _, err := s.Fail(ctx, key, c.Token+100, sink.Failure{Cause: "warm-up"}); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up Fail = %v, want ErrFenced", err)
 	}
-	cctx, dropped := lostReply(t, p)
+	cctx, dropped := lostCommit(t, s, p)
 	st, err := s.Fail(cctx, key, c.Token, sink.Failure{Cause: "exit status 3"})
 	if err != nil || st != sink.StatePending {
 		t.Fatalf("Fail with a lost reply = %v, %v; want pending (read back)", st, err)
@@ -459,12 +459,12 @@ func TestRecordAndClaimOutcomeUnknown(t *testing.T) {
 	ctx := context.Background()
 	sg := sink.Sighting{Key: "gemini:batches/rc-unknown", Source: sink.SourceWebhook, Payload: []byte(`{"a":1}`)}
 	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
-	if _, _, err := s.RecordAndClaim(ctx, sink.Sighting{Key: sg.Key + "-warm-up", Source: sg.Source}, "w", time.Minute); err != nil {
+	if _, _, err := s.RecordAndClaim(ctx, sink.Sighting{Key: sg.Key + "-warm-up", Source: sg.Source}, sink.ClaimRequest{Owner: "w", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	cctx, dropped := lostReply(t, p)
-	r, c, err := s.RecordAndClaim(cctx, sg, "w", time.Minute)
-	if err != nil || !r.New || r.State != sink.StateClaimed || c.Token != 1 || string(c.Payload) != `{"a":1}` {
+	cctx, dropped := lostCommit(t, s, p)
+	r, c, err := s.RecordAndClaim(cctx, sg, sink.ClaimRequest{Owner: "w", Lease: time.Minute})
+	if err != nil || !r.New || r.State != sink.StateClaimed || c == nil || c.Token != 1 || string(c.Payload) != `{"a":1}` {
 		t.Fatalf("RecordAndClaim with a lost reply = %+v, %+v, %v; want new and claimed, read back", r, c, err)
 	}
 	dropped()

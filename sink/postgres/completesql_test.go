@@ -39,10 +39,11 @@ func TestCompleteSQL(t *testing.T) {
 	sinktest.CompleteSQL(t, db)
 }
 
-// What CompleteSQL is on PostgreSQL alone: the token is checked before the
-// script without locking the row, so a takeover can happen while a
-// (stalled) script runs; the done mark after it then matches nothing and
-// everything rolls back.
+// What CompleteSQL is on PostgreSQL alone: the key's row is locked from
+// the token's check to the done mark, so a takeover tried after the lease
+// ran out while a (stalled) script runs waits for the script's transaction,
+// and then finds the key done: the script's writes and the done mark
+// committed once, and nothing was fenced.
 func TestCompleteSQLTakenOverWhileTheScriptRuns(t *testing.T) {
 	ctx := context.Background()
 	db, dsn := pgDB(t)
@@ -52,30 +53,39 @@ func TestCompleteSQLTakenOverWhileTheScriptRuns(t *testing.T) {
 	ts := openDSN(t, dsn, sink.Options{Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	key := "gemini:batches/stalled"
 	c := sinktest.Claimed(t, ts, key)
-	started := make(chan struct{})
 	res := make(chan error, 1)
 	go func() {
-		close(started)
 		res <- ts.CompleteSQL(ctx, c.Key, c.Token, `INSERT INTO effects (key, token, n) VALUES (@key, @token, 1); SELECT pg_sleep(1);`, sinktest.SQLParams(c))
 	}()
-	<-started
-	time.Sleep(200 * time.Millisecond) // inside pg_sleep
-	clock.Add(int64(2 * time.Minute))
-	c2, err := ts.Claim(ctx, key, "b", time.Minute)
-	if err != nil || !c2.Takeover {
-		t.Fatalf("takeover while the script runs = %+v, %v; want a takeover", c2, err)
+	watcher := adminConn(t, dsn)
+	for running := false; !running; time.Sleep(10 * time.Millisecond) { // the script has begun
+		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND strpos(query, 'pg_sleep(1)') > 0
+				AND pid <> pg_backend_pid())`).Scan(&running); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := <-res; !errors.Is(err, sink.ErrFenced) {
-		t.Fatalf("CompleteSQL overtaken by a takeover = %v, want ErrFenced", err)
+	clock.Add(int64(2 * time.Minute))
+	claimed := make(chan error, 1)
+	go func() {
+		_, err := ts.Claim(ctx, key, "b", time.Minute)
+		claimed <- err
+	}()
+	waitForLockWait(ctx, t, watcher, loadMarker, claimed)
+	if err := <-res; err != nil {
+		t.Fatalf("CompleteSQL = %v, want nil", err)
+	}
+	if err := <-claimed; !errors.Is(err, sink.ErrNotClaimable) {
+		t.Fatalf("takeover tried while the script ran = %v, want ErrNotClaimable (done)", err)
 	}
 	var rows int
-	if db.QueryRow(t, `SELECT count(*) FROM effects WHERE key = 'gemini:batches/stalled'`, &rows); rows != 0 {
-		t.Fatalf("effects rows = %d; want 0 (rolled back)", rows)
+	if db.QueryRow(t, `SELECT count(*) FROM effects WHERE key = 'gemini:batches/stalled'`, &rows); rows != 1 {
+		t.Fatalf("effects rows = %d; want 1", rows)
 	}
-	if e, err := ts.Get(ctx, key); err != nil || e.State != sink.StateClaimed || e.Token != c2.Token {
-		t.Fatalf("Get = %+v, %v; want claimed by the takeover", e, err)
+	if e, err := ts.Get(ctx, key); err != nil || e.State != sink.StateDone || e.Token != c.Token {
+		t.Fatalf("Get = %+v, %v; want done with the first claim's token", e, err)
 	}
-	if st, err := ts.Stats(ctx); err != nil || st.Fenced != 1 {
-		t.Fatalf("Stats.Fenced = %d, %v; want 1", st.Fenced, err)
+	if st, err := ts.Stats(ctx); err != nil || st.Fenced != 0 {
+		t.Fatalf("Stats.Fenced = %d, %v; want 0", st.Fenced, err)
 	}
 }

@@ -67,7 +67,7 @@ func TestNoteResultsFencedAfterATakeover(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 		if err := watcher.QueryRow(ctx, `SELECT count(*) = 2 FROM pg_stat_activity
-			WHERE application_name = $1 AND wait_event_type = 'Lock'`, s.appName).Scan(&waiting); err != nil {
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, s.pg.appName).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -61,7 +61,7 @@ func TestPurgeLocksInKeyOrder(t *testing.T) {
 	clk.Advance(2 * time.Hour)
 	var purged []string
 	checkLockOrder(ctx, t, dsn, "DELETE FROM gemrecon_keys", func() (err error) {
-		purged, err = s.PurgeKeys(ctx, time.Hour)
+		purged, err = s.Purge(ctx, time.Hour)
 		return err
 	})
 	if len(purged) != orderKeys {

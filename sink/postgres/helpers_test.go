@@ -86,13 +86,15 @@ func lostReplySink(t *testing.T) (s *Sink, p *tcpproxy.Proxy, dsn string) {
 	return openDSN(t, pdsn, sink.Options{}, WithMaxConns(1)), p, dsn
 }
 
-// lostReply makes p drop the server's replies from now on and returns the
-// context for the one call whose reply is lost (it ends after 300ms);
-// dropped, called after that call, fails the test unless bytes of a reply
-// were dropped (else the test did not exercise a lost reply).
-func lostReply(t *testing.T, p *tcpproxy.Proxy) (ctx context.Context, dropped func()) {
+// lostCommit makes p drop the server's replies from the next COMMIT s
+// sends on, and returns the context for the one call whose commit's answer
+// is lost (it ends after 300ms); dropped, called after that call, fails the
+// test unless bytes of a reply were dropped (else the test did not exercise
+// a lost answer).
+func lostCommit(t *testing.T, s *Sink, p *tcpproxy.Proxy) (ctx context.Context, dropped func()) {
 	t.Helper()
-	p.DropReplies()
+	hook := p.DropReplies
+	s.pg.beforeCommit.Store(&hook)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	t.Cleanup(cancel)
 	return ctx, func() {

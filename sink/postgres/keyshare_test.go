@@ -28,14 +28,24 @@ import (
 // for a lock; it fails the test if done reports first.
 func waitForLockWait(ctx context.Context, t *testing.T, watcher *pgx.Conn, like string, done <-chan error) {
 	t.Helper()
-	for waiting := false; !waiting; {
+	waitForLockWaits(ctx, t, watcher, like, 1, done)
+}
+
+// loadMarker is in the text of the statement that loads and locks a key's
+// row in every write (pgTx.Load).
+const loadMarker = "FROM gemrecon_keys WHERE key = $1 FOR UPDATE"
+
+// waitForLockWaits is waitForLockWait for n statements.
+func waitForLockWaits(ctx context.Context, t *testing.T, watcher *pgx.Conn, like string, n int, done <-chan error) {
+	t.Helper()
+	for waiting := 0; waiting < n; {
 		select {
 		case err := <-done:
 			t.Fatalf("the statement returned (%v) while a row it must change was locked", err)
 		case <-time.After(10 * time.Millisecond):
 		}
-		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0)`, like).Scan(&waiting); err != nil {
+		if err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, like).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -43,10 +53,11 @@ func waitForLockWait(ctx context.Context, t *testing.T, watcher *pgx.Conn, like 
 
 // TestNoteResultsDuringAFlushOfItsKey: a flush that has locked key K (it
 // carries K's first webhook body) waits for a later key L held by another
-// transaction; meanwhile K's holder notes its results. NoteResults must
-// not wait for the flush: when it did, the flush, once L was free, waited
-// for NoteResults' extras row while NoteResults waited for K (a deadlock),
-// or NoteResults failed after lock_timeout behind a flush stuck elsewhere.
+// transaction; meanwhile K's holder notes its results. NoteResults waits
+// for K's row, holding nothing the flush needs: once L is free, the flush
+// writes K's extras row and commits, and NoteResults follows (before, when
+// NoteResults inserted the extras row first and then waited for K, the two
+// deadlocked).
 func TestNoteResultsDuringAFlushOfItsKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -78,22 +89,21 @@ func TestNoteResultsDuringAFlushOfItsKey(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT key FROM gemrecon_keys WHERE key = $1 FOR UPDATE`, l); err != nil {
 		t.Fatal(err)
 	}
+	watcher := adminConn(t, dsn)
 	flushed := make(chan error, 1)
 	go func() { flushed <- s.Flush(ctx) }()
-	waitForLockWait(ctx, t, adminConn(t, dsn), "jsonb_to_recordset", flushed)
-
-	nctx, ncancel := context.WithTimeout(ctx, 2*time.Second) // well below lock_timeout (5 s)
-	defer ncancel()
-	start := time.Now()
-	if err := s.NoteResults(nctx, k, c.Token, "results.jsonl"); err != nil {
-		t.Errorf("NoteResults while a flush holds the key's row: %v after %v; want it not to wait for the flush",
-			err, time.Since(start).Round(time.Millisecond))
-	}
+	waitForLockWait(ctx, t, watcher, "jsonb_to_recordset", flushed)
+	noted := make(chan error, 1)
+	go func() { noted <- s.NoteResults(ctx, k, c.Token, "results.jsonl") }()
+	waitForLockWait(ctx, t, watcher, loadMarker, noted)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-flushed; err != nil {
 		t.Fatalf("Flush: %v", err)
+	}
+	if err := <-noted; err != nil {
+		t.Fatalf("NoteResults: %v", err)
 	}
 	e, err := s.Get(ctx, k)
 	if err != nil {
@@ -105,11 +115,12 @@ func TestNoteResultsDuringAFlushOfItsKey(t *testing.T) {
 	}
 }
 
-// TestConfirmingSightingBesideAForeignKeyCheck: while another transaction
-// holds FOR KEY SHARE on a claimed webhook-first key's row (as NoteResults'
-// insert of its extras row does, at the end of its statement), a sighting
-// from the API that confirms the key must not wait for it: it then inserts
-// the same extras row, so waiting would close a cycle with that insert.
+// TestConfirmingSightingBesideAForeignKeyCheck: another transaction holds
+// FOR KEY SHARE on a claimed webhook-first key's row (the foreign-key check
+// of an insert into its extras row, as an older gemrecon's NoteResults
+// makes) and inserts that extras row. A sighting from the API that confirms
+// the key waits for the key's row, holding nothing the other needs, and
+// then moves the webhook body into the same extras row: no cycle.
 func TestConfirmingSightingBesideAForeignKeyCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -130,24 +141,33 @@ func TestConfirmingSightingBesideAForeignKeyCheck(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT key FROM gemrecon_keys WHERE key = $1 FOR KEY SHARE`, k); err != nil {
 		t.Fatal(err)
 	}
-	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-	defer rcancel()
 	op := []byte(`{"name":"batches/order-0001","done":true}`)
-	start := time.Now()
-	r, err := s.Record(rctx, sink.Sighting{Key: k, Source: sink.SourcePoll, Payload: op, FromAPI: true, State: "SUCCEEDED"})
-	if err != nil || !r.Confirmed {
-		t.Fatalf("a confirming sighting beside a FOR KEY SHARE lock: %+v, %v after %v; want confirmed without waiting",
-			r, err, time.Since(start).Round(time.Millisecond))
+	type result struct {
+		r   sink.RecordResult
+		err error
 	}
-	if err := tx.Rollback(ctx); err != nil {
+	recorded := make(chan result, 1)
+	go func() {
+		r, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourcePoll, Payload: op, FromAPI: true, State: "SUCCEEDED"})
+		recorded <- result{r, err}
+	}()
+	waitForLockWait(ctx, t, adminConn(t, dsn), loadMarker, nil)
+	if _, err := tx.Exec(ctx, `INSERT INTO gemrecon_key_extras (key, results_file) VALUES ($1, 'r.jsonl')
+		ON CONFLICT (key) DO UPDATE SET results_file = excluded.results_file`, k); err != nil {
 		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-recorded; r.err != nil || !r.r.Confirmed {
+		t.Fatalf("a confirming sighting beside a FOR KEY SHARE lock: %+v, %v; want confirmed", r.r, r.err)
 	}
 	e, err := s.Get(ctx, k)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !e.Confirmed || !bytes.Equal(e.Webhook, body) || !bytes.Equal(e.Payload, op) {
-		t.Fatalf("confirmed %v, webhook %q, payload %q; want true, %q, %q", e.Confirmed, e.Webhook, e.Payload, body, op)
+	if !e.Confirmed || !bytes.Equal(e.Webhook, body) || !bytes.Equal(e.Payload, op) || e.ResultsFile != "r.jsonl" {
+		t.Fatalf("confirmed %v, webhook %q, payload %q, results %q; want true, %q, %q, r.jsonl", e.Confirmed, e.Webhook, e.Payload, e.ResultsFile, body, op)
 	}
 }
 

@@ -20,7 +20,7 @@ func TestAcquirePassOutcomeUnknown(t *testing.T) {
 	if _, _, err := s.AcquirePass(ctx, "warm-up", "w", time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
-	cctx, dropped := lostReply(t, p)
+	cctx, dropped := lostCommit(t, s, p)
 	l, r, err := s.AcquirePass(cctx, "s", "w", time.Minute, 0)
 	if err != nil || l.Token != 1 || l.Owner != "w" || r.Holder != "w" || l.Until.IsZero() {
 		t.Fatalf("AcquirePass with a lost reply = %+v, %+v, %v; want the lease, read back", l, r, err)
@@ -51,7 +51,7 @@ func TestEndPassOutcomeUnknown(t *testing.T) {
 	if err := s.EndPass(ctx, stale, sink.PassOutcome{Start: time.Now(), End: time.Now()}); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("warm-up EndPass = %v, want ErrFenced", err)
 	}
-	cctx, dropped := lostReply(t, p)
+	cctx, dropped := lostCommit(t, s, p)
 	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	if err := s.EndPass(cctx, l, sink.PassOutcome{Start: start, End: start.Add(time.Second), Success: true}); err != nil {
 		t.Fatalf("EndPass with a lost reply = %v, want nil (read back)", err)

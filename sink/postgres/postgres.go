@@ -1,15 +1,15 @@
 // Package postgres is the PostgreSQL backend of the sink (spec §3): the same
-// claim/lease contract as sink/sqlite, for gemrecon processes on many
-// machines sharing one database.
+// state machine as sink/sqlite, for gemrecon processes on many machines
+// sharing one database. It loads and stores rows for package sink, which
+// decides every transition.
 //
-// Every state change is one autocommit statement at READ COMMITTED; claims
-// lock their rows with FOR UPDATE (SKIP LOCKED when draining), and every
-// write that follows a claim is fenced on state='claimed' AND token. Time
-// decisions use the database clock (now()) unless the caller injects
-// sink.Options.Now. A write whose outcome is unknown (the connection broke or
-// the context ended before the reply) is settled: the orphaned server backend
-// is terminated and the row is read back, so the answer is the database's,
-// not a guess.
+// Every write is one transaction at READ COMMITTED whose rows are locked FOR
+// UPDATE from the read to the write (ClaimDue's SKIP LOCKED, so that workers
+// on many machines skip each other's rows). Time decisions use the database
+// clock (now()) unless the caller injects sink.Options.Now. A commit whose
+// answer is lost (the connection broke, the context ended) is settled: the
+// orphaned server backend is terminated and the transaction's status asked
+// (pg_xact_status), so the answer is the database's, not a guess.
 package postgres
 
 import (
@@ -23,7 +23,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,12 +43,6 @@ const (
 	DefaultStatementTimeout = 30 * time.Second
 	// DefaultMaxConns bounds the connections one Sink opens.
 	DefaultMaxConns = 8
-	// flushInterval is how long buffered sighting statistics may wait.
-	flushInterval = time.Second
-	// flushAt is how many buffered keys trigger an immediate flush.
-	flushAt = 1024
-	// doneCacheMax bounds the in-memory set of keys known to be done.
-	doneCacheMax = 1 << 16
 	// maxRetries bounds re-runs after serialization failures and deadlocks.
 	maxRetries = 5
 	// settleTimeout bounds settling an unknown outcome.
@@ -105,57 +99,33 @@ func WithRoundTripTimeout(d time.Duration) Option { return func(c *config) { c.r
 // is pinged on acquire (default pingIdleAfter; 0 pings every time).
 func withPingIdleAfter(d time.Duration) Option { return func(c *config) { c.pingIdleAfter = d } }
 
-// Sink is the PostgreSQL implementation of sink.Sink.
+// Sink is the PostgreSQL sink: the state machine over one database.
 type Sink struct {
+	*sink.Machine
+	pg *pg
+}
+
+// SchemaVersions returns the schema version Open found (0: none, so it
+// created gemrecon's tables) and the one the database holds now: this
+// binary's, or a newer one that a newer gemrecon wrote and this one may use.
+func (s *Sink) SchemaVersions() (found, now int) { return s.pg.schemaFound, s.pg.schemaNow }
+
+// pg is the store of the PostgreSQL sink (sink.Store).
+type pg struct {
 	pool    *pgxpool.Pool
 	opt     sink.Options
 	dbClock bool   // time decisions use now() (opt.Now was nil at Open)
 	appName string // application_name of our connections, to find orphans
 	log     *slog.Logger
 
-	mu   sync.Mutex
-	buf  map[string]*sighting // buffered statistics of duplicate sightings
-	done map[string]doneInfo  // keys known to be done (done is final)
-
-	stop      chan struct{}
-	flusherWG sync.WaitGroup
-	closeOnce sync.Once
-	closeErr  error
-
 	connectTimeout time.Duration // for messages
 	migrations     []migration   // what this binary knows
 	// schemaFound and schemaNow are SchemaVersions'.
 	schemaFound, schemaNow int
+	// beforeCommit, when set, runs once before the next COMMIT (tests:
+	// a commit whose answer is lost).
+	beforeCommit atomic.Pointer[func()]
 }
-
-// SchemaVersions returns the schema version Open found (0: none, so it
-// created gemrecon's tables) and the one the database holds now: this
-// binary's, or a newer one that a newer gemrecon wrote and this one may use.
-func (s *Sink) SchemaVersions() (found, now int) { return s.schemaFound, s.schemaNow }
-
-// sighting is the buffered statistics of duplicate sightings of one key.
-type sighting struct {
-	n         int64
-	last      time.Time // zero: the database clock at flush
-	sources   []string
-	conflicts int64
-	// webhook is a poll-first key's first webhook body (kept once, where
-	// none is yet); verified: a sighting that was not only dynamically
-	// verified came, so the key needs confirmation no more.
-	webhook  []byte
-	verified bool
-}
-
-// doneInfo is what a duplicate of a done key needs: the first source (a
-// later webhook body of a poll-first key is kept), whether it is confirmed
-// (the API's sighting confirms it once) and its batch state (conflicts).
-type doneInfo struct {
-	firstSource string
-	confirmed   bool
-	batchState  string
-}
-
-var _ sink.Sink = (*Sink)(nil)
 
 // ErrInvalidDSN is wrapped by Open's error for a connection string that
 // pgx cannot parse (a bad URL, an unknown sslmode, pool_max_conns=abc, a TLS
@@ -269,16 +239,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	s := &Sink{
-		pool:    pool,
-		opt:     opt,
-		dbClock: dbClock,
-		appName: rp["application_name"],
-		log:     c.logger,
-		buf:     make(map[string]*sighting),
-		done:    make(map[string]doneInfo),
-		stop:    make(chan struct{}),
-	}
+	s := &pg{pool: pool, opt: opt, dbClock: dbClock, appName: rp["application_name"], log: c.logger}
 	s.connectTimeout = cfg.ConnConfig.ConnectTimeout
 	if s.migrations, err = allMigrations(c.extraMigrations); err == nil {
 		if n := c.knownMigrations; n > 0 && n < len(s.migrations) {
@@ -294,11 +255,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		s.pool.Close()
 		return nil, err
 	}
-	if !opt.ReadOnly {
-		s.flusherWG.Add(1)
-		go s.flusher()
-	}
-	return s, nil
+	return &Sink{Machine: sink.NewMachine(s, opt, c.logger, "postgres sink"), pg: s}, nil
 }
 
 func randomHex(n int) string {
@@ -393,7 +350,7 @@ func readerError(cur, mr int, ok bool, latest int) error {
 // lock, so that processes opening the database at once take turns, and
 // records the schema's minimum reader. A schema newer than this binary is
 // used as it is when its minimum reader is not newer than this binary.
-func (s *Sink) migrate(ctx context.Context, schema string) error {
+func (s *pg) migrate(ctx context.Context, schema string) error {
 	ms := s.migrations
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		tx, err := c.Begin(ctx)
@@ -465,7 +422,7 @@ func (s *Sink) migrate(ctx context.Context, schema string) error {
 // tables exist at this binary's version, or at a newer one whose minimum
 // reader this binary is. An older schema is refused: this binary's queries
 // need its tables, and a command that writes upgrades it.
-func (s *Sink) checkSchema(ctx context.Context) error {
+func (s *pg) checkSchema(ctx context.Context) error {
 	want := len(s.migrations)
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		var path string
@@ -528,7 +485,7 @@ func requireTables(ctx context.Context, q interface {
 // withConn runs fn on a pooled connection, re-running it (boundedly) after
 // serialization failures, deadlocks and errors raised before anything was
 // sent. fn must be one autocommit statement or a whole transaction.
-func (s *Sink) withConn(ctx context.Context, fn func(c *pgx.Conn) error) error {
+func (s *pg) withConn(ctx context.Context, fn func(c *pgx.Conn) error) error {
 	var err error
 	for try := 0; ; try++ {
 		var pc *pgxpool.Conn
@@ -617,28 +574,80 @@ func unknownOutcome(err error) bool {
 	return true
 }
 
-// write runs one autocommit write statement through fn. When its outcome is
-// unknown, write terminates the server backend that ran it (so that it
-// cannot still commit later) and returns an error for which
-// unknownOutcome is true: the caller then reads the row back.
-func (s *Sink) write(ctx context.Context, fn func(c *pgx.Conn) error) error {
-	var pid uint32
+// Write runs fn in one transaction (sink.Store), again after a
+// serialization failure or a deadlock. When the answer to its COMMIT is
+// lost, Write terminates the server backend that ran it (so that it cannot
+// still commit later) and asks the transaction's status: committed is
+// success, aborted the error, and anything else an error wrapping
+// sink.ErrOutcomeUnknown.
+func (s *pg) Write(ctx context.Context, fn func(sink.Tx) error) error {
+	var (
+		pid uint32
+		xid string
+	)
 	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		pid = c.PgConn().PID()
-		return fn(c)
+		pid, xid = c.PgConn().PID(), ""
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return notCommitted{err}
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		t := &pgTx{tx: tx, ctx: ctx}
+		if err := tx.QueryRow(ctx, `SELECT now(), pg_current_xact_id()::text`).Scan(&t.now, &xid); err != nil {
+			return notCommitted{err}
+		}
+		if !s.dbClock {
+			t.now = s.opt.Now()
+		}
+		if err := fn(t); err != nil {
+			return notCommitted{err}
+		}
+		if hook := s.beforeCommit.Swap(nil); hook != nil {
+			(*hook)()
+		}
+		return tx.Commit(ctx)
 	})
-	if unknownOutcome(err) {
-		s.log.Warn("postgres sink: a write's outcome is unknown (no reply); terminating its backend and reading the row back",
-			"pid", pid, "err", err)
-		s.settle(ctx, pid)
+	if !unknownOutcome(err) || xid == "" {
+		if err != nil {
+			return withCtxErr(ctx, err)
+		}
+		return nil
 	}
-	return err
+	s.log.Warn("postgres sink: a commit's answer was lost; terminating its backend and asking the transaction's status",
+		"pid", pid, "err", err)
+	s.settle(ctx, pid)
+	var status *string
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if serr := s.withConn(ctx, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
+	}); serr != nil || status == nil || *status == "in progress" {
+		return fmt.Errorf("postgres: %w (%w; the transaction's status: %v %v)", sink.ErrOutcomeUnknown, err, deref(status), serr)
+	}
+	if *status == "committed" {
+		return nil
+	}
+	return notCommitted{err}
+}
+
+// notCommitted wraps an error after which the transaction certainly did
+// not commit: raised before COMMIT was sent, or an aborted transaction.
+type notCommitted struct{ err error }
+
+func (e notCommitted) Error() string { return e.err.Error() }
+func (e notCommitted) Unwrap() error { return e.err }
+
+func deref(p *string) string {
+	if p == nil {
+		return "unknown"
+	}
+	return *p
 }
 
 // settle makes an orphaned statement's outcome final: it terminates the
 // backend (waiting for it to exit) if it is still there. Terminating is safe:
 // a transaction is either committed or rolled back by it, never half.
-func (s *Sink) settle(ctx context.Context, pid uint32) {
+func (s *pg) settle(ctx context.Context, pid uint32) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	_ = s.withConn(ctx, func(c *pgx.Conn) error {
@@ -652,15 +661,9 @@ func (s *Sink) settle(ctx context.Context, pid uint32) {
 	})
 }
 
-// readBackCtx is the context for reading a row back after an unknown
-// outcome: the caller's may have ended.
-func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-}
-
 // Now is the time by the clock the sink's statements use (sink.Clock): the
 // server's now() as a statement there would see it, or the injected clock.
-func (s *Sink) Now(ctx context.Context) (time.Time, error) {
+func (s *pg) Now(ctx context.Context) (time.Time, error) {
 	if !s.dbClock {
 		return s.opt.Now(), nil
 	}
@@ -674,63 +677,25 @@ func (s *Sink) Now(ctx context.Context) (time.Time, error) {
 	return t.UTC(), nil
 }
 
-// nowArg is the $now of every statement: NULL means the database clock
-// (coalesce($n::timestamptz, now())), else the injected clock.
-func (s *Sink) nowArg() any {
-	if s.dbClock {
-		return nil
-	}
-	return s.opt.Now()
-}
-
-// micros converts a duration to a bigint of microseconds, PostgreSQL's
-// precision (`$n * interval '1 microsecond'`).
-func micros(d time.Duration) int64 { return d.Microseconds() }
-
-func (s *Sink) flusher() {
-	defer s.flusherWG.Done()
-	t := time.NewTicker(flushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-			_ = s.Flush(ctx) // statistics: a failure keeps them buffered for the next pass
-			cancel()
-		}
-	}
-}
-
 // closeWait bounds how long Close waits for the driver to finish closing
 // connections: closing one the server stopped answering takes the driver up
 // to 15 s (a cancel request and a drain, each bounded by the round-trip
 // deadline), which would only delay a command's exit.
 const closeWait = 2 * time.Second
 
-// Close flushes buffered statistics and closes the connections, waiting for
-// any still in use by other calls to be given back, and at most closeWait
-// for the driver to finish closing them.
-func (s *Sink) Close() error {
-	s.closeOnce.Do(func() {
-		close(s.stop)
-		s.flusherWG.Wait()
-		if !s.opt.ReadOnly {
-			ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-			s.closeErr = s.Flush(ctx)
-			cancel()
-		}
-		closed := make(chan struct{})
-		go func() {
-			s.pool.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-		case <-time.After(closeWait):
-			s.log.Warn("postgres sink: the server does not answer; not waiting for the last connections to close", "waited", closeWait)
-		}
-	})
-	return s.closeErr
+// Close closes the connections, waiting for any still in use by other
+// calls to be given back, and at most closeWait for the driver to finish
+// closing them.
+func (s *pg) Close() error {
+	closed := make(chan struct{})
+	go func() {
+		s.pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeWait):
+		s.log.Warn("postgres sink: the server does not answer; not waiting for the last connections to close", "waited", closeWait)
+	}
+	return nil
 }

@@ -10,12 +10,11 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// TestRetryOfAKeyChangedWhileItWaits: Retry's UPDATE waits for another
-// transaction that holds the dead key's row and then sends it back to
-// pending (another operator's retry) or deletes it. The UPDATE then finds
-// nothing to change, and its statement's snapshot still shows the key
-// dead; Retry must say what the key is now — ErrNotDead naming pending,
-// or ErrNotFound — not "is dead: key is not dead".
+// TestRetryOfAKeyChangedWhileItWaits: Retry waits for another transaction
+// that holds the dead key's row and then sends it back to pending (another
+// operator's retry) or deletes it. Retry must say what the key is now —
+// ErrNotDead naming pending, or ErrNotFound — not "is dead: key is not
+// dead" from an older snapshot.
 func TestRetryOfAKeyChangedWhileItWaits(t *testing.T) {
 	for _, tc := range []struct {
 		name, change string
@@ -44,8 +43,8 @@ func TestRetryOfAKeyChangedWhileItWaits(t *testing.T) {
 			}
 			tx, watcher := lockRow(ctx, t, dsn, key)
 			done := make(chan error, 1)
-			go func() { done <- s.Retry(ctx, key) }()
-			waitForLockWait(ctx, t, watcher, "UPDATE gemrecon_keys SET state = 'pending'", done)
+			go func() { done <- s.Retry(ctx, key, sink.RetryOptions{}) }()
+			waitForLockWait(ctx, t, watcher, loadMarker, done)
 			if _, err := tx.Exec(ctx, tc.change, key); err != nil {
 				t.Fatal(err)
 			}

@@ -8,22 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
 // These tests need no server.
-
-// TestTerminalList: the SQL list behind conflictExpr is canon's terminal
-// set, so that a conflict decided inside a statement is sink.StateConflict.
-func TestTerminalList(t *testing.T) {
-	for _, st := range []string{"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED",
-		"PENDING", "RUNNING", "QUEUED", "CANCELLING", "PAUSED", "UPDATING", "UNSPECIFIED", "COMPLETED", ""} {
-		if in := strings.Contains(terminalList, "'"+st+"'"); in != canon.IsTerminal(st) {
-			t.Errorf("terminalList holds %q: %v; canon.IsTerminal: %v", st, in, canon.IsTerminal(st))
-		}
-	}
-}
 
 func TestMigrationsEmbedded(t *testing.T) {
 	ms, err := migrations()

@@ -33,8 +33,7 @@ var benchPayload = []byte(`{"name":"batches/x","metadata":{"state":"BATCH_STATE_
 // same metrics. Sub-benchmarks:
 //
 //   - NewCompletion: Record → Claim → Complete of a new key, sequential.
-//   - NewCompletionRecordAndClaim: RecordAndClaim → Complete (only when the
-//     sink is a sink.RecordClaimer).
+//   - NewCompletionRecordAndClaim: RecordAndClaim → Complete .
 //   - DuplicateDone: Record of a key that is already done.
 //   - DuplicatePending: Record of a key that is recorded but not done.
 //   - ConcurrentNewRecords: 16 goroutines record new keys.
@@ -119,16 +118,12 @@ func benchNewCompletion(b *testing.B, open BenchOpener) {
 func benchNewCompletionRecordAndClaim(b *testing.B, open BenchOpener) {
 	ctx := context.Background()
 	s := open(b)
-	rc, ok := s.(sink.RecordClaimer)
-	if !ok {
-		b.Skipf("%T does not implement sink.RecordClaimer", s)
-	}
 	i := 0
 	before := commits(s)
 	for b.Loop() {
 		key := fmt.Sprintf("gemini:batches/new-%d", i)
 		i++
-		_, c, err := rc.RecordAndClaim(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: benchPayload}, "bench", time.Minute)
+		_, c, err := s.RecordAndClaim(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: benchPayload}, sink.ClaimRequest{Owner: "bench", Lease: time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}

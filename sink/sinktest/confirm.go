@@ -32,7 +32,7 @@ import (
 //     confirmation alone.
 //   - A failure's DeadReason is kept while the key is dead and counted in
 //     Stats.DeadByReason; Retry clears it.
-//   - NoteResults is fenced and shows in Entry and Claim; PurgeKeys
+//   - NoteResults is fenced and shows in Entry and Claim; Purge
 //     returns what it deleted.
 var confirmTests = []struct {
 	name string
@@ -49,6 +49,7 @@ var confirmTests = []struct {
 	{"DeadByReason", testDeadByReason},
 	{"NoteResults", testNoteResults},
 	{"PurgeKeys", testPurgeKeys},
+	{"ResultsExpiring", testResultsExpiring},
 }
 
 const (
@@ -343,7 +344,7 @@ func testDeadByReason(t *testing.T, open Opener) {
 	if st.DeadByReason[sink.DeadUnknownToAPI] != 2 || st.DeadByReason[sink.DeadEffect] != 1 || st.ByState[sink.StateDead] != 3 {
 		t.Fatalf("Stats = dead %d by reason %v; want 3: 2 unknown to the API, 1 effect", st.ByState[sink.StateDead], st.DeadByReason)
 	}
-	if err := e.s.Retry(e.ctx, "a"); err != nil {
+	if err := e.s.Retry(e.ctx, "a", sink.RetryOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if en := e.get("a"); en.DeadReason != "" || en.State != sink.StatePending {
@@ -392,17 +393,54 @@ func testPurgeKeys(t *testing.T, open Opener) {
 		}
 	}
 	e.clk.Advance(time.Hour)
-	keys, err := e.s.PurgeKeys(e.ctx, 30*time.Minute)
+	keys, err := e.s.Purge(e.ctx, 30*time.Minute)
 	if slices.Sort(keys); err != nil || !slices.Equal(keys, []string{"a", "b"}) {
-		t.Fatalf("PurgeKeys = %q, %v; want [a b]", keys, err)
+		t.Fatalf("Purge = %q, %v; want [a b]", keys, err)
 	}
-	if keys, err := e.s.PurgeKeys(e.ctx, 30*time.Minute); err != nil || len(keys) != 0 {
-		t.Fatalf("PurgeKeys again = %q, %v; want none", keys, err)
+	if keys, err := e.s.Purge(e.ctx, 30*time.Minute); err != nil || len(keys) != 0 {
+		t.Fatalf("Purge again = %q, %v; want none", keys, err)
 	}
 	if _, err := e.s.Get(e.ctx, "a"); !errors.Is(err, sink.ErrNotFound) {
 		t.Fatalf("Get(purged) = %v", err)
 	}
 	if en := e.get("c"); !strings.Contains(string(en.Payload), "batches/k") {
 		t.Fatalf("Get(c) = %+v", en)
+	}
+}
+
+// testResultsExpiring: the batch's end by the API's word is kept (from a
+// sighting or a confirmation), and Stats counts the succeeded keys not yet
+// done whose results expire within sink.ResultsWarning of now.
+func testResultsExpiring(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	now := start()
+	soon := now.Add(-sink.ResultsKept + time.Hour) // expires in 1h
+	later := now.Add(-sink.ResultsKept + 7*time.Hour)
+	gone := now.Add(-sink.ResultsKept - time.Hour)
+	for key, end := range map[string]time.Time{"soon": soon, "later": later, "gone": gone} {
+		sg := listed(key, `{}`, "SUCCEEDED")
+		sg.EndTime = end
+		e.sight(sg)
+	}
+	failed := listed("failed", `{}`, "FAILED")
+	failed.EndTime = soon
+	e.sight(failed)
+	e.sight(hook("hooked", `{}`, "SUCCEEDED"))
+	c := e.claim("hooked", time.Minute)
+	if err := e.s.Confirm(e.ctx, "hooked", c.Token, sink.Confirmation{Operation: []byte(`{}`), State: "SUCCEEDED", EndTime: soon}); err != nil {
+		t.Fatal(err)
+	}
+	if en := e.get("hooked"); !en.BatchEnd.Equal(soon) {
+		t.Fatalf("BatchEnd after Confirm = %v, want %v", en.BatchEnd, soon)
+	}
+	if en := e.get("later"); !en.BatchEnd.Equal(later) {
+		t.Fatalf("BatchEnd of a listed key = %v, want %v", en.BatchEnd, later)
+	}
+	if st := e.stats(); st.ResultsExpiring != 2 {
+		t.Fatalf("ResultsExpiring = %d, want 2 (soon and hooked)", st.ResultsExpiring)
+	}
+	e.finish("soon")
+	if st := e.stats(); st.ResultsExpiring != 1 {
+		t.Fatalf("ResultsExpiring after one is done = %d, want 1", st.ResultsExpiring)
 	}
 }

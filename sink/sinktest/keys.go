@@ -41,7 +41,6 @@ func legacyKeys() []legacyKey {
 // of exactly canon.MaxKeyLen bytes is stored and read back exactly.
 func testRecordRefusesInvalidKeys(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
-	rc, _ := e.s.(sink.RecordClaimer)
 	invalid := []string{
 		canon.Prefix + "batches/" + strings.Repeat("x", canon.MaxKeyLen), // over the limit
 		canon.Prefix + "batches/" + strings.Repeat("x", 3000),            // PostgreSQL's index limit
@@ -59,10 +58,8 @@ func testRecordRefusesInvalidKeys(t *testing.T, open Opener) {
 	for i, key := range invalid {
 		_, err := e.s.Record(e.ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)})
 		checkInvalid(t, fmt.Sprintf("Record(invalid key #%d, %d bytes)", i, len(key)), err)
-		if rc != nil {
-			_, _, err := rc.RecordAndClaim(e.ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook}, "o", time.Minute)
-			checkInvalid(t, fmt.Sprintf("RecordAndClaim(invalid key #%d, %d bytes)", i, len(key)), err)
-		}
+		_, _, err = e.s.RecordAndClaim(e.ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook}, sink.ClaimRequest{Owner: "o", Lease: time.Minute})
+		checkInvalid(t, fmt.Sprintf("RecordAndClaim(invalid key #%d, %d bytes)", i, len(key)), err)
 	}
 	if got := e.due(0); len(got) != 0 {
 		t.Fatalf("Due after refused Records = %q, want nothing", got)
@@ -78,12 +75,13 @@ func testRecordRefusesInvalidKeys(t *testing.T, open Opener) {
 	if en := e.get(max); en.Key != max {
 		t.Fatalf("Get(key of %d bytes).Key is %d bytes, want the key exactly", len(max), len(en.Key))
 	}
-	if rc != nil {
-		other := max[:len(max)-1] + "n"
-		if r, c, err := rc.RecordAndClaim(e.ctx, sink.Sighting{Key: other, Source: sink.SourcePoll}, "o", time.Minute); err != nil || !r.New || c.Key != other {
-			t.Fatalf("RecordAndClaim(key of %d bytes) = %+v, %+v, %v; want new and claimed", len(other), r, c, err)
-		}
+	// max is due: a new key waits behind it.
+	c := e.claim(max, time.Minute)
+	other := max[:len(max)-1] + "n"
+	if r, c, err := e.s.RecordAndClaim(e.ctx, sink.Sighting{Key: other, Source: sink.SourcePoll}, sink.ClaimRequest{Owner: "o", Lease: time.Minute}); err != nil || !r.New || c == nil || c.Key != other {
+		t.Fatalf("RecordAndClaim(key of %d bytes) = %+v, %+v, %v; want new and claimed", len(other), r, c, err)
 	}
+	_ = c
 }
 
 // testErrorsQuoteLongKeysShort: spec §12 — error texts quote at most
@@ -107,7 +105,7 @@ func testErrorsQuoteLongKeysShort(t *testing.T, open Opener) {
 	short("Get", err, sink.ErrNotFound)
 	_, err = e.s.Claim(e.ctx, key, "o", time.Minute)
 	short("Claim", err, sink.ErrNotFound)
-	short("Retry", e.s.Retry(e.ctx, key), sink.ErrNotFound)
+	short("Retry", e.s.Retry(e.ctx, key, sink.RetryOptions{}), sink.ErrNotFound)
 	err = e.s.Complete(e.ctx, key, 1)
 	if !errors.Is(err, sink.ErrFenced) && !errors.Is(err, sink.ErrNotFound) {
 		t.Errorf("Complete of a 100 KB unknown key: %v, want fenced or not found", truncated(err))
@@ -195,7 +193,7 @@ func RunStoredKeys(t *testing.T, open Opener, insert StoredKeyInserter) {
 		if st, err := e.s.Fail(e.ctx, key, c.Token, sink.Failure{Cause: "no effect can take this key", Permanent: true}); err != nil || st != sink.StateDead {
 			t.Fatalf("Fail(%s, permanent) = %s, %v; want dead", q, st, err)
 		}
-		if err := e.s.Retry(e.ctx, key); err != nil {
+		if err := e.s.Retry(e.ctx, key, sink.RetryOptions{}); err != nil {
 			t.Fatalf("Retry(%s) = %v, want nil", q, err)
 		}
 		if en := e.get(key); en.State != sink.StatePending {
@@ -208,8 +206,8 @@ func RunStoredKeys(t *testing.T, open Opener, insert StoredKeyInserter) {
 	}
 	e.clk.Advance(time.Hour)
 	n, err := e.s.Purge(e.ctx, 30*time.Minute)
-	if err != nil || n != int64(len(stored)) {
-		t.Fatalf("Purge = %d, %v; want the %d stored keys", n, err, len(stored))
+	if err != nil || len(n) != len(stored) {
+		t.Fatalf("Purge = %q, %v; want the %d stored keys", n, err, len(stored))
 	}
 	for _, key := range stored {
 		_, err := e.s.Get(e.ctx, key)

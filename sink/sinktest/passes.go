@@ -53,6 +53,7 @@ var passTests = []struct {
 	{"PassRecordsOrdered", testPassRecordsOrdered},
 	{"PassBadInput", testPassBadInput},
 	{"PassConcurrentAcquire", testPassConcurrentAcquire},
+	{"PassUnfinished", testPassUnfinished},
 }
 
 func (e *env) acquire(scope, owner string, lease, minInterval time.Duration) (sink.PassLease, sink.PassRecord) {
@@ -506,5 +507,32 @@ func testPassConcurrentAcquire(t *testing.T, open Opener) {
 	})
 	if len(tokens) != 1 || tokens[0] != 1 || len(errs) != 0 {
 		t.Fatalf("8 concurrent AcquirePass granted tokens %v with errors %v, want exactly token 1", tokens, errs)
+	}
+}
+
+// testPassUnfinished: what a pass listed unfinished is kept with the scope's
+// record (for stats in any process); a pass whose listing failed (no
+// figures) keeps the last ones; an empty count replaces them.
+func testPassUnfinished(t *testing.T, open Opener) {
+	e := newEnv(t, open, nil)
+	oldest := start().Add(-30 * time.Hour)
+	l, _ := e.acquire("s", "a", time.Minute, 0)
+	e.endPass(l, sink.PassOutcome{Start: e.clk.Now(), End: e.clk.Now(), Unfinished: map[string]int64{"PENDING": 3, "RUNNING": 1}, OldestUnfinished: oldest})
+	r := e.mustPassRecord("s")
+	if r.Unfinished["PENDING"] != 3 || r.Unfinished["RUNNING"] != 1 || len(r.Unfinished) != 2 || !r.OldestUnfinished.Equal(oldest) {
+		t.Fatalf("record = %v, oldest %v; want PENDING 3, RUNNING 1, oldest %v", r.Unfinished, r.OldestUnfinished, oldest)
+	}
+	l, _ = e.acquire("s", "a", time.Minute, 0)
+	e.endPass(l, sink.PassOutcome{Start: e.clk.Now(), End: e.clk.Now()})
+	if r := e.mustPassRecord("s"); r.Unfinished["PENDING"] != 3 || !r.OldestUnfinished.Equal(oldest) {
+		t.Fatalf("after a failed listing: %v, oldest %v; want the last figures", r.Unfinished, r.OldestUnfinished)
+	}
+	l, _ = e.acquire("s", "a", time.Minute, 0)
+	e.endPass(l, sink.PassOutcome{Start: e.clk.Now(), End: e.clk.Now(), Unfinished: map[string]int64{}})
+	if r := e.mustPassRecord("s"); len(r.Unfinished) != 0 || !r.OldestUnfinished.IsZero() {
+		t.Fatalf("after a listing with nothing unfinished: %v, oldest %v; want none", r.Unfinished, r.OldestUnfinished)
+	}
+	if st := e.stats(); len(st.Passes) != 1 || len(st.Passes[0].Unfinished) != 0 {
+		t.Fatalf("Stats.Passes = %+v", st.Passes)
 	}
 }

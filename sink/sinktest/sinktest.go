@@ -151,7 +151,7 @@ func Run(t *testing.T, open Opener) {
 		{"RecordAndClaim", testRecordAndClaim},
 		{"PingFlush", testPingFlush},
 	}
-	for _, tt := range slices.Concat(tests, passTests, noAttemptTests, confirmTests) {
+	for _, tt := range slices.Concat(tests, passTests, noAttemptTests, confirmTests, historyTests) {
 		t.Run(tt.name, func(t *testing.T) { tt.f(t, open) })
 	}
 }
@@ -379,12 +379,13 @@ func testLongestLease(t *testing.T, open Opener) {
 		t.Fatalf("Renew with the longest lease: %v", err)
 	}
 	keys := []string{"claimed", "renewed"}
-	if rc, ok := e.s.(sink.RecordClaimer); ok {
-		if _, _, err := rc.RecordAndClaim(e.ctx, sink.Sighting{Key: "recorded", Source: sink.SourcePoll}, "o", longest); err != nil {
-			t.Fatalf("RecordAndClaim with the longest lease: %v", err)
-		}
-		keys = append(keys, "recorded")
+	if err := e.s.Complete(e.ctx, "renewed", r.Token); err != nil { // nothing due: a new key is claimed at once
+		t.Fatal(err)
 	}
+	if _, c, err := e.s.RecordAndClaim(e.ctx, sink.Sighting{Key: "recorded", Source: sink.SourcePoll}, sink.ClaimRequest{Owner: "o", Lease: longest}); err != nil || c == nil {
+		t.Fatalf("RecordAndClaim with the longest lease: %v, %v", c, err)
+	}
+	keys = []string{"claimed", "recorded"}
 	if !c.LeaseUntil.After(start().Add(100 * 365 * 24 * time.Hour)) {
 		t.Errorf("Claim with the longest lease: LeaseUntil %v, want a century away at least", c.LeaseUntil)
 	}
@@ -606,9 +607,9 @@ func testRetry(t *testing.T, open Opener) {
 	if _, err := e.s.Fail(e.ctx, "k", c.Token, sink.Failure{Cause: "gone", Permanent: true}); err != nil {
 		t.Fatal(err)
 	}
-	e.wantErr("Retry(unknown)", e.s.Retry(e.ctx, "nope"), sink.ErrNotFound)
+	e.wantErr("Retry(unknown)", e.s.Retry(e.ctx, "nope", sink.RetryOptions{}), sink.ErrNotFound)
 	now := e.clk.Advance(time.Hour)
-	if err := e.s.Retry(e.ctx, "k"); err != nil {
+	if err := e.s.Retry(e.ctx, "k", sink.RetryOptions{}); err != nil {
 		t.Fatalf("Retry: %v", err)
 	}
 	en := e.get("k")
@@ -618,7 +619,7 @@ func testRetry(t *testing.T, open Opener) {
 	if got := e.due(0); !slices.Equal(got, []string{"k"}) {
 		t.Fatalf("Due = %q, want [k]", got)
 	}
-	e.wantErr("Retry(pending)", e.s.Retry(e.ctx, "k"), sink.ErrNotDead)
+	e.wantErr("Retry(pending)", e.s.Retry(e.ctx, "k", sink.RetryOptions{}), sink.ErrNotDead)
 	c2 := e.claim("k", time.Minute)
 	if c2.Attempt != 1 || c2.Token <= c.Token {
 		t.Fatalf("Claim after Retry = attempt %d token %d, want attempt 1 and token > %d", c2.Attempt, c2.Token, c.Token)
@@ -626,7 +627,7 @@ func testRetry(t *testing.T, open Opener) {
 	if err := e.s.Complete(e.ctx, "k", c2.Token); err != nil {
 		t.Fatal(err)
 	}
-	e.wantErr("Retry(done)", e.s.Retry(e.ctx, "k"), sink.ErrNotDead)
+	e.wantErr("Retry(done)", e.s.Retry(e.ctx, "k", sink.RetryOptions{}), sink.ErrNotDead)
 }
 
 func testDueOrder(t *testing.T, open Opener) {
@@ -717,12 +718,12 @@ func testPurge(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	// "old" has been done for exactly 1h, "new" for 0.
-	if n, err := e.s.Purge(e.ctx, time.Hour); err != nil || n != 0 {
-		t.Fatalf("Purge(1h) of keys done 1h and 0 ago = %d, %v; want 0 (exactly D is not older than D)", n, err)
+	if n, err := e.s.Purge(e.ctx, time.Hour); err != nil || len(n) != 0 {
+		t.Fatalf("Purge(1h) of keys done 1h and 0 ago = %q, %v; want 0 (exactly D is not older than D)", n, err)
 	}
 	n, err := e.s.Purge(e.ctx, time.Hour-time.Microsecond)
-	if err != nil || n != 1 {
-		t.Fatalf("Purge(1h-1µs) of keys done 1h and 0 ago = %d, %v; want 1", n, err)
+	if err != nil || len(n) != 1 || n[0] != "old" {
+		t.Fatalf("Purge(1h-1µs) of keys done 1h and 0 ago = %q, %v; want [old]", n, err)
 	}
 	_, err = e.s.Get(e.ctx, "old")
 	e.wantErr("Get(purged)", err, sink.ErrNotFound)
@@ -730,20 +731,17 @@ func testPurge(t *testing.T, open Opener) {
 		e.get(k)
 	}
 	e.clk.Advance(30 * time.Minute)
-	if n, err := e.s.Purge(e.ctx, 31*time.Minute); err != nil || n != 0 {
-		t.Fatalf("Purge(31m) of a key done 30m ago = %d, %v; want 0", n, err)
+	if n, err := e.s.Purge(e.ctx, 31*time.Minute); err != nil || len(n) != 0 {
+		t.Fatalf("Purge(31m) of a key done 30m ago = %q, %v; want 0", n, err)
 	}
-	if n, err := e.s.Purge(e.ctx, 29*time.Minute); err != nil || n != 1 {
-		t.Fatalf("Purge(29m) of a key done 30m ago = %d, %v; want 1 (pending rows stay)", n, err)
+	if n, err := e.s.Purge(e.ctx, 29*time.Minute); err != nil || len(n) != 1 {
+		t.Fatalf("Purge(29m) of a key done 30m ago = %q, %v; want 1 (pending rows stay)", n, err)
 	}
 	if st := e.stats(); st.ByState[sink.StatePending] != 1 || st.ByState[sink.StateDone] != 0 {
 		t.Fatalf("ByState = %v, want 1 pending", st.ByState)
 	}
 	if _, err := e.s.Purge(e.ctx, -time.Second); err == nil {
 		t.Fatal("Purge(-1s) = nil error, want one (a negative age)")
-	}
-	if _, err := e.s.PurgeKeys(e.ctx, -time.Second); err == nil {
-		t.Fatal("PurgeKeys(-1s) = nil error, want one (a negative age)")
 	}
 }
 
@@ -921,40 +919,98 @@ func testConcurrentClaimDue(t *testing.T, open Opener) {
 	}
 }
 
+// testRecordAndClaim: a new key is claimed in the commit that records it
+// when nothing else is due (spec §4), as the dispatcher would claim it: not
+// when an older key is due, not a key that needs confirmation for a claimer
+// that cannot give it; a duplicate is only counted; a sighting from the
+// API that makes a key due is claimed with it.
 func testRecordAndClaim(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
-	rc, ok := e.s.(sink.RecordClaimer)
-	if !ok {
-		t.Skip("backend does not implement sink.RecordClaimer")
+	req := sink.ClaimRequest{Owner: "o", Lease: time.Minute}
+	rac := func(sg sink.Sighting, req sink.ClaimRequest) (sink.RecordResult, *sink.Claim) {
+		t.Helper()
+		r, c, err := e.s.RecordAndClaim(e.ctx, sg, req)
+		if err != nil {
+			t.Fatalf("RecordAndClaim(%s) error: %v", sg.Key, err)
+		}
+		return r, c
 	}
 	sg := sink.Sighting{Key: "k", Source: sink.SourceWebhook, Payload: []byte("p")}
-	r, c, err := rc.RecordAndClaim(e.ctx, sg, "o", time.Minute)
-	if err != nil || !r.New || r.State != sink.StateClaimed || c.Token != 1 || c.Attempt != 1 || string(c.Payload) != "p" {
-		t.Fatalf("RecordAndClaim(new) = %+v, %+v, %v; want new, claimed, token 1", r, c, err)
+	r, c := rac(sg, req)
+	if !r.New || r.State != sink.StateClaimed || c == nil || c.Token != 1 || c.Attempt != 1 || c.Owner != "o" ||
+		string(c.Payload) != "p" || string(c.Webhook) != "p" || c.Takeover || !c.LeaseUntil.Equal(start().Add(time.Minute)) {
+		t.Fatalf("RecordAndClaim(new) = %+v, %+v; want new, claimed, token 1", r, c)
 	}
-	r, _, err = rc.RecordAndClaim(e.ctx, sg, "o2", time.Minute)
-	e.wantErr("RecordAndClaim(live claim)", err, sink.ErrNotClaimable)
-	if r.New || r.State != sink.StateClaimed {
-		t.Fatalf("RecordAndClaim(dup) result = %+v, want not new, claimed", r)
+	if en := e.get("k"); en.State != sink.StateClaimed || en.Token != 1 || en.Attempts != 1 || en.LeaseOwner != "o" {
+		t.Fatalf("Get(k) after RecordAndClaim = %+v, want claimed by o with token 1", en)
 	}
-	e.clk.Advance(time.Minute)
-	r, c2, err := rc.RecordAndClaim(e.ctx, sg, "o3", time.Minute)
-	if err != nil || r.New || !c2.Takeover || c2.Token != 2 {
-		t.Fatalf("RecordAndClaim(expired) = %+v, %+v, %v; want a takeover", r, c2, err)
+	r, c = rac(sg, sink.ClaimRequest{Owner: "o2", Lease: time.Minute})
+	if r.New || r.State != sink.StateClaimed || c != nil {
+		t.Fatalf("RecordAndClaim(duplicate) = %+v, %+v; want not new, claimed, no claim", r, c)
 	}
-	if err := e.s.Complete(e.ctx, "k", c2.Token); err != nil {
+	// A failed key due again is older than a new one: the new one waits.
+	if _, err := e.s.Fail(e.ctx, "k", 1, sink.Failure{Cause: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	r, _, err = rc.RecordAndClaim(e.ctx, sg, "o4", time.Minute)
-	e.wantErr("RecordAndClaim(done)", err, sink.ErrNotClaimable)
-	if r.State != sink.StateDone {
-		t.Fatalf("RecordAndClaim(done) state = %s, want done", r.State)
+	e.clk.Advance(time.Hour)
+	r, c = rac(sink.Sighting{Key: "n", Source: sink.SourcePoll}, req)
+	if !r.New || r.State != sink.StatePending || c != nil {
+		t.Fatalf("RecordAndClaim(new, an older key due) = %+v, %+v; want new and pending, no claim", r, c)
 	}
-	if err := e.s.Flush(e.ctx); err != nil {
+	if got := e.due(0); !slices.Equal(got, []string{"k", "n"}) {
+		t.Fatalf("Due = %q, want [k n]", got)
+	}
+	for _, k := range []string{"k", "n"} {
+		e.finish(k)
+	}
+	// A key that needs confirmation is not claimed for a claimer that
+	// cannot confirm; it is for one that can.
+	dyn := sink.Sighting{Key: "d", Source: sink.SourceWebhook, Payload: []byte("{}"), Dynamic: true}
+	if r, c = rac(dyn, sink.ClaimRequest{Owner: "o", Lease: time.Minute, Opts: []sink.ClaimOption{sink.SkipNeedsConfirm()}}); !r.New || c != nil {
+		t.Fatalf("RecordAndClaim(needs confirmation, SkipNeedsConfirm) = %+v, %+v; want recorded, no claim", r, c)
+	}
+	e.finish("d")
+	dyn.Key = "d2"
+	if r, c = rac(dyn, req); !r.New || c == nil || !c.NeedsConfirm {
+		t.Fatalf("RecordAndClaim(needs confirmation) = %+v, %+v; want claimed, needing confirmation", r, c)
+	}
+	if err := e.s.Complete(e.ctx, "d2", c.Token); err != nil {
 		t.Fatal(err)
 	}
-	if en := e.get("k"); en.SeenCount != 4 {
-		t.Fatalf("SeenCount = %d, want 4", en.SeenCount)
+	// A sighting from the API that confirms a webhook-first key backing
+	// off makes it due now: it is claimed with the confirmation.
+	hook := sink.Sighting{Key: "w", Source: sink.SourceWebhook, Payload: []byte(`{"hook":1}`), State: "SUCCEEDED"}
+	if _, c = rac(hook, req); c == nil {
+		t.Fatal("RecordAndClaim(w) gave no claim")
+	}
+	if _, err := e.s.Fail(e.ctx, "w", c.Token, sink.Failure{Cause: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	r, c = rac(sink.Sighting{Key: "w", Source: sink.SourcePoll, Payload: []byte(`{"op":1}`), State: "SUCCEEDED", FromAPI: true}, req)
+	if !r.Confirmed || r.State != sink.StateClaimed || c == nil || c.Token != 2 || !c.Confirmed ||
+		string(c.Payload) != `{"op":1}` || string(c.Webhook) != `{"hook":1}` {
+		t.Fatalf("RecordAndClaim(confirming) = %+v, %+v; want confirmed and claimed with the API's operation", r, c)
+	}
+	if err := e.s.Complete(e.ctx, "w", c.Token); err != nil {
+		t.Fatal(err)
+	}
+	if r, c = rac(hook, req); r.State != sink.StateDone || c != nil {
+		t.Fatalf("RecordAndClaim(done) = %+v, %+v; want done, no claim", r, c)
+	}
+	if en := e.get("w"); en.SeenCount != 3 {
+		t.Fatalf("SeenCount = %d, want 3", en.SeenCount)
+	}
+	if _, _, err := e.s.RecordAndClaim(e.ctx, sink.Sighting{Key: "z", Source: sink.SourcePoll}, sink.ClaimRequest{Owner: "o"}); err == nil {
+		t.Fatal("RecordAndClaim with no lease = nil error, want one")
+	}
+}
+
+// finish claims the stored key and completes it.
+func (e *env) finish(key string) {
+	e.t.Helper()
+	c := e.claim(key, time.Minute)
+	if err := e.s.Complete(e.ctx, key, c.Token); err != nil {
+		e.t.Fatalf("Complete(%s): %v", key, err)
 	}
 }
 

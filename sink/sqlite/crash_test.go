@@ -102,3 +102,77 @@ func TestCrashLosesNothingAcknowledged(t *testing.T) {
 		}
 	}
 }
+
+// The -wal or the -shm file is deleted under a process that writes without
+// pause (spec §3 "A deleted or replaced file"), which is then killed: it
+// acknowledged nothing after the deletion, everything it acknowledged before
+// is in the database file (it copied its WAL there before it stopped), and
+// the file passes integrity_check. The file left alone beside the database
+// makes the next open refuse, naming it; removed, as the refusal says, the
+// database opens with every acknowledged key.
+func TestSideFileDeletedUnderLoadThenKilled(t *testing.T) {
+	for _, side := range []string{"-wal", "-shm"} {
+		t.Run(side, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "side.db")
+			cmd := child(t, "crash", path)
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			acked := map[string]string{} // key → furthest acknowledged step
+			sc := bufio.NewScanner(stdout)
+			removed, after, refused := false, 0, ""
+			for sc.Scan() {
+				f := strings.Fields(sc.Text())
+				if f[0] == "error:" {
+					refused = sc.Text()
+					break // the child stops at its first error
+				}
+				if removed {
+					if after++; after > 30 { // a commit or two may have been under way
+						break
+					}
+				}
+				acked[f[1]] = f[0]
+				if len(acked) == 100 && !removed {
+					if err := os.Remove(path + side); err != nil {
+						t.Fatal(err)
+					}
+					removed = true
+				}
+			}
+			cmd.Process.Signal(syscall.SIGKILL)
+			cmd.Wait()
+			if !strings.Contains(refused, "deleted or replaced") || !strings.Contains(refused, side) {
+				t.Fatalf("the child's first error after the deletion = %q, want one naming the deleted %s file", refused, side)
+			}
+
+			other := map[string]string{"-wal": "-shm", "-shm": "-wal"}[side]
+			_, err = sqlite.Open(context.Background(), path, sink.Options{}, quiet)
+			oneLine(t, "Open with a stray "+other, err, path+other, "exists without", "remove")
+			if err := os.Remove(path + other); err != nil {
+				t.Fatal(err)
+			}
+			sqlitetest.IntegrityCheck(t, path)
+			s, err := sqlite.Open(context.Background(), path, sink.Options{}, quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			rank := map[sink.State]int{sink.StatePending: 1, sink.StateClaimed: 2, sink.StateDone: 3}
+			want := map[string]int{"recorded": 1, "claimed": 2, "done": 3}
+			for key, step := range acked {
+				e, err := s.Get(context.Background(), key)
+				if err != nil {
+					t.Fatalf("acknowledged %s %s, but Get: %v", step, key, err)
+				}
+				if rank[e.State] < want[step] {
+					t.Fatalf("acknowledged %s %s, but it is %s", step, key, e.State)
+				}
+			}
+		})
+	}
+}

@@ -30,16 +30,3 @@ func ParseMigration(name, text string) error {
 	_, err := sink.ParseMigration(name, text)
 	return err
 }
-
-// RowCacheHits counts the key rows Record and RecordAndClaim took from the
-// row cache instead of a read.
-func (s *Sink) RowCacheHits() int64 { return s.rowHits.Load() }
-
-// RowCacheArmed reports whether rows are cached by the WAL-index header.
-func (s *Sink) RowCacheArmed() bool { return s.walArmed.Load() }
-
-// InDoneCache reports whether the done cache holds key.
-func (s *Sink) InDoneCache(key string) bool {
-	_, ok := s.done.get(key)
-	return ok
-}

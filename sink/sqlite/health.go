@@ -125,7 +125,7 @@ type brokenErr struct{ err error }
 
 // markBroken makes every later write, Record and Ping of the sink fail with
 // err (the first such error wins) and logs it, once, at error level.
-func (s *Sink) markBroken(err error) {
+func (s *db) markBroken(err error) {
 	if s.broken.CompareAndSwap(nil, &brokenErr{err: err}) {
 		s.log.Error("sqlite sink: THE DATABASE IS UNUSABLE; every write and readiness check fails from now on", "db", s.path, "err", err)
 	}
@@ -135,7 +135,7 @@ func (s *Sink) markBroken(err error) {
 // (ErrCorrupt) or a path that stopped naming the opened file
 // (ErrFileReplaced) — or nil while it is usable. A broken sink stays broken:
 // its writes, Records and Pings fail with that error.
-func (s *Sink) Broken() error {
+func (s *db) Broken() error {
 	if b := s.broken.Load(); b != nil {
 		return b.err
 	}
@@ -143,7 +143,7 @@ func (s *Sink) Broken() error {
 }
 
 // writable is the check of every write: read-only and broken sinks refuse.
-func (s *Sink) writable() error {
+func (s *db) writable() error {
 	if s.wdb == nil {
 		return fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
 	}
@@ -152,10 +152,24 @@ func (s *Sink) writable() error {
 
 // identity is a descriptor of the database file taken when the sink opened
 // it: as long as it is open, the file's inode cannot be reused, so device and
-// inode name that file and no other.
+// inode name that file and no other. wal and shm are the -wal and -shm files
+// SQLite opened beside it (zero until the open has them): SQLite keeps its
+// descriptors of them open, so their inodes cannot be reused either.
 type identity struct {
 	f        *os.File
 	dev, ino uint64
+	name     string // SQLite's name of the file, beside which the -wal and -shm are
+	wal, shm fileID
+}
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// statID is the device and inode of the file at path.
+func statID(path string) (fileID, error) {
+	var st syscall.Stat_t
+	err := syscall.Stat(path, &st)
+	return fileID{uint64(st.Dev), st.Ino}, err
 }
 
 func openIdentity(path string) (*identity, error) {
@@ -171,6 +185,19 @@ func openIdentity(path string) (*identity, error) {
 	return &identity{f: f, dev: uint64(st.Dev), ino: st.Ino}, nil
 }
 
+// watchSides records the -wal and -shm files SQLite opened beside name (its
+// name of the database, which the writer connection gives).
+func (id *identity) watchSides(path, name string) error {
+	var err1, err2 error
+	id.name = name
+	id.wal, err1 = statID(name + "-wal")
+	id.shm, err2 = statID(name + "-shm")
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("sqlite sink %s: its -wal and -shm files: %v", path, err)
+	}
+	return nil
+}
+
 // close releases the descriptor. With POSIX locks (no OFD locks), closing a
 // descriptor drops the process's locks on the file: call it only after the
 // sink's connections are closed.
@@ -184,8 +211,8 @@ func (id *identity) close() {
 // sameFile fails unless file — the name SQLite gives the database it has
 // open (qMainFile), every symbolic link resolved — names the file of id. The
 // path the sink was given may be a link, and retargeting it while the sink
-// opens could give SQLite, one connection or the -shm reader another file
-// than the identity check sees.
+// opens could give SQLite or one connection another file than the identity
+// check sees.
 func (id *identity) sameFile(path, file string) error {
 	var st syscall.Stat_t
 	if err := syscall.Stat(file, &st); err != nil {
@@ -199,9 +226,14 @@ func (id *identity) sameFile(path, file string) error {
 	return nil
 }
 
-// checkIdentity fails unless the path still names the file the sink opened:
-// one stat, made after every commit.
-func (s *Sink) checkIdentity() error {
+// checkIdentity fails unless the path still names the file the sink
+// opened, and its -wal and -shm are still the files SQLite opened: three
+// stats, made after every commit and every second. A -wal or -shm deleted or
+// replaced under the process (spec §3 "A deleted or replaced file") makes
+// it copy what its WAL holds into the database file first (a checkpoint
+// through SQLite's open descriptors): a WAL that no path names any more is
+// lost with the process, and with it every commit not yet checkpointed.
+func (s *db) checkIdentity() error {
 	var st syscall.Stat_t
 	if err := syscall.Stat(s.path, &st); err != nil {
 		return replacedError(s.path, fmt.Sprintf("the path names no file now: %v", err))
@@ -209,6 +241,23 @@ func (s *Sink) checkIdentity() error {
 	if uint64(st.Dev) != s.ident.dev || st.Ino != s.ident.ino {
 		return replacedError(s.path, fmt.Sprintf("the path names another file now: device %d inode %d, opened: device %d inode %d",
 			st.Dev, st.Ino, s.ident.dev, s.ident.ino))
+	}
+	for _, side := range []struct {
+		suffix string
+		id     fileID
+	}{{"-wal", s.ident.wal}, {"-shm", s.ident.shm}} {
+		if side.id == (fileID{}) {
+			continue // not open yet
+		}
+		if now, err := statID(s.ident.name + side.suffix); err != nil || now != side.id {
+			_, cerr := s.wconn.ExecContext(context.Background(), `PRAGMA wal_checkpoint(FULL)`)
+			saved := "what its WAL held was copied into the database file"
+			if cerr != nil {
+				saved = fmt.Sprintf("copying what its WAL held into the database file failed (%v): what was committed since the last checkpoint is lost when this process ends", cerr)
+			}
+			return replacedError(s.path, fmt.Sprintf("its %s file %s was deleted or replaced; %s; stop every gemrecon that uses the database before you start one again",
+				side.suffix, s.ident.name+side.suffix, saved))
+		}
 	}
 	return nil
 }
@@ -229,7 +278,7 @@ type schemaObject struct {
 //
 // Every figure comes from one read transaction: another process may be
 // migrating the file meanwhile.
-func (s *Sink) checkStructure(ctx context.Context, pool *sql.DB) error {
+func (s *db) checkStructure(ctx context.Context, pool *sql.DB) error {
 	db, err := pool.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return s.fail(err)

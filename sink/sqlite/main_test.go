@@ -46,7 +46,6 @@ func TestMain(m *testing.M) {
 		}),
 		"sqlite-start":             onPath(startChild),
 		"sqlite-crash":             onPath(crashChild),
-		"sqlite-complete":          onPath(completeChild),
 		sqlitetest.HoldLockCommand: sqlitetest.HoldLockMain,
 	})
 }

@@ -48,7 +48,7 @@ func SchemaVersion() int {
 // newer than this binary, and refused otherwise. Even an up-to-date
 // database gets one write transaction: it proves at Open that the file is
 // writable and not held by another process beyond the busy timeout.
-func (s *Sink) migrate(ctx context.Context) error {
+func (s *db) migrate(ctx context.Context) error {
 	ms := s.migrations
 	latest := len(ms)
 	for {
@@ -179,7 +179,7 @@ func readerError(path string, cur, mr int, ok bool, latest int) error {
 }
 
 // checkVersion refuses databases of other applications.
-func (s *Sink) checkVersion(ctx context.Context, q rowQuerier, cur, app int) error {
+func (s *db) checkVersion(ctx context.Context, q rowQuerier, cur, app int) error {
 	if app != 0 && app != applicationID {
 		return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", s.path, app)
 	}
@@ -199,7 +199,7 @@ func (s *Sink) checkVersion(ctx context.Context, q rowQuerier, cur, app int) err
 // must be this build's, or a newer one whose minimum reader this build is. An
 // older schema is refused: this build's queries need its tables, and a
 // writing command upgrades it.
-func (s *Sink) checkReadable(ctx context.Context) error {
+func (s *db) checkReadable(ctx context.Context) error {
 	cur, app, err := versionOf(ctx, s.rdb)
 	if err != nil {
 		return s.fail(err)

@@ -88,7 +88,7 @@ func TestMigration4FillsBatchState(t *testing.T) {
 		}
 	}
 	var mr int
-	if err := s.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[2].MinReader {
+	if err := s.db.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[2].MinReader {
 		t.Fatalf("min_reader = %d, %v; want %d (unchanged: the migration is additive)", mr, err, ms[2].MinReader)
 	}
 }

@@ -73,7 +73,7 @@ func TestMigration5PartialDueIndexes(t *testing.T) {
 	}
 	defer s.Close()
 	var idx []string
-	r, err := s.rdb.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'gemrecon_keys' AND sql IS NOT NULL ORDER BY name`)
+	r, err := s.db.rdb.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'gemrecon_keys' AND sql IS NOT NULL ORDER BY name`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +93,8 @@ func TestMigration5PartialDueIndexes(t *testing.T) {
 	if want := []string{"gemini:batches/p-due", "gemini:batches/c-expired"}; !slices.Equal(due, want) {
 		t.Errorf("Due after migration 5 = %q, want %q", due, want)
 	}
-	if n, err := s.Purge(ctx, time.Hour); err != nil || n != 1 { // done at 1 ns after the epoch
-		t.Errorf("Purge of the done key = %d, %v; want 1", n, err)
+	if n, err := s.Purge(ctx, time.Hour); err != nil || len(n) != 1 { // done at 1 ns after the epoch
+		t.Errorf("Purge of the done key = %q, %v; want 1", n, err)
 	}
 	st, err := s.Stats(ctx)
 	if err != nil {
@@ -104,7 +104,7 @@ func TestMigration5PartialDueIndexes(t *testing.T) {
 		t.Errorf("Stats.ByState after purge = %v", st.ByState)
 	}
 	var mr int
-	if err := s.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[3].MinReader {
+	if err := s.db.rdb.QueryRowContext(ctx, `SELECT value FROM gemrecon_meta WHERE name = 'min_reader'`).Scan(&mr); err != nil || mr != ms[3].MinReader {
 		t.Fatalf("min_reader = %d, %v; want %d (unchanged)", mr, err, ms[3].MinReader)
 	}
 }
@@ -116,7 +116,7 @@ func TestPageSize(t *testing.T) {
 	dir := t.TempDir()
 	pageSize := func(s *Sink) int {
 		var n int
-		if err := s.rdb.QueryRowContext(ctx, "PRAGMA page_size").Scan(&n); err != nil {
+		if err := s.db.rdb.QueryRowContext(ctx, "PRAGMA page_size").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -147,8 +147,8 @@ func TestPageSize(t *testing.T) {
 	if got := pageSize(s); got != 4096 {
 		t.Errorf("existing database: page size %d, want its own 4096", got)
 	}
-	if _, c, err := s.RecordAndClaim(ctx, sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}, "w", time.Minute); err != nil {
-		t.Fatal(err)
+	if _, c, err := s.RecordAndClaim(ctx, sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}, sink.ClaimRequest{Owner: "w", Lease: time.Minute}); err != nil || c == nil {
+		t.Fatal(c, err)
 	} else if err := s.Complete(ctx, c.Key, c.Token); err != nil {
 		t.Fatal(err)
 	}

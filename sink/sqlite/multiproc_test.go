@@ -60,7 +60,12 @@ func raceChild(path string) int {
 		sg := sink.Sighting{Key: key, Source: sources[idx%2], Payload: []byte(`{"name":"` + key + `"}`)}
 		var c sink.Claim
 		if idx%4 == 3 {
-			_, c, err = s.RecordAndClaim(ctx, sg, owner, time.Hour)
+			var cp *sink.Claim
+			if _, cp, err = s.RecordAndClaim(ctx, sg, sink.ClaimRequest{Owner: owner, Lease: time.Hour}); err == nil && cp == nil {
+				continue // not claimed at record time: a process that claims takes it
+			} else if cp != nil {
+				c = *cp
+			}
 		} else {
 			if _, err = s.Record(ctx, sg); err != nil {
 				fmt.Fprintln(out, "error: record:", err)

@@ -407,7 +407,7 @@ func TestUpgradeFromV1(t *testing.T) {
 		t.Fatalf("MaxLookback = %v, %v, %v", d, ok, err)
 	}
 	// The new schema's features work on old rows.
-	if err := s.Retry(ctx, "gemini:batches/dead"); err != nil {
+	if err := s.Retry(ctx, "gemini:batches/dead", sink.RetryOptions{}); err != nil {
 		t.Fatalf("Retry(old dead row): %v", err)
 	}
 	c, err := s.Claim(ctx, "gemini:batches/claimed", "o", time.Minute)

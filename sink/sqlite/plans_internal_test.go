@@ -23,29 +23,17 @@ func TestQueryPlans(t *testing.T) {
 		name, query string
 		want        []string // substrings the plan must contain
 	}{
-		{"key row", qKeyRow, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"claim row", qClaimRow, []string{"SEARCH k USING PRIMARY KEY (key=?)", "SEARCH p USING PRIMARY KEY (key=?)"}},
-		{"claim", qClaim, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"complete", qComplete, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"confirm row", qConfirmRow, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"confirm key", qConfirmKey, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"confirm due", qConfirmDue, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"confirm revive", qConfirmRevive, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"stats webhook", qStatsWebhook, []string{"SEARCH gemrecon_payloads USING PRIMARY KEY (key=?)"}},
-		{"stats verified", qStatsVerified, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"note results", qNoteResults, []string{"SEARCH gemrecon_payloads USING PRIMARY KEY (key=?)"}},
-		{"fail row", qFailRow, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"fail pending", qFailPending, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"renew", qRenew, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"stats", qStatsSeen, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
-		{"get", qGet, []string{"SEARCH k USING PRIMARY KEY (key=?)"}},
-		{"due keys", qDueKeys, []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)",
+		{"key row", `SELECT ` + rowColumns + ` FROM gemrecon_keys WHERE key = ?`, []string{"SEARCH gemrecon_keys USING PRIMARY KEY (key=?)"}},
+		{"bodies", `SELECT p.payload, ` + webhookExpr + ` FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`,
+			[]string{"SEARCH k USING PRIMARY KEY (key=?)", "SEARCH p USING PRIMARY KEY (key=?)"}},
+		{"get", selectEntry + `WHERE k.key = ?`, []string{"SEARCH k USING PRIMARY KEY (key=?)"}},
+		{"due keys", dueQuery("key", false), []string{"MERGE (UNION ALL)", "USING COVERING INDEX gemrecon_keys_due (state=? AND due_at<?)",
 			"USING COVERING INDEX gemrecon_keys_leases (state=? AND due_at<?)"}},
-		{"due keys, confirmable", qDueConfirmable, []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)",
+		{"due rows, confirmable", dueQuery(rowColumns, true), []string{"MERGE (UNION ALL)", "USING INDEX gemrecon_keys_due (state=? AND due_at<?)",
 			"USING INDEX gemrecon_keys_leases (state=? AND due_at<?)"}},
 	}
 	for _, tt := range tests {
-		rows, err := s.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+tt.query, 1, 2, 3, 4, 5, 6, 7)
+		rows, err := s.db.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+tt.query, 1, 2, 3, 4, 5, 6, 7)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
@@ -85,7 +73,7 @@ func TestDueKeysMergeOrder(t *testing.T) {
 	defer s.Close()
 	// 600 keys; state, due_at and first_seen_at from small ranges so that
 	// they tie often; keys in an order unrelated to both.
-	if _, err := s.writerExec(ctx, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 600)
+	if _, err := s.db.rdb.ExecContext(ctx, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 600)
 		INSERT INTO gemrecon_keys (key, state, first_source, sources, first_seen_at, last_seen_at, due_at)
 		SELECT 'k' || ((i * 7919) % 1000), CASE i % 4 WHEN 0 THEN 'pending' WHEN 1 THEN 'claimed' WHEN 2 THEN 'done' ELSE 'pending' END,
 			'poll', ',poll,', (i * 31) % 5, 0, (i * 17) % 7 FROM c`); err != nil {
@@ -99,8 +87,8 @@ func TestDueKeysMergeOrder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rows, err := s.readQuery(ctx, qDueKeys, now)
-			got, err := scanKeys(rows, err, limit)
+			rows, err := s.db.rdb.QueryContext(ctx, `SELECT key FROM (`+dueQuery("key", false)+`)`, now, limit)
+			got, err := collectKeys(rows, err)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,7 +103,7 @@ func TestDueKeysMergeOrder(t *testing.T) {
 }
 
 func plainKeys(ctx context.Context, s *Sink, q string, now int64, limit int) ([]string, error) {
-	rows, err := s.rdb.QueryContext(ctx, q, now, limit)
+	rows, err := s.db.rdb.QueryContext(ctx, q, now, limit)
 	if err != nil {
 		return nil, err
 	}

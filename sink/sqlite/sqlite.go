@@ -1,14 +1,14 @@
 // Package sqlite is the embedded SQLite backend of the sink (spec §3): one
 // local file in WAL mode with synchronous=FULL, every write in a BEGIN
 // IMMEDIATE transaction on one writer connection, reads on a separate pool.
+// It loads and stores rows for the state machine of package sink, which
+// decides every transition.
 //
-// Writes of one process are serialised on the one writer connection. A
-// writer goroutine batches whatever operations are queued into one
-// transaction and one commit (group commit), each in its own SAVEPOINT so
-// that one operation's error does not undo the others; a caller alone (the
-// writer idle, nothing queued) runs its own transaction instead. Duplicate sightings never wait for the disk:
-// their statistics are buffered in memory and written with the next commit,
-// by a periodic flush, by Flush or by Close.
+// A writer goroutine runs whatever writes are queued in one transaction and
+// one commit (group commit: one disk sync shared by concurrent callers), each
+// in its own SAVEPOINT so that one write's error undoes only its own. The
+// file is watched (health.go): a damaged file is refused at open, and a file
+// deleted or replaced under the process stops every later write.
 package sqlite
 
 import (
@@ -38,35 +38,45 @@ import (
 // ErrReadOnly is returned by writes on a sink opened with Options.ReadOnly.
 var ErrReadOnly = errors.New("sink opened read-only")
 
-// DefaultDoneCacheSize bounds the in-memory set of keys known to be done.
-const DefaultDoneCacheSize = 100_000
-
-// flushEvery bounds how long buffered sighting statistics wait for a commit.
-const flushEvery = 500 * time.Millisecond
-
-// maxBatch bounds how many queued operations share one transaction.
-const maxBatch = 512
-
 // Option adjusts what sink.Options does not cover.
 type Option func(*config)
 
 type config struct {
 	logger          *slog.Logger
-	doneCacheSize   int
 	extraMigrations []migration // tests: a newer binary's migrations
 	dsnParams       string      // tests: appended to the writing pools' DSN
 }
 
-// WithLogger sets where payload conflicts and fenced outcomes are logged
-// (default slog.Default()).
+// WithLogger sets where conflicts, fenced outcomes and a broken file are
+// logged (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithDoneCacheSize bounds the in-memory cache of done keys (default
-// DefaultDoneCacheSize; <0 disables it).
-func WithDoneCacheSize(n int) Option { return func(c *config) { c.doneCacheSize = n } }
-
-// Sink is the SQLite implementation of sink.Sink and sink.RecordClaimer.
+// Sink is the SQLite sink: the state machine over one database file.
 type Sink struct {
+	*sink.Machine
+	db *db
+}
+
+// Path is the database file.
+func (s *Sink) Path() string { return s.db.path }
+
+// Broken returns the error that made the sink unusable — a damaged file
+// (ErrCorrupt) or a path that stopped naming the opened file
+// (ErrFileReplaced) — or nil while it is usable. A broken sink stays broken:
+// its writes, Records and Pings fail with that error.
+func (s *Sink) Broken() error { return s.db.Broken() }
+
+// Commits counts the write transactions this sink committed: with group
+// commit, operations per commit shows how many share one disk sync.
+func (s *Sink) Commits() int64 { return s.db.commits.Load() }
+
+// SchemaVersions returns the schema version Open found (0: none, so it
+// created gemrecon's schema) and the one the database holds now: this
+// binary's, or a newer one that a newer gemrecon wrote and this one may use.
+func (s *Sink) SchemaVersions() (found, now int) { return s.db.schemaFound, s.db.schemaNow }
+
+// db is the store of the SQLite sink (sink.Store).
+type db struct {
 	path       string
 	opt        sink.Options
 	log        *slog.Logger
@@ -80,37 +90,9 @@ type Sink struct {
 
 	rdb *sql.DB // reader pool
 	wdb *sql.DB // one writer connection; nil when read-only
-
-	rprep prepared // readerQueries on rdb
-
-	kdb         *sql.DB         // the key readers' pool; nil when read-only
-	keyReaders  chan *keyReader // free key readers (see readKeyRow)
-	nKeyReaders int             // key readers opened
-	wprep       prepared        // writerQueries on wdb; nil when read-only
 	// wconn is wdb's one connection, held from Open to Close: every write
-	// transaction runs on it (BEGIN IMMEDIATE … COMMIT), with wprep
-	// prepared on it; only the holder of wmu uses it.
-	wconn      *sql.Conn
-	unprepared atomic.Int64 // queries run without a prepared statement
-
-	done  *doneCache
-	stats *statBuffer
-
-	// wal reads the WAL-index header (nil when it cannot be read); rows
-	// holds key rows by its version, used once walArmed: a commit of this
-	// sink's writer was seen to change the header, so the file read is the
-	// one SQLite uses (see rowCache). rowHits counts the rows answered from
-	// it.
-	wal      *walIndex
-	walArmed atomic.Bool
-	rows     *rowCache
-	rowHits  atomic.Int64
-
-	// wmu is held by whoever runs a write transaction: the writer
-	// goroutine, or a caller running its own (see submit). lastBatch is
-	// the size of the writer goroutine's last batch.
-	wmu       sync.Mutex
-	lastBatch atomic.Int64
+	// transaction runs on it, in the writer goroutine.
+	wconn *sql.Conn
 
 	mu      sync.RWMutex // guards closed against submissions
 	closed  bool
@@ -118,15 +100,7 @@ type Sink struct {
 	quit    chan struct{}
 	exited  chan struct{}
 	commits atomic.Int64 // committed write transactions
-	// finalErr is the last batch's error, written by the writer goroutine
-	// before it closes exited.
-	finalErr error
 }
-
-var (
-	_ sink.Sink          = (*Sink)(nil)
-	_ sink.RecordClaimer = (*Sink)(nil)
-)
 
 // processSetup enables OFD locks (so that closing any other descriptor of the
 // file in this process cannot drop SQLite's locks) and fdatasync commits, once
@@ -159,7 +133,7 @@ const sqliteHeader = "SQLite format 3\x00"
 // until the busy timeout has passed by the clock since it began: every start
 // succeeds unless another process really holds the lock that long.
 func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (*Sink, error) {
-	cfg := config{doneCacheSize: DefaultDoneCacheSize}
+	var cfg config
 	for _, o := range extra {
 		o(&cfg)
 	}
@@ -170,20 +144,20 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 	if err := processSetup(); err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
 	}
-	var s *Sink
+	var d *db
 	err := retryBusy(ctx, opt.BusyTimeout, func() error {
 		var err error
-		s, err = openOnce(ctx, path, opt, cfg)
+		d, err = openOnce(ctx, path, opt, cfg)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return s, nil
+	return &Sink{Machine: sink.NewMachine(d, opt, cfg.logger.With("db", path), "sqlite sink"), db: d}, nil
 }
 
 // openOnce is one attempt of Open; on error it leaves nothing open.
-func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*Sink, error) {
+func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*db, error) {
 	ms, err := allMigrations(cfg.extraMigrations)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
@@ -191,24 +165,12 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if err := checkFile(path, opt, ms); err != nil {
 		return nil, err
 	}
-	s := &Sink{
-		path:        path,
-		opt:         opt,
-		log:         cfg.logger,
-		migrations:  ms,
-		schemaFound: -1,
-		done:        newDoneCache(cfg.doneCacheSize),
-		stats:       newStatBuffer(),
-		rows:        newRowCache(),
-		dsnParams:   cfg.dsnParams,
-	}
+	s := &db{path: path, opt: opt, log: cfg.logger, migrations: ms, dsnParams: cfg.dsnParams, schemaFound: -1}
 	if opt.ReadOnly {
-		s.rdb, err = openDB(path, opt.BusyTimeout, true)
-		if err != nil {
+		if s.rdb, err = openDB(path, opt.BusyTimeout, true); err != nil {
 			return nil, s.fail(err)
 		}
 		s.rdb.SetMaxOpenConns(4)
-		s.rdb.SetMaxIdleConns(4)
 		if err := s.checkReadable(ctx); err != nil {
 			s.rdb.Close()
 			return nil, err
@@ -216,10 +178,6 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		if err := s.checkStructure(ctx, s.rdb); err != nil {
 			s.rdb.Close()
 			return nil, err
-		}
-		if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
-			s.rdb.Close()
-			return nil, s.fail(err)
 		}
 		return s, nil
 	}
@@ -229,76 +187,44 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if s.ident, err = openIdentity(path); err != nil {
 		return nil, err
 	}
-	closeAll := func() {
-		s.closeKeyReaders()
-		if s.wprep != nil {
-			s.wprep.close()
-		}
+	fail := func(err error) (*db, error) {
 		if s.wconn != nil {
 			s.wconn.Close()
 		}
-		if s.rprep != nil {
-			s.rprep.close()
-		}
-		if s.rdb != nil {
-			s.rdb.Close()
-		}
-		if s.wdb != nil {
-			s.wdb.Close()
+		for _, p := range []*sql.DB{s.rdb, s.wdb} {
+			if p != nil {
+				p.Close()
+			}
 		}
 		s.ident.close()
+		return nil, err
 	}
-	s.wdb, err = s.openWritable()
-	if err != nil {
-		closeAll()
-		return nil, s.fail(err)
+	if s.wdb, err = s.openWritable(); err != nil {
+		return fail(s.fail(err))
 	}
 	s.wdb.SetMaxOpenConns(1)
-	s.wdb.SetMaxIdleConns(1)
 	s.wdb.SetConnMaxLifetime(0)
 	s.wdb.SetConnMaxIdleTime(0)
 	// A damaged file is refused before anything is written to it.
 	if err := s.checkStructure(ctx, s.wdb); err != nil {
-		closeAll()
-		return nil, err
+		return fail(err)
 	}
 	if err := s.migrate(ctx); err != nil {
-		closeAll()
-		return nil, err
+		return fail(err)
 	}
-	s.rdb, err = s.openWritable()
-	if err != nil {
-		closeAll()
-		return nil, s.fail(err)
+	if s.rdb, err = s.openWritable(); err != nil {
+		return fail(s.fail(err))
 	}
-	// Every reader connection stays open, with its prepared statements.
 	s.rdb.SetMaxOpenConns(4)
-	s.rdb.SetMaxIdleConns(4)
 	if s.wconn, err = s.wdb.Conn(ctx); err != nil {
-		closeAll()
-		return nil, s.fail(err)
+		return fail(s.fail(err))
 	}
-	if s.wprep, err = prepare(ctx, s.wconn, writerQueries()); err != nil {
-		closeAll()
-		return nil, s.fail(err)
+	var name string
+	if err := s.wconn.QueryRowContext(ctx, qMainFile).Scan(&name); err != nil {
+		return fail(s.fail(err))
 	}
-	if s.rprep, err = prepare(ctx, s.rdb, readerQueries()); err != nil {
-		closeAll()
-		return nil, s.fail(err)
-	}
-	if err := s.openKeyReaders(ctx); err != nil {
-		closeAll()
-		return nil, s.fail(err)
-	}
-	if err := s.checkIdentity(); err != nil {
-		closeAll()
-		return nil, err
-	}
-	// The connections are in WAL mode and have read: SQLite has opened
-	// the -shm file. Without it every duplicate is read from the database.
-	if s.wal, err = s.openOwnWALIndex(ctx); err != nil {
-		s.log.Debug("sqlite sink: the WAL-index header cannot be read; duplicates of keys not done are read from the database", "db", path, "err", err)
-		s.wal = nil
+	if err := errors.Join(s.ident.sameFile(path, name), s.ident.watchSides(path, name), s.checkIdentity()); err != nil {
+		return fail(err)
 	}
 	s.ops = make(chan *op, maxBatch)
 	s.quit = make(chan struct{})
@@ -306,22 +232,6 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	go s.writeLoop()
 	s.opened.Store(true)
 	return s, nil
-}
-
-// openOwnWALIndex opens the WAL-index of the file the writer connection has
-// open: SQLite names its -shm file after its own name of the database
-// (qMainFile), not after the path the sink was given, which may be a
-// symbolic link retargeted since SQLite followed it. That name must still
-// name the sink's identity.
-func (s *Sink) openOwnWALIndex(ctx context.Context) (*walIndex, error) {
-	var file string
-	if err := s.wconn.QueryRowContext(ctx, qMainFile).Scan(&file); err != nil {
-		return nil, err
-	}
-	if err := s.ident.sameFile(s.path, file); err != nil {
-		return nil, err
-	}
-	return openWALIndex(file)
 }
 
 // checkFile refuses, before SQLite touches anything, a path that is a
@@ -406,6 +316,9 @@ func checkFile(path string, opt sink.Options, ms []migration) error {
 		}
 	}
 	if !readOnly {
+		if err := checkSides(path); err != nil {
+			return err
+		}
 		if err := syscall.Access(path, 2); err != nil { // W_OK
 			return fmt.Errorf("sqlite sink %s: database file is read-only (%v): fix its permissions or use a read-only command", path, err)
 		}
@@ -424,6 +337,31 @@ func noDatabase(path, why string) error {
 		path = abs
 	}
 	return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, why)
+}
+
+// checkSides refuses a database whose -wal exists without its -shm, or the
+// other way round: SQLite deletes both when the last connection closes, so
+// one alone says that one was deleted while a process may still use the
+// database through it. SQLite would build a new -shm beside the other
+// process's orphaned one (or read a -wal the other's -shm does not
+// describe), and two processes writing through two WAL-indexes corrupt the
+// file (spec §3 "A deleted or replaced file").
+func checkSides(path string) error {
+	name, err := sqliteName(path)
+	if err != nil {
+		return nil // SQLite, which resolves it too, says what is wrong
+	}
+	wal, shm := exists(name+"-wal"), exists(name+"-shm")
+	if wal == shm {
+		return nil
+	}
+	there, gone := name+"-wal", name+"-shm"
+	if shm {
+		there, gone = gone, there
+	}
+	return fmt.Errorf("sqlite sink %s: %s exists without %s: one was deleted, and a process may still use the database through it; "+
+		"refusing to open it, which could corrupt it: stop every process that uses the database, then remove %s and run again",
+		path, there, gone, shellWord(there))
 }
 
 // sqliteName is the name SQLite's unix VFS gives the existing file at path
@@ -626,7 +564,7 @@ func dsn(path string, busy time.Duration, readOnly bool) string {
 // openWritable opens one of a writing sink's pools: openDB's, with every
 // connection checked by checkConn as it opens (the pools open connections
 // when they need them, after Open too), so that none is used before it is.
-func (s *Sink) openWritable() (*sql.DB, error) {
+func (s *db) openWritable() (*sql.DB, error) {
 	c, err := msqlite.NewConnector(dsn(s.path, s.opt.BusyTimeout, false) + s.dsnParams)
 	if err != nil {
 		return nil, err
@@ -672,7 +610,7 @@ const qMainFile = `SELECT file FROM pragma_database_list WHERE name = 'main'`
 // file. In another mode an -shm beside the file is a stale one that no
 // commit changes (the row cache, armed only by a change its own commit
 // made, would stay off; nothing here relies on that).
-func (s *Sink) checkConn(ctx context.Context, c driver.Conn) error {
+func (s *db) checkConn(ctx context.Context, c driver.Conn) error {
 	mode, err := connText(ctx, c, "PRAGMA journal_mode")
 	if err != nil {
 		return err
@@ -730,7 +668,7 @@ func connText(ctx context.Context, c driver.Conn, q string) (string, error) {
 // fail turns a driver error into one line naming the file and the cause. A
 // busy database gives a *lockedError (the time waited is not known here); a
 // corruption error marks the sink broken.
-func (s *Sink) fail(err error) error {
+func (s *db) fail(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -774,21 +712,9 @@ func classify(path string, err error, waited, busy time.Duration) error {
 	return fmt.Errorf("sqlite sink %s: %w", path, err)
 }
 
-// Commits returns how many write transactions this sink has committed: with
-// group commit, operations per commit shows how many share one disk sync.
-func (s *Sink) Commits() int64 { return s.commits.Load() }
-
-// SchemaVersions returns the schema version Open found (0: none, so it
-// created gemrecon's schema) and the one the database holds now: this
-// binary's, or a newer one that a newer gemrecon wrote and this one may use.
-func (s *Sink) SchemaVersions() (found, now int) { return s.schemaFound, s.schemaNow }
-
-// Path is the database file.
-func (s *Sink) Path() string { return s.path }
-
-// Close flushes buffered statistics and releases the database. It is safe to
-// call more than once.
-func (s *Sink) Close() error {
+// Close stops the writer (answering what is queued) and releases the
+// database. It is safe to call more than once.
+func (s *db) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -800,28 +726,15 @@ func (s *Sink) Close() error {
 	if s.wdb != nil {
 		close(s.quit)
 		<-s.exited
-		// No duplicate is answered from the row cache any more: a read
-		// now fails, and a last flush that failed committed nothing to
-		// end what the cache knew (nothing would write the sighting).
-		// The writer has exited: no commit of this sink arms it again.
-		s.walArmed.Store(false)
-		if err := s.flushErr(); err != nil {
-			errs = append(errs, err)
-		}
-		errs = append(errs, s.wprep.close(), s.wconn.Close(), s.wdb.Close())
+		errs = append(errs, s.wconn.Close(), s.wdb.Close())
 	}
-	errs = append(errs, s.closeKeyReaders(), s.rprep.close(), s.rdb.Close())
-	if s.wal != nil {
-		s.wal.release() // after the connections: see walIndex
-	}
+	errs = append(errs, s.rdb.Close())
 	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)
 }
 
-func (s *Sink) nowNS() int64 { return s.opt.Now().UnixNano() }
-
 // Now is the sink's clock (sink.Clock): the one its times are written by.
-func (s *Sink) Now(context.Context) (time.Time, error) { return s.opt.Now(), nil }
+func (s *db) Now(context.Context) (time.Time, error) { return s.opt.Now(), nil }
 
 func fromNS(ns int64) time.Time {
 	if ns == 0 {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
 )
 
@@ -14,14 +13,4 @@ var quiet = sqlitetest.Quiet
 
 func TestConformance(t *testing.T) {
 	sinktest.Run(t, func(t *testing.T, opt sink.Options) sink.Sink { return sqlitetest.OpenTemp(t, opt) })
-}
-
-// The done cache must not change behaviour: run the suite without it too.
-func TestConformanceNoDoneCache(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
-	sinktest.Run(t, func(t *testing.T, opt sink.Options) sink.Sink {
-		return sqlitetest.OpenTemp(t, opt, sqlite.WithDoneCacheSize(-1))
-	})
 }

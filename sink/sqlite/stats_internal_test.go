@@ -30,7 +30,7 @@ func TestStatsLatencyRanks(t *testing.T) {
 			if i >= n {
 				state, l = "pending", 1_000_000 // larger than any done latency
 			}
-			if _, err := s.writerExec(ctx, `INSERT INTO gemrecon_keys
+			if _, err := s.db.rdb.ExecContext(ctx, `INSERT INTO gemrecon_keys
 				(key, state, first_source, sources, first_seen_at, last_seen_at, done_at, due_at)
 				VALUES (?1, ?2, 'poll', ',poll,', ?3, ?3, ?4, ?4)`, fmt.Sprintf("k%d", i), state, first, first+l); err != nil {
 				t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 )
 
 // fileID is the device and inode of the file at path.
-func fileID(t *testing.T, path string) [2]uint64 {
+func testFileID(t *testing.T, path string) [2]uint64 {
 	t.Helper()
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
@@ -59,37 +59,9 @@ func linkedSink(t *testing.T) (s *Sink, link, real string) {
 	return s, link, real
 }
 
-// Opened through a symbolic link into another directory, the sink reads the
-// -shm file beside the file SQLite opened, and the row cache works.
-func TestWALIndexBesideTheLinkedFile(t *testing.T) {
-	ctx := context.Background()
-	s, link, real := linkedSink(t)
-	defer s.Close()
-	if s.wal == nil {
-		t.Fatal("no WAL-index reader")
-	}
-	if want := fileID(t, real+"-shm"); s.wal.id != want {
-		t.Fatalf("WAL-index of device/inode %v, the -shm beside %s is %v", s.wal.id, real, want)
-	}
-	if exists(link + "-shm") {
-		t.Fatal("an -shm file beside the link")
-	}
-	sg := sink.Sighting{Key: "gemini:batches/linked", Source: sink.SourcePoll}
-	for range 3 {
-		if _, err := s.Record(ctx, sg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !s.RowCacheArmed() || s.RowCacheHits() == 0 {
-		t.Fatalf("row cache armed %v, %d hits", s.RowCacheArmed(), s.RowCacheHits())
-	}
-}
-
 // A link retargeted after SQLite opened the file does not move the sink to
-// the new target: the WAL-index is the -shm of the file SQLite has open (not
-// of the one the path names now, whose header another sink's commits move),
-// and a connection its pools open now, which SQLite opens on the new target,
-// is refused.
+// the new target: a connection its pools open now, which SQLite opens on the
+// new target, is refused, and the sink is broken.
 func TestLinkRetargetedWhileOpen(t *testing.T) {
 	ctx := context.Background()
 	s, link, real := linkedSink(t)
@@ -99,22 +71,11 @@ func TestLinkRetargetedWhileOpen(t *testing.T) {
 	defer o.Close()
 	retarget(t, link, other)
 
-	// openOwnWALIndex is the step of Open after the identity check.
-	w, err := s.openOwnWALIndex(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := w.id
-	w.release()
-	if want := fileID(t, real+"-shm"); got != want {
-		t.Fatalf("WAL-index of device/inode %v; SQLite's file's -shm is %v, the new target's %v", got, want, fileID(t, other+"-shm"))
-	}
-
 	// The readers' pool has fewer than its 4 connections: some of these
 	// are new, and SQLite opens them on the new target.
 	refused := 0
 	for range 4 {
-		c, err := s.rdb.Conn(ctx)
+		c, err := s.db.rdb.Conn(ctx)
 		if err != nil {
 			if !errors.Is(err, ErrFileReplaced) {
 				t.Fatalf("a new reader: %v, want ErrFileReplaced", err)
@@ -134,27 +95,13 @@ func TestLinkRetargetedWhileOpen(t *testing.T) {
 	}
 }
 
-// When the name SQLite gives its file no longer names the file the sink
-// opened (another file renamed over it), there is no WAL-index reader to
-// open: duplicates are read from the database.
-func TestWALIndexNotOpenedForAReplacedFile(t *testing.T) {
-	ctx := context.Background()
-	s, _, real := linkedSink(t)
-	defer s.Close()
-	other := filepath.Join(filepath.Dir(real), "b.db")
-	o := mustOpen(t, other)
-	if err := o.Close(); err != nil {
+func mustOpen(t *testing.T, path string) *Sink {
+	t.Helper()
+	s, err := Open(context.Background(), path, sink.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(other, real); err != nil {
-		t.Fatal(err)
-	}
-	if w, err := s.openOwnWALIndex(ctx); !errors.Is(err, ErrFileReplaced) {
-		if w != nil {
-			w.release()
-		}
-		t.Fatalf("openOwnWALIndex on a replaced file: %v, want ErrFileReplaced", err)
-	}
+	return s
 }
 
 // sqliteName resolves a path as SQLite's unix VFS does: the name SQLite

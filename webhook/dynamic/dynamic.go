@@ -15,7 +15,6 @@
 package dynamic
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -199,65 +198,14 @@ type jwtEntry struct {
 // ErrUnverified (answer 401) or ErrUnavailable (answer 503); it names
 // what failed and never quotes a signature, a token or a key.
 func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Result, error) {
-	// Gather the entries first, so that the count is bounded before any
-	// of them costs a parse.
-	type entry struct {
-		v1a   bool
-		value string
-	}
-	var entries []entry
-	for _, line := range h.Values(HeaderSignature) {
-		for _, e := range strings.Fields(line) {
-			// A proxy that folds two header lines into one joins them
-			// with ", "; no signature ends with a comma.
-			e = strings.TrimRight(e, ",")
-			version, value, hasComma := strings.Cut(e, ",")
-			switch {
-			case hasComma && version == "v1a":
-				entries = append(entries, entry{v1a: true, value: value})
-			case hasComma:
-				// v1 (HMAC, package webhook's) or a scheme of the future.
-			case strings.Count(e, ".") == 2:
-				entries = append(entries, entry{value: e})
-			}
-		}
-	}
-	if len(entries) == 0 {
-		return Result{}, ErrNoEntry
-	}
-	if len(entries) > MaxEntries {
-		return Result{}, fmt.Errorf("%w: %d v1a and JWT entries, more than the %d accepted", ErrUnverified, len(entries), MaxEntries)
-	}
-	var (
-		reasons reasonList
-		v1as    []v1aEntry
-		jwts    []jwtEntry
-	)
-	for i, e := range entries {
-		n := i + 1
-		if !e.v1a {
-			if j, ok := parseJWT(e.value, n, &reasons); ok {
-				jwts = append(jwts, j)
-			}
-		} else if sig, ok := decodeSignature(e.value); ok {
-			v1as = append(v1as, v1aEntry{n: n, sig: sig})
-		} else {
-			reasons.add(fmt.Sprintf("entry %d: v1a signature is not base64 of %d bytes", n, ed25519.SignatureSize))
-		}
-	}
-
 	now := v.now()
+	v1as, jwts, reasons, err := v.entries(h, now)
+	if err != nil {
+		return Result{}, err
+	}
 	var msg []byte
 	if len(v1as) > 0 {
-		var err error
-		if msg, err = v1aMessage(h, body, now); err != nil {
-			reasons.add("v1a: " + err.Error())
-			v1as = nil
-		}
-	}
-	jwts = v.timelyJWTs(jwts, now, &reasons)
-	if len(v1as) == 0 && len(jwts) == 0 {
-		return Result{}, reasons.err(ErrUnverified)
+		msg = v1aMessage(h, body)
 	}
 
 	// Only now, with an entry that a key could verify, is the key set
@@ -290,6 +238,81 @@ func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Resu
 		return Result{}, fmt.Errorf("%w: no cached key verifies the request and refreshing the key set failed", ErrUnavailable)
 	}
 	return Result{}, reasons.err(ErrUnverified)
+}
+
+// Check judges a request by its headers alone, as Verify does before it
+// needs the body or the key set: the error Verify would return whatever the
+// body (ErrNoEntry; or an ErrUnverified naming why no entry could verify:
+// too many, malformed, a v1a whose webhook-id or webhook-timestamp is
+// missing or outside Tolerance, a JWT refused by its header or claims), or
+// nil when some entry could still verify. It never fetches the key set. The
+// receiver calls it before it reads a body (spec §6).
+func (v *Verifier) Check(h http.Header) error {
+	_, _, _, err := v.entries(h, v.now())
+	return err
+}
+
+// entries gathers and judges the signature entries as far as the headers
+// allow, with the reasons the dropped ones failed. It returns an error when
+// none is left that a key could verify.
+func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry, reasonList, error) {
+	// Gather the entries first, so that the count is bounded before any
+	// of them costs a parse.
+	type entry struct {
+		v1a   bool
+		value string
+	}
+	var entries []entry
+	for _, line := range h.Values(HeaderSignature) {
+		for _, e := range strings.Fields(line) {
+			// A proxy that folds two header lines into one joins them
+			// with ", "; no signature ends with a comma.
+			e = strings.TrimRight(e, ",")
+			version, value, hasComma := strings.Cut(e, ",")
+			switch {
+			case hasComma && version == "v1a":
+				entries = append(entries, entry{v1a: true, value: value})
+			case hasComma:
+				// v1 (HMAC, package webhook's) or a scheme of the future.
+			case strings.Count(e, ".") == 2:
+				entries = append(entries, entry{value: e})
+			}
+		}
+	}
+	if len(entries) == 0 {
+		return nil, nil, nil, ErrNoEntry
+	}
+	if len(entries) > MaxEntries {
+		return nil, nil, nil, fmt.Errorf("%w: %d v1a and JWT entries, more than the %d accepted", ErrUnverified, len(entries), MaxEntries)
+	}
+	var (
+		reasons reasonList
+		v1as    []v1aEntry
+		jwts    []jwtEntry
+	)
+	for i, e := range entries {
+		n := i + 1
+		if !e.v1a {
+			if j, ok := parseJWT(e.value, n, &reasons); ok {
+				jwts = append(jwts, j)
+			}
+		} else if sig, ok := decodeSignature(e.value); ok {
+			v1as = append(v1as, v1aEntry{n: n, sig: sig})
+		} else {
+			reasons.add(fmt.Sprintf("entry %d: v1a signature is not base64 of %d bytes", n, ed25519.SignatureSize))
+		}
+	}
+	if len(v1as) > 0 {
+		if err := v1aHeaders(h, now); err != nil {
+			reasons.add("v1a: " + err.Error())
+			v1as = nil
+		}
+	}
+	jwts = v.timelyJWTs(jwts, now, &reasons)
+	if len(v1as) == 0 && len(jwts) == 0 {
+		return nil, nil, nil, reasons.err(ErrUnverified)
+	}
+	return v1as, jwts, reasons, nil
 }
 
 // try verifies the entries against one key set. wantFresh reports that a
@@ -427,33 +450,31 @@ func peekAlg(s string) (string, bool) {
 	return hdr.Alg, true
 }
 
-// v1aMessage is what a v1a entry signs — webhook-id "." webhook-timestamp
-// "." body, the timestamp as sent — after checking that the headers are
-// there and the timestamp within Tolerance of now.
-func v1aMessage(h http.Header, body []byte, now time.Time) ([]byte, error) {
+// v1aHeaders checks that the headers a v1a entry signs are there and the
+// timestamp within Tolerance of now.
+func v1aHeaders(h http.Header, now time.Time) error {
 	id, ts := h.Get(HeaderID), h.Get(HeaderTimestamp)
 	if id == "" || ts == "" {
-		return nil, errors.New("missing webhook-id or webhook-timestamp header")
+		return errors.New("missing webhook-id or webhook-timestamp header")
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
-		return nil, errors.New("webhook-timestamp is not Unix seconds")
+		return errors.New("webhook-timestamp is not Unix seconds")
 	}
-	at := time.Unix(sec, 0)
-	if now.Sub(at) > Tolerance {
-		return nil, errors.New("webhook-timestamp is more than 5 minutes old")
+	off := now.Sub(time.Unix(sec, 0))
+	if off > Tolerance {
+		return fmt.Errorf("webhook-timestamp is more than 5 minutes old (%v)", off.Round(time.Second))
 	}
-	if at.Sub(now) > Tolerance {
-		return nil, errors.New("webhook-timestamp is more than 5 minutes in the future")
+	if -off > Tolerance {
+		return fmt.Errorf("webhook-timestamp is more than 5 minutes in the future (%v ahead)", (-off).Round(time.Second))
 	}
-	var b bytes.Buffer
-	b.Grow(len(id) + len(ts) + len(body) + 2)
-	b.WriteString(id)
-	b.WriteByte('.')
-	b.WriteString(ts)
-	b.WriteByte('.')
-	b.Write(body)
-	return b.Bytes(), nil
+	return nil
+}
+
+// v1aMessage is what a v1a entry signs — webhook-id "." webhook-timestamp
+// "." body, the timestamp as sent (v1aHeaders checked them).
+func v1aMessage(h http.Header, body []byte) []byte {
+	return append([]byte(h.Get(HeaderID)+"."+h.Get(HeaderTimestamp)+"."), body...)
 }
 
 // decodeSignature decodes standard base64, padded or not, of exactly an

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/loadgen"
+	"github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/webhook"
@@ -68,7 +69,7 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer s.Close()
-	h, err := webhook.NewHandler(webhook.Config{Sink: s, Secrets: []string{benchSecret}})
+	h, err := serve.Receiver(webhook.Config{Secrets: []string{benchSecret}}, s)
 	if err != nil {
 		return err
 	}

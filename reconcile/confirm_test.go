@@ -1,7 +1,8 @@
-package ingest
+package reconcile
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/internal/testkit"
@@ -68,7 +70,7 @@ type world struct {
 	sink    sink.Sink
 	poller  *poller.Poller
 	disp    *dispatch.Dispatcher
-	hooks   *Webhooks
+	hooks   *ingest.Webhooks
 	poll    *Poll
 	docs    *docs
 	metrics *metrics.Metrics
@@ -80,6 +82,8 @@ type worldOptions struct {
 	noConfirm  bool // a dispatcher without the API (no credentials, or --confirm never)
 	resultsDir string
 	api        *geminifake.Server // share a stand-in between two worlds
+	pageSize   int                // the poller's (0: its default)
+	logs       io.Writer          // the poll pass's log (nil: discarded)
 }
 
 func newWorld(t *testing.T, o worldOptions) *world {
@@ -105,6 +109,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 	pc := poller.DefaultConfig()
 	pc.APIKey, pc.BaseURL, pc.Now = testKey, w.api.URL(), w.clock.Now
 	pc.Sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	pc.PageSize = cmp.Or(o.pageSize, pc.PageSize)
 	if w.poller, err = poller.New(context.Background(), pc); err != nil {
 		t.Fatal(err)
 	}
@@ -123,23 +128,27 @@ func newWorld(t *testing.T, o worldOptions) *world {
 		t.Fatal(err)
 	}
 	w.metrics = metrics.NewWithOptions(nil, metrics.Options{NoRuntime: true})
-	if w.hooks, err = NewWebhooks(WebhookConfig{Sink: s, Metrics: w.metrics}); err != nil {
+	if w.hooks, err = ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: w.metrics}); err != nil {
 		t.Fatal(err)
 	}
+	var logger *slog.Logger
+	if o.logs != nil {
+		logger = slog.New(slog.NewTextHandler(o.logs, nil))
+	}
 	if w.poll, err = NewPoll(PollConfig{Sink: s, Poller: w.poller, Dispatcher: w.disp, Metrics: w.metrics,
-		FullScanEvery: DefaultFullScanEvery, Now: w.clock.Now}); err != nil {
+		FullScanEvery: DefaultFullScanEvery, Now: w.clock.Now, Logger: logger}); err != nil {
 		t.Fatal(err)
 	}
 	return w
 }
 
 // hook delivers a webhook event for batch id (type e.g. "batch.succeeded").
-func (w *world) hook(id, typ string, v Verification) Answer {
+func (w *world) hook(id, typ string, v ingest.Verification) ingest.Answer {
 	w.t.Helper()
 	body, _ := json.Marshal(map[string]any{"type": typ, "version": "v1", "timestamp": "2025-12-01T00:00:00Z",
 		"data": map[string]any{"id": id}})
 	a := w.hooks.Event(context.Background(), body, v)
-	if a.Kind != Recorded {
+	if a.Kind != ingest.Recorded {
 		w.t.Fatalf("Event(%s) = %+v, want recorded", body, a)
 	}
 	return a
@@ -207,7 +216,7 @@ func TestWebhookFirstDocumentEqualsPollFirst(t *testing.T) {
 		pollFirst := newWorld(t, worldOptions{postgres: pg, api: api})
 		key := "gemini:batches/same"
 
-		hookFirst.hook("same", "batch.failed", VerifiedStatic)
+		hookFirst.hook("same", "batch.failed", ingest.VerifiedStatic)
 		if sum := hookFirst.drain(); sum.OK != 1 {
 			t.Fatalf("webhook-first drain = %+v, want one effect", sum)
 		}
@@ -276,7 +285,7 @@ func TestRunningBatchWaitsForTheAPI(t *testing.T) {
 		w := newWorld(t, worldOptions{postgres: pg})
 		w.api.Add(geminifake.Batch{Name: "batches/slow", State: "RUNNING", CreateTime: t0.Add(-time.Hour)})
 		key := "gemini:batches/slow"
-		w.hook("slow", "batch.succeeded", VerifiedStatic)
+		w.hook("slow", "batch.succeeded", ingest.VerifiedStatic)
 		var last time.Time
 		for i := range 12 {
 			sum := w.drain()
@@ -317,7 +326,7 @@ func TestRunningBatchWaitsForTheAPI(t *testing.T) {
 func TestStillRunningAfter48HoursCounts(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	w.api.Add(geminifake.Batch{Name: "batches/stuck", State: "RUNNING", CreateTime: t0.Add(-49 * time.Hour)})
-	w.hook("stuck", "batch.succeeded", VerifiedStatic)
+	w.hook("stuck", "batch.succeeded", ingest.VerifiedStatic)
 	if sum := w.drain(); sum.Failed != 1 || sum.Unconfirmed != 0 {
 		t.Fatalf("drain = %+v, want one counted failure", sum)
 	}
@@ -334,8 +343,8 @@ func TestStillRunningAfter48HoursCounts(t *testing.T) {
 func TestUnknownToTheAPIDeadThenRevivedByPoll(t *testing.T) {
 	backends(t, func(t *testing.T, pg bool) {
 		w := newWorld(t, worldOptions{postgres: pg})
-		w.hook("ghost", "batch.succeeded", VerifiedStatic) // the API knows no such batch: 404
-		w.hook("foreign", "batch.failed", VerifiedStatic)  // another project's: 403
+		w.hook("ghost", "batch.succeeded", ingest.VerifiedStatic) // the API knows no such batch: 404
+		w.hook("foreign", "batch.failed", ingest.VerifiedStatic)  // another project's: 403
 		w.api.Deny("batches/foreign")
 		if sum := w.drain(); sum.Dead != 2 {
 			t.Fatalf("drain = %+v, want both keys dead", sum)
@@ -375,11 +384,11 @@ func TestWebhookSaysSucceededAPISaysFailed(t *testing.T) {
 	backends(t, func(t *testing.T, pg bool) {
 		w := newWorld(t, worldOptions{postgres: pg})
 		w.api.Add(failedBatch("liar"))
-		w.hook("liar", "batch.succeeded", VerifiedStatic)
+		w.hook("liar", "batch.succeeded", ingest.VerifiedStatic)
 		if sum := w.drain(); sum.OK != 1 {
 			t.Fatalf("drain = %+v, want one effect", sum)
 		}
-		w.hook("liar", "batch.succeeded", VerifiedStatic) // a redelivery after done: another conflict? no: counted, nothing runs
+		w.hook("liar", "batch.succeeded", ingest.VerifiedStatic) // a redelivery after done: another conflict? no: counted, nothing runs
 		w.drain()
 		evs := w.docs.of("gemini:batches/liar")
 		if len(evs) != 1 || evs[0].BatchState != "FAILED" || evs[0].State != "FAILED" || !evs[0].Confirmed {
@@ -399,7 +408,7 @@ func TestWebhookSaysSucceededAPISaysFailed(t *testing.T) {
 func TestConfirmationStormUsesNoAttempts(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	w.api.Add(geminifake.Batch{Name: "batches/busy", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
-	w.hook("busy", "batch.succeeded", VerifiedStatic)
+	w.hook("busy", "batch.succeeded", ingest.VerifiedStatic)
 	key := "gemini:batches/busy"
 	perGet := poller.DefaultMaxRetries + 1
 	for round := range 4 {
@@ -451,7 +460,7 @@ func TestConfirmationStormUsesNoAttempts(t *testing.T) {
 func TestConfirmationAnswerTooLarge(t *testing.T) {
 	w := newWorld(t, worldOptions{})
 	w.api.Add(geminifake.Batch{Name: "batches/huge", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
-	w.hook("huge", "batch.succeeded", VerifiedStatic)
+	w.hook("huge", "batch.succeeded", ingest.VerifiedStatic)
 	const head, tail = `{"name":"batches/huge","done":true,"metadata":{"displayName":"`, `"}}`
 	w.api.InjectFault(geminifake.Fault{Body: head + strings.Repeat("x", poller.MaxResponseBody+1-len(head)-len(tail)) + tail})
 	if sum := w.drain(); sum.Failed != 1 || sum.OK != 0 || sum.Unconfirmed != 0 {
@@ -478,7 +487,7 @@ func TestConfirmationRequestsCounted(t *testing.T) {
 		w.api.Add(geminifake.Batch{Name: geminifake.GeminiName(id), State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
 	}
 	for _, id := range []string{"h1", "h2", "h3"} {
-		w.hook(id, "batch.succeeded", VerifiedStatic)
+		w.hook(id, "batch.succeeded", ingest.VerifiedStatic)
 	}
 	w.api.ResetRequests()
 	r := w.pass()
@@ -495,7 +504,7 @@ func TestConfirmationRequestsCounted(t *testing.T) {
 	// Webhook first, drained before any listing: one each.
 	for _, id := range []string{"h4", "h5"} {
 		w.api.Add(geminifake.Batch{Name: geminifake.GeminiName(id), State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
-		w.hook(id, "batch.succeeded", VerifiedStatic)
+		w.hook(id, "batch.succeeded", ingest.VerifiedStatic)
 	}
 	if sum := w.drain(); sum.OK != 2 {
 		t.Fatalf("drain = %+v", sum)
@@ -520,8 +529,8 @@ func TestDynamicOnlyKeysNeedConfirmation(t *testing.T) {
 	backends(t, func(t *testing.T, pg bool) {
 		w := newWorld(t, worldOptions{postgres: pg, noConfirm: true})
 		w.api.Add(geminifake.Batch{Name: "batches/dyn", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
-		w.hook("dyn", "batch.succeeded", VerifiedDynamic)
-		w.hook("hmac", "batch.succeeded", VerifiedStatic)
+		w.hook("dyn", "batch.succeeded", ingest.VerifiedDynamic)
+		w.hook("hmac", "batch.succeeded", ingest.VerifiedStatic)
 		if sum := w.drain(); sum.Claimed != 1 || sum.OK != 1 {
 			t.Fatalf("drain without confirmation = %+v, want only the HMAC key run", sum)
 		}
@@ -546,9 +555,9 @@ func TestDynamicOnlyKeysNeedConfirmation(t *testing.T) {
 		}
 		// operations/…: never fetched.
 		before := len(w.api.Requests())
-		for _, v := range []Verification{VerifiedStatic, VerifiedDynamic} {
-			name := map[Verification]string{VerifiedStatic: "operations/op-hmac", VerifiedDynamic: "operations/op-dyn"}[v]
-			if a := c.hooks.Event(context.Background(), []byte(`{"name":"`+name+`"}`), v); a.Kind != Recorded {
+		for _, v := range []ingest.Verification{ingest.VerifiedStatic, ingest.VerifiedDynamic} {
+			name := map[ingest.Verification]string{ingest.VerifiedStatic: "operations/op-hmac", ingest.VerifiedDynamic: "operations/op-dyn"}[v]
+			if a := c.hooks.Event(context.Background(), []byte(`{"name":"`+name+`"}`), v); a.Kind != ingest.Recorded {
 				t.Fatalf("Event(%s) = %+v", name, a)
 			}
 		}
@@ -598,7 +607,7 @@ func TestReRenderedPayloadIsNoConflict(t *testing.T) {
 		w.pass()
 		for _, id := range []string{"r1", "r2", "r3"} {
 			w.api.Update(geminifake.GeminiName(id), func(b *geminifake.Batch) { b.UpdateTime = t0.Add(time.Minute); b.DisplayName = "re-rendered" })
-			w.hook(id, "batch.succeeded", VerifiedStatic)
+			w.hook(id, "batch.succeeded", ingest.VerifiedStatic)
 		}
 		w.advance(time.Minute)
 		w.pass()
@@ -627,7 +636,7 @@ func TestResultsArriveByteForByte(t *testing.T) {
 	w.api.Add(geminifake.Batch{Name: "batches/inl", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0,
 		InlinedResponses: inlined})
 	w.api.Add(failedBatch("nores"))
-	w.hook("big", "batch.succeeded", VerifiedStatic)
+	w.hook("big", "batch.succeeded", ingest.VerifiedStatic)
 	if r := w.pass(); r.Effects.OK != 3 {
 		t.Fatalf("pass = %+v, want three effects", r)
 	}
@@ -768,11 +777,11 @@ func TestVertexResultsLocation(t *testing.T) {
 	name2 := geminifake.VertexName("123", "us-central1", "778")
 	api.Add(geminifake.Batch{Name: name2, State: "FAILED", CreateTime: t0.Add(-time.Hour), EndTime: t0,
 		Error: &geminifake.Status{Code: 3, Message: "bad input"}})
-	hooks, err := NewWebhooks(WebhookConfig{Sink: s})
+	hooks, err := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := hooks.Event(context.Background(), []byte(`{"name":"`+name2+`"}`), VerifiedStatic); a.Kind != Recorded {
+	if a := hooks.Event(context.Background(), []byte(`{"name":"`+name2+`"}`), ingest.VerifiedStatic); a.Kind != ingest.Recorded {
 		t.Fatalf("Event = %+v", a)
 	}
 	if sum, err := disp.Drain(context.Background()); err != nil || sum.OK != 1 {

@@ -1,15 +1,14 @@
-// Package ingest owns the path from a sighting of a completion to a
-// recorded key (spec §9.1): the canonical key (canon), the check of what a
-// key may be (spec §12), sink.Record, the deliveries metrics, and waking
-// dispatch. Today it holds the reconciliation pass loop of spec §5 that
-// `gemrecon poll` (once, or --watch) and `serve --poll-every` share: the
-// scope's pass lease → list → key → Record (source poll) → count → drain →
-// the scope's pass record (spec §5.5), including when a pass must read
-// every page, and when it must not list at all because another replica
-// holds the lease or listed less than an interval ago (lease.go).
+// Package reconcile is the reconciliation pass loop of spec §5 that
+// `gemrecon poll` (once, or --watch), `serve --poll-every` and the demo
+// share: the scope's pass lease → list → record each terminal operation
+// (through ingest.Listed, spec §9.1) → drain → the scope's pass record
+// (spec §5.5), including when a pass must read every page, and when it must
+// not list at all because another replica holds the lease or listed less
+// than an interval ago (lease.go); and the pass's summary line and
+// textfile (summary.go).
 //
-// Commands only wire flags to it; they do not record sightings themselves.
-package ingest
+// Commands only wire flags to it.
+package reconcile
 
 import (
 	"context"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/dispatch"
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
@@ -33,11 +33,6 @@ const BatchExpiry = 48 * time.Hour
 // DefaultFullScanEvery is the default of --full-scan-every (spec §5.2).
 const DefaultFullScanEvery = 12 * time.Hour
 
-// OutcomeInvalid is the outcome label of gemrecon_deliveries_total for a
-// listed operation whose name can never be a key (spec §12): logged,
-// counted, never recorded.
-const OutcomeInvalid = metrics.OutcomeInvalid
-
 // recordTimeout bounds the pass record's write and read at the end of a
 // pass, which run even when the pass's context was cancelled (a pass cut
 // short by SIGTERM is still a pass that happened).
@@ -50,7 +45,7 @@ const recordTimeout = 10 * time.Second
 // every is fine. every 0 makes every pass a full scan. Errors are
 // field.Errors naming FullScanEvery and Lookback.
 func ValidateFullScanEvery(lookback, every time.Duration) error {
-	const p = "ingest: "
+	const p = "reconcile: "
 	switch {
 	case every < 0:
 		return field.Errorf(p, "{FullScanEvery} %v is negative (0 makes every pass a full scan)", every)
@@ -78,7 +73,7 @@ const MinPassLease = time.Second
 // cannot run with (tests use pass leases shorter than MinPassLease).
 // Errors are field.Errors.
 func (c PollConfig) Validate() error {
-	const p = "ingest: "
+	const p = "reconcile: "
 	switch {
 	case c.Interval < 0:
 		return field.Errorf(p, "{Interval} must not be negative")
@@ -97,7 +92,7 @@ func (c PollConfig) Validate() error {
 // PollSink is what a poll pass needs of the sink: Record, the pass records
 // and pass lease of spec §5.5, and NoteLookback (the purge guard's record).
 type PollSink interface {
-	Recorder
+	ingest.Recorder
 	sink.Passes
 	NoteLookback(ctx context.Context, lookback time.Duration) error
 }
@@ -159,10 +154,10 @@ type Poll struct {
 // NewPoll checks cfg and returns a Poll.
 func NewPoll(cfg PollConfig) (*Poll, error) {
 	if cfg.Sink == nil || cfg.Poller == nil || cfg.Dispatcher == nil {
-		return nil, errors.New("ingest: a poll needs a sink, a poller and a dispatcher")
+		return nil, errors.New("reconcile: a poll needs a sink, a poller and a dispatcher")
 	}
 	if cfg.FullScanEvery < 0 || cfg.Interval < 0 || cfg.PassLease < 0 || cfg.RenewEvery < 0 {
-		return nil, errors.New("ingest: negative full-scan interval, pass interval, pass lease or renewal period")
+		return nil, errors.New("reconcile: negative full-scan interval, pass interval, pass lease or renewal period")
 	}
 	if cfg.PassLease == 0 {
 		cfg.PassLease = DefaultPassLease
@@ -171,7 +166,7 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 		cfg.RenewEvery = cfg.PassLease / 3
 	}
 	if cfg.RenewEvery <= 0 || cfg.RenewEvery >= cfg.PassLease {
-		return nil, fmt.Errorf("ingest: the pass lease %v must be renewed more often than it lasts (every %v)", cfg.PassLease, cfg.RenewEvery)
+		return nil, fmt.Errorf("reconcile: the pass lease %v must be renewed more often than it lasts (every %v)", cfg.PassLease, cfg.RenewEvery)
 	}
 	if cfg.MinInterval == 0 {
 		cfg.MinInterval = cfg.Interval
@@ -412,7 +407,7 @@ func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
 // sighting turns one listed terminal operation into a recorded key, through
 // Listed: it carries the state and says it comes from the API (spec §9.2).
 func (p *Poll) sighting(ctx context.Context, r *Result, op poller.Operation) error {
-	out, err := Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.Record(ctx, op)
+	out, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.Record(ctx, op)
 	switch {
 	case err != nil:
 		return err
@@ -432,7 +427,7 @@ func (p *Poll) sighting(ctx context.Context, r *Result, op poller.Operation) err
 // during the one that was running then. It returns ctx's error.
 func (p *Poll) Watch(ctx context.Context, each func(Result)) error {
 	if p.cfg.Interval <= 0 {
-		return errors.New("ingest: Watch needs a positive Interval")
+		return errors.New("reconcile: Watch needs a positive Interval")
 	}
 	for {
 		// A select between an ended ctx and a fired timer picks either.

@@ -1,4 +1,4 @@
-package ingest
+package reconcile
 
 import (
 	"context"
@@ -67,8 +67,8 @@ func TestPurgedKeyWithoutCreateTimeDoesNotRunAgain(t *testing.T) {
 	// (purge --older-than 72h, which the lookback guard allows).
 	e.clock.Set(e.clock.Now().Add(80 * time.Hour))
 	n, err := e.sink.Purge(context.Background(), e.poller.Lookback())
-	if err != nil || n != 2 {
-		t.Fatalf("purge: %d, %v", n, err)
+	if err != nil || len(n) != 2 {
+		t.Fatalf("purge: %q, %v", n, err)
 	}
 	r = e.pass(t)
 	if err := r.Err(); err != nil {

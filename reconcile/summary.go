@@ -1,4 +1,4 @@
-package ingest
+package reconcile
 
 import (
 	"encoding/json"
@@ -35,6 +35,9 @@ type Summary struct {
 	Skipped       string `json:"skipped,omitempty"` // "", "held" or "recent"
 	Holder        string `json:"holder,omitempty"`
 	Until         string `json:"until,omitempty"`
+	// UnknownTypes: recorded operations of a metadata @type gemrecon does
+	// not know (poller.PassStats); only when there were some.
+	UnknownTypes int `json:"unknown_types,omitempty"`
 }
 
 // Summary returns the pass's summary.
@@ -52,6 +55,7 @@ func (r Result) Summary() Summary {
 		APIRequests:   r.List.Requests,
 		FullScan:      r.FullScan(),
 		Duration:      r.Duration().Round(time.Millisecond).String(),
+		UnknownTypes:  r.List.UnknownTypes,
 	}
 	if r.Skipped() {
 		s.Skipped, s.Holder = r.Skip.Reason, r.Skip.Holder
@@ -74,6 +78,9 @@ func (s Summary) String() string {
 		s.Listed, s.Terminal, s.SkippedOld, s.New, s.Duplicates, s.Invalid, s.EffectsOK, s.EffectsFailed, s.Fenced, s.APIRequests, s.FullScan, s.Duration)
 	if s.Skipped != "" {
 		line += " skipped=" + s.Skipped + " holder=" + textValue(s.Holder) + " until=" + textValue(s.Until)
+	}
+	if s.UnknownTypes > 0 {
+		line += " unknown_types=" + strconv.Itoa(s.UnknownTypes)
 	}
 	return line
 }
