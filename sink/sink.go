@@ -62,7 +62,8 @@ var (
 	ErrSchemaTooNew = errors.New("database schema is newer than this gemrecon understands")
 	// ErrNotDead: Retry was asked for a key that is not dead.
 	ErrNotDead = errors.New("key is not dead")
-	// ErrNoDatabase: a read-only open found no database at the path.
+	// ErrNoDatabase: a read-only or MustExist open found no gemrecon
+	// database where it looked.
 	ErrNoDatabase = errors.New("no database")
 	// ErrUnusable: this process can no longer use the database (its file is
 	// damaged, or was deleted or replaced under it). Retrying cannot help:
@@ -518,6 +519,13 @@ type Options struct {
 	BusyTimeout time.Duration
 	// ReadOnly opens without creating or migrating (status, list, stats).
 	ReadOnly bool
+	// MustExist opens only a database that already holds gemrecon's schema
+	// (an older one is still migrated): a missing SQLite file, an empty
+	// one, or a PostgreSQL schema without gemrecon's tables is
+	// ErrNoDatabase, and nothing is created. The CLI sets it for every
+	// command but init, so that a mistyped --db is refused rather than
+	// started afresh (which would run every completion's effect again).
+	MustExist bool
 }
 
 // Defaults of spec §4.

@@ -117,3 +117,11 @@ func postJSON(t *testing.T, url, body string, h http.Header) (int, string) {
 	code, _, b := testkit.Call(t, http.MethodPost, url, body, h)
 	return code, string(b)
 }
+
+// initDB runs gemrecon init on db, as a user does once before the commands
+// that write (issue 24), and returns db.
+func initDB(t *testing.T, db string) string {
+	t.Helper()
+	wantCode(t, gemrecon(t, "--db", db, "init"), exitOK)
+	return db
+}

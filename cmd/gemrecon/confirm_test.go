@@ -40,18 +40,18 @@ func TestConfirmFlags(t *testing.T) {
 		{[]string{"--confirm", "sometimes"}, `--confirm "sometimes": want auto, always or never`},
 		{[]string{"--download-timeout", "0s"}, "--download-timeout must be positive"},
 	} {
-		r := gemrecon(t, append([]string{"--db", db, "drain"}, tc.args...)...)
+		r := gemrecon(t, append([]string{"--db", db, "drain", "--print"}, tc.args...)...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("drain %q = %v; want exit 2 saying %q", tc.args, r, tc.want)
 		}
 	}
-	r := gemrecon(t, "--db", db, "drain")
+	r := gemrecon(t, "--db", db, "drain", "--print")
 	wantCode(t, r, exitOK)
 	if n := strings.Count(r.stderr, "no API credentials"); n != 1 || !strings.Contains(r.stdout, `"confirmed":false`) ||
 		!strings.Contains(r.stdout, `"webhook":{"type":"batch.succeeded"`) {
 		t.Fatalf("drain without credentials: %d warnings, want 1, and the key run unconfirmed:\n%v", n, r)
 	}
-	if r := gemrecon(t, "--db", db, "drain", "--confirm", "never"); r.code != exitOK || strings.Contains(r.stderr, "no API credentials") {
+	if r := gemrecon(t, "--db", db, "drain", "--print", "--confirm", "never"); r.code != exitOK || strings.Contains(r.stderr, "no API credentials") {
 		t.Fatalf("drain --confirm never = %v, want no warning", r)
 	}
 }
@@ -74,7 +74,7 @@ func TestDrainConfirmsAndInspectionShowsTheBatch(t *testing.T) {
 			}
 		}
 	})
-	r := gemrecon(t, "--db", db, "drain", "--base-url", api.URL(), "--qps", "0")
+	r := gemrecon(t, "--db", db, "drain", "--print", "--base-url", api.URL(), "--qps", "0")
 	wantCode(t, r, exitNotDone) // the ghost went dead
 	if !strings.Contains(r.stderr, "drain: claimed=2 ok=1 failed=0 dead=1 fenced=0 unconfirmed=0") {
 		t.Errorf("drain summary: %s", r.stderr)
@@ -164,7 +164,7 @@ func TestPollResultsDirAndPurge(t *testing.T) {
 	api.Update("batches/b0", func(b *geminifake.Batch) { b.ResponsesFile = "files/b0-out" })
 	api.AddFile(geminifake.File{Name: "files/b0-out", Size: 100 << 10, Seed: 3})
 	dir := t.TempDir()
-	db, res, log := filepath.Join(dir, "s.db"), filepath.Join(dir, "results"), filepath.Join(dir, "effects.log")
+	db, res, log := initDB(t, filepath.Join(dir, "s.db")), filepath.Join(dir, "results"), filepath.Join(dir, "effects.log")
 	r := gemrecon(t, pollArgs(db, api, "--results-dir", res, "--exec", `echo "$GEMRECON_RESULTS_FILE" >> `+shellQuote(log))...)
 	wantCode(t, r, exitOK)
 	lines := readLines(t, log)
@@ -203,7 +203,7 @@ func TestKillDuringDownloadThenRestart(t *testing.T) {
 	api.Update("batches/b0", func(b *geminifake.Batch) { b.ResponsesFile = "files/big" })
 	api.AddFile(geminifake.File{Name: "files/big", Size: size, Seed: 11, BytesPerSecond: 32 << 20, StallAfter: 3 << 20})
 	dir := t.TempDir()
-	db, res, log := filepath.Join(dir, "s.db"), filepath.Join(dir, "results"), filepath.Join(dir, "effects.log")
+	db, res, log := initDB(t, filepath.Join(dir, "s.db")), filepath.Join(dir, "results"), filepath.Join(dir, "effects.log")
 	effect := `echo "$GEMRECON_KEY $GEMRECON_ATTEMPT $GEMRECON_RESULTS_FILE" >> ` + shellQuote(log)
 	args := func(cmd string) []string {
 		return []string{"--db", db, cmd, "--base-url", api.URL(), "--qps", "0", "--results-dir", res,
@@ -282,7 +282,7 @@ func TestServeSyncConfirmsWithinSyncWait(t *testing.T) {
 	dir := t.TempDir()
 	addr := freeAddr(t)
 	log := filepath.Join(dir, "effects.log")
-	cmd := child(t, "--db", filepath.Join(dir, "s.db"), "serve", "--listen", addr, "--insecure-no-verify", "--sync",
+	cmd := child(t, "--db", initDB(t, filepath.Join(dir, "s.db")), "serve", "--listen", addr, "--insecure-no-verify", "--sync",
 		"--sync-wait", "1s", "--base-url", api.URL(), "--qps", "0", "--exec", `echo "$GEMRECON_KEY $GEMRECON_BATCH_STATE $GEMRECON_CONFIRMED" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMINI_API_KEY="+testAPIKey, "GOOGLE_API_KEY=")
 	stderr := startServing(t, cmd, "http://"+addr+"/healthz")

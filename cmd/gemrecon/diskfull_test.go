@@ -65,7 +65,7 @@ func TestServeDiskFull(t *testing.T) {
 	// Room for a few dozen records in the WAL, which SQLite appends to
 	// (the database file itself grows only at a checkpoint).
 	limit := max(fileSize(t, db), fileSize(t, db+"-wal")) + 96<<10
-	cmd := testkit.Command("gemrecon-fsize-limited", strconv.FormatInt(limit, 10), "--db", db, "serve", "--listen", addr)
+	cmd := testkit.Command("gemrecon-fsize-limited", strconv.FormatInt(limit, 10), "--db", db, "serve", "--listen", addr, "--print")
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+unusableSecret)
 	var stderr testkit.Buffer
 	cmd.Stderr = &stderr
@@ -168,7 +168,7 @@ func TestServeDiskFull(t *testing.T) {
 // troubleshooting section states.
 func TestDrainDiskFullBeforeDone(t *testing.T) {
 	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
+	db := initDB(t, filepath.Join(dir, "s.db"))
 	started, proceed, runs := filepath.Join(dir, "started"), filepath.Join(dir, "go"), filepath.Join(dir, "runs")
 	const key = "gemini:batches/fullbeforedone"
 	withSink(t, db, sink.Options{}, func(s sink.Sink) {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/spf13/cobra/doc"
@@ -65,4 +66,36 @@ func listDir(t *testing.T, dir string) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// TestManPages generates a man page per command from the command tree
+// (cobra/doc), as scripts/release.sh ships them: into GEMRECON_MAN_DIR when
+// it is set, else into a temporary directory, checking that every command
+// has its page.
+func TestManPages(t *testing.T) {
+	for _, v := range []string{"GEMRECON_DB", "GEMRECON_LOG_FORMAT", "GEMRECON_LOG_LEVEL", "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"} {
+		t.Setenv(v, "")
+	}
+	dir := os.Getenv("GEMRECON_MAN_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := &app{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+	root := a.rootCommand()
+	root.DisableAutoGenTag = true
+	hdr := &doc.GenManHeader{Title: "GEMRECON", Section: "1", Source: "gemrecon", Manual: "gemrecon manual"}
+	if err := doc.GenManTree(root, hdr, dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(root.Commands(), root) {
+		if c.Hidden || c.Name() == "help" {
+			continue
+		}
+		page := filepath.Join(dir, strings.ReplaceAll(c.CommandPath(), " ", "-")+".1")
+		if b, err := os.ReadFile(page); err != nil || !bytes.Contains(b, []byte(c.Short)) {
+			t.Errorf("man page %s: %v, or it lacks the command's summary", page, err)
+		}
+	}
 }

@@ -39,7 +39,7 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 	const generated, created = 4, 12
 	const batches = generated + created
 	dir := t.TempDir()
-	db, log, secrets := filepath.Join(dir, "e2e.db"), filepath.Join(dir, "effects.log"), filepath.Join(dir, "whsec")
+	db, log, secrets := initDB(t, filepath.Join(dir, "e2e.db")), filepath.Join(dir, "effects.log"), filepath.Join(dir, "whsec")
 	serveAddr := freeAddr(t)
 	hook := "http://" + serveAddr + "/webhook"
 

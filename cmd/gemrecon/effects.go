@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,6 +31,8 @@ type effectFlags struct {
 	exec          string
 	forward       string
 	sql           string // --sql FILE
+	print         bool
+	given         func(name string) bool // the flag was on the command line
 	concurrency   int
 	lease         time.Duration
 	effectTimeout time.Duration
@@ -40,10 +47,12 @@ func (f *effectFlags) register(cmd *cobra.Command) {
 	def := dispatch.DefaultConfig()
 	fs.StringVar(&f.exec, "exec", "", "effect: run this /bin/sh -c command per completion (event document on stdin, GEMRECON_* env)")
 	fs.StringVar(&f.forward, "forward", "", "effect: POST the event document to this URL (signed when GEMRECON_FORWARD_SECRET is set)")
-	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @key @name @state @source @token @attempt @operation)")
+	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @"+strings.Join(sqlscript.ParamNames(), " @")+")")
+	fs.BoolVar(&f.print, "print", false, "effect: print each completion's event document as one NDJSON line on stdout, before the key is marked done")
+	f.given = fs.Changed
 	// One effect per process (dispatch.Config.Validate: Effect or SQL);
 	// which flag names it is the command line's business.
-	cmd.MarkFlagsMutuallyExclusive("exec", "forward", "sql")
+	cmd.MarkFlagsMutuallyExclusive(effectNames...)
 	fs.IntVar(&f.concurrency, "concurrency", def.Concurrency, "effects run at once")
 	fs.DurationVar(&f.lease, "lease", def.Lease, "claim lease; renewed every third of it while the effect runs")
 	fs.DurationVar(&f.effectTimeout, "effect-timeout", def.EffectTimeout, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
@@ -52,6 +61,84 @@ func (f *effectFlags) register(cmd *cobra.Command) {
 	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
 	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
 }
+
+// effectNames are the flags that choose the effect, exactly one per process.
+var effectNames = []string{"exec", "forward", "sql", "print"}
+
+// noEffect is the refusal of a command line that names no effect. Before
+// issue 24 such a line printed NDJSON and marked every key done: a bare
+// poll consumed completions without running anything.
+const noEffect = "no effect given: choose what runs once per completion with --exec CMD, --forward URL, --sql FILE or --print (add --print to print each completion as an NDJSON line, as before)"
+
+// checkChoice is the rule of issue 24: exactly one effect flag (cobra
+// refuses two), none of them empty, and an --exec command that is a single
+// word or path must name an executable file now rather than fail with 127
+// on every attempt for hours. The refusals are usage errors (exit 2).
+func (f *effectFlags) checkChoice() error {
+	values := map[string]string{"exec": f.exec, "forward": f.forward, "sql": f.sql}
+	n := 0
+	for _, name := range effectNames {
+		if !f.given(name) {
+			continue
+		}
+		if v, ok := values[name]; ok && strings.TrimSpace(v) == "" {
+			return usageError("--%s is empty: give the %s (an unset variable in a crontab or unit gives an empty value)", name, effectValue[name])
+		}
+		if name != "print" || f.print {
+			n++
+		}
+	}
+	if n == 0 {
+		return usageError(noEffect)
+	}
+	if f.exec != "" {
+		return execCheck(f.exec)
+	}
+	return nil
+}
+
+// shellSyntax are the bytes that make an --exec command more than a word to
+// /bin/sh: white space, quotes, expansions, redirections, operators, globs,
+// comments, assignments. Such a command is the shell's to run, unchecked.
+const shellSyntax = " \t\n\"'`$\\;&|<>(){}[]*?~#!="
+
+// shBuiltins are /bin/sh's special built-ins, which no PATH lookup finds.
+var shBuiltins = map[string]bool{":": true, ".": true, "break": true, "continue": true, "eval": true, "exec": true,
+	"exit": true, "export": true, "readonly": true, "return": true, "set": true, "shift": true, "times": true,
+	"trap": true, "unset": true}
+
+// execCheck refuses an --exec command that is one word or path (no shell
+// syntax) and names no executable file, as /bin/sh would find it: through
+// PATH for a bare word, else relative to the working directory.
+func execCheck(command string) error {
+	word := strings.TrimSpace(command)
+	if strings.ContainsAny(word, shellSyntax) || shBuiltins[word] {
+		return nil
+	}
+	_, err := exec.LookPath(word)
+	var why string
+	switch {
+	case err == nil || errors.Is(err, exec.ErrDot):
+		return nil
+	case errors.Is(err, exec.ErrNotFound):
+		why = fmt.Sprintf("no executable %s on PATH (%s): give its path (./%s), or run gemrecon with its directory on PATH", word, os.Getenv("PATH"), word)
+	case errors.Is(err, fs.ErrNotExist):
+		why = "no such file"
+		if wd, werr := os.Getwd(); werr == nil && !filepath.IsAbs(word) {
+			why += " in the working directory " + wd
+		}
+	case errors.Is(err, fs.ErrPermission):
+		why = "not executable: chmod +x " + word
+	case errors.Is(err, syscall.EISDIR):
+		why = "is a directory"
+	default:
+		why = err.Error()
+	}
+	return usageError("--exec %s: %s", word, why)
+}
+
+// effectValue names the value each effect flag takes, for messages.
+var effectValue = map[string]string{"exec": "command to run", "forward": "URL to POST to", "sql": "SQL file to run"}
 
 // sinkOptions carries the retry policy into the sink, which computes backoff.
 func (f *effectFlags) sinkOptions() sink.Options {
@@ -68,6 +155,9 @@ func (a *app) dispatchConfig(f *effectFlags, cf *confirmFlags) (dispatch.Config,
 		return cfg, err
 	}
 	if err := durationFlagCheck("grace", f.grace); err != nil {
+		return cfg, err
+	}
+	if err := f.checkChoice(); err != nil {
 		return cfg, err
 	}
 	if f.sql != "" { // checked at start-up (unreadable file, unknown parameter)
@@ -96,7 +186,8 @@ func (a *app) dispatchConfig(f *effectFlags, cf *confirmFlags) (dispatch.Config,
 	return cfg, usage(cfg.Validate())
 }
 
-// effect builds the configured effect; the default prints NDJSON on stdout.
+// effect builds the configured effect (checkChoice made sure there is
+// one): --exec, --forward or --print.
 func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 	switch {
 	case f.exec != "":

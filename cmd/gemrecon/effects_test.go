@@ -55,7 +55,7 @@ func TestFencedOutcomeExits4(t *testing.T) {
 		t.Setenv("GEMINI_API_KEY", testAPIKey)
 		t.Setenv("GOOGLE_API_KEY", "")
 		api := fakeAPI(t, "SUCCEEDED")
-		db := filepath.Join(t.TempDir(), "s.db")
+		db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 		r := runTakenOver(t, db, "gemini:"+geminifake.GeminiName("b0"), pollArgs(db, api)...)
 		wantCode(t, r, exitNotDone)
 	})
@@ -102,7 +102,7 @@ func TestExecOutputUnderJSONLogs(t *testing.T) {
 // fencedDB returns a new database with one pending key for runTakenOver.
 func fencedDB(t *testing.T) (db, key string) {
 	t.Helper()
-	db = filepath.Join(t.TempDir(), "s.db")
+	db = initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	key = "gemini:batches/fenced"
 	withSink(t, db, sink.Options{}, func(s sink.Sink) {
 		if _, err := s.Record(context.Background(), sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{"name":"batches/fenced"}`)}); err != nil {
@@ -206,7 +206,7 @@ func waitExit(t *testing.T, cmd *exec.Cmd, max time.Duration, stderr fmt.Stringe
 // claims nothing more, and every key is pending again with no attempt used
 // (no key waits for its lease).
 func TestDrainIntoHeadExits1(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "s.db")
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	ks := []string{"gemini:batches/h1", "gemini:batches/h2", "gemini:batches/h3"}
 	recordBig(t, db, ks...)
 	pr, pw, err := os.Pipe()
@@ -215,7 +215,7 @@ func TestDrainIntoHeadExits1(t *testing.T) {
 	}
 	head := exec.Command("head", "-c", "10")
 	head.Stdin = pr
-	gem := child(t, "--db", db, "drain", "--concurrency", "1")
+	gem := child(t, "--db", db, "drain", "--print", "--concurrency", "1")
 	gem.Stdout = pw
 	var stderr testkit.Buffer
 	gem.Stderr = &stderr
@@ -255,11 +255,11 @@ func stalledPipe(t *testing.T) *os.File {
 // longer than --effect-timeout; drain then exits 1 with a message, and the
 // key is pending with no attempt used.
 func TestDrainStalledStdoutEndsWithinTheEffectTimeout(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "s.db")
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	key := "gemini:batches/stalled"
 	recordBig(t, db, key)
 	pw := stalledPipe(t)
-	gem := child(t, "--db", db, "drain", "--effect-timeout", "1s", "--lease", "1m")
+	gem := child(t, "--db", db, "drain", "--print", "--effect-timeout", "1s", "--lease", "1m")
 	gem.Stdout = pw
 	var stderr testkit.Buffer
 	gem.Stderr = &stderr
@@ -282,11 +282,11 @@ func TestDrainStalledStdoutEndsWithinTheEffectTimeout(t *testing.T) {
 // reader stopped reading mid-line still stops within --grace (+ a bound)
 // of SIGTERM, says why, and leaves the key pending with no attempt used.
 func TestServeSIGTERMWithStalledStdout(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "s.db")
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	key := "gemini:batches/stalled"
 	recordBig(t, db, key)
 	pw := stalledPipe(t)
-	gem := child(t, "--db", db, "serve", "--insecure-no-verify", "--listen", "127.0.0.1:0",
+	gem := child(t, "--db", db, "serve", "--insecure-no-verify", "--listen", "127.0.0.1:0", "--print",
 		"--effect-timeout", "1m", "--lease", "2m", "--grace", "1s")
 	gem.Stdout = pw
 	var stderr testkit.Buffer

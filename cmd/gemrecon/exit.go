@@ -6,7 +6,7 @@ import (
 )
 
 // Exit statuses (spec §5, §7, §8). They are documented in the README and
-// mapped from errors in exactly one place: exitCode.
+// docs/design.md §8, and mapped from errors in exactly one place: exitCode.
 const (
 	exitOK         = 0
 	exitFatal      = 1

@@ -100,7 +100,7 @@ func (a *app) statusCommand() *cobra.Command {
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), &o, args[0]) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (stable field names, see README)")
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (stable field names: docs/operating.md)")
 	return cmd
 }
 

@@ -49,7 +49,7 @@ func TestSecondInterruptStopsEffectsNow(t *testing.T) {
 			}
 			run := func(t *testing.T, grace string, signals int) outcome {
 				dir := t.TempDir()
-				db := filepath.Join(dir, "s.db")
+				db := initDB(t, filepath.Join(dir, "s.db"))
 				pidFile := filepath.Join(dir, "effect.pid")
 				args := append(tc.args(db), "--grace", grace, "--lease", "5m", "--effect-timeout", "4m", "--exec",
 					"trap '' TERM; echo $$ > "+shellQuote(pidFile)+".tmp && mv "+shellQuote(pidFile)+".tmp "+shellQuote(pidFile)+"; sleep 60")
@@ -155,7 +155,7 @@ func TestServeSecondSIGTERMStopsSyncEffectNow(t *testing.T) {
 // shutdown. Before, the effect ran on until the drain was over.
 func TestServeSecondSIGTERMStopsBackgroundEffectsDuringADrain(t *testing.T) {
 	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
+	db := initDB(t, filepath.Join(dir, "s.db"))
 	pidFile := filepath.Join(dir, "effect.pid")
 	addr := freeAddr(t)
 	cmd := child(t, "--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr,

@@ -13,9 +13,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -27,6 +29,10 @@ func main() {
 // SIGINT and SIGTERM go to an interrupts (interrupt.go): the first stops the
 // command, with --grace for running effects; the second ends the grace.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if err := apiKeyFromFile(); err != nil {
+		fmt.Fprintf(stderr, "gemrecon: %v\n", err)
+		return exitUsage
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	in := &interrupts{cancel: cancel}
@@ -46,4 +52,29 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}()
 	return executeWith(ctx, in, args, stdin, stdout, stderr)
+}
+
+// apiKeyFile names the file that holds the Gemini API key, for services
+// that keep secrets out of their environment (systemd's LoadCredential=,
+// a mounted secret): the process's GEMINI_API_KEY is read from it, unless
+// GEMINI_API_KEY or GOOGLE_API_KEY is set already.
+const apiKeyFile = "GEMINI_API_KEY_FILE"
+
+// apiKeyFromFile sets GEMINI_API_KEY from GEMINI_API_KEY_FILE (see
+// apiKeyFile). It runs once per process, before any command: the key
+// becomes the environment every part of gemrecon and the SDK reads.
+func apiKeyFromFile() error {
+	path := os.Getenv(apiKeyFile)
+	if path == "" || os.Getenv("GEMINI_API_KEY") != "" || os.Getenv("GOOGLE_API_KEY") != "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", apiKeyFile, err)
+	}
+	key := strings.TrimSpace(string(b))
+	if key == "" {
+		return fmt.Errorf("%s: %s is empty", apiKeyFile, path)
+	}
+	return os.Setenv("GEMINI_API_KEY", key)
 }

@@ -29,7 +29,7 @@ import (
 // pass lease held and skips its listing (issue 14): each poll that listed
 // saw every completion once.
 func TestMultiInstancePostgres(t *testing.T) {
-	dsn := pgtest.Schema(t)
+	dsn := initDB(t, pgtest.Schema(t))
 	const n = 1000
 	dir := t.TempDir()
 	log := filepath.Join(dir, "effects.log")

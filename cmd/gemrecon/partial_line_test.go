@@ -52,7 +52,7 @@ func openAppend(t *testing.T, path string) *os.File {
 // and every event, the cut-off one included, is one whole JSON line.
 func TestDrainAppendedAfterACutOffLine(t *testing.T) {
 	dir := t.TempDir()
-	db, out := filepath.Join(dir, "s.db"), filepath.Join(dir, "events.ndjson")
+	db, out := initDB(t, filepath.Join(dir, "s.db")), filepath.Join(dir, "events.ndjson")
 	keys := []string{"gemini:batches/cut1", "gemini:batches/cut2"}
 	withSink(t, db, sink.Options{}, func(s sink.Sink) {
 		for _, k := range keys {
@@ -80,7 +80,7 @@ func TestDrainAppendedAfterACutOffLine(t *testing.T) {
 		defer f.Close()
 		// --retry-base 1ms: a key handed back is due again long before
 		// the next process starts.
-		cmd := testkit.Command(name, append(args, "--db", db, "drain", "--concurrency", "1", "--confirm", "never", "--retry-base", "1ms")...)
+		cmd := testkit.Command(name, append(args, "--db", db, "drain", "--print", "--concurrency", "1", "--confirm", "never", "--retry-base", "1ms")...)
 		cmd.Stdout = f
 		var errb testkit.Buffer
 		cmd.Stderr = &errb

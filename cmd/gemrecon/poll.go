@@ -322,4 +322,4 @@ const pollExample = `  # crontab: every 10 minutes
   gemrecon poll --watch --interval 5m --forward https://internal/hook
   # the same crontab on three hosts, one PostgreSQL database: about one listing per 10 minutes in all
   */10 * * * * GEMINI_API_KEY=… gemrecon --db postgres://gemrecon@db/gemrecon poll --min-interval 10m --exec /usr/local/bin/publish-batch
-  gemrecon poll --backend vertex --project my-proj --location us-central1 --lookback 0`
+  gemrecon poll --backend vertex --project my-proj --location us-central1 --lookback 0 --print > completions.ndjson`

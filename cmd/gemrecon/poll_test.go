@@ -46,7 +46,7 @@ func pollArgs(db string, api *geminifake.Server, extra ...string) []string {
 func TestPollWatchSIGTERMLeavesNoClaim(t *testing.T) {
 	api := fakeAPI(t, "SUCCEEDED")
 	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
+	db := initDB(t, filepath.Join(dir, "s.db"))
 	started := filepath.Join(dir, "started")
 	cmd := child(t, pollArgs(db, api, "--watch", "--interval", "1h", "--grace", "1s",
 		"--exec", "touch "+shellQuote(started)+"; sleep 60")...)
@@ -126,8 +126,8 @@ func TestPollOldestFirstFindsEveryCompletion(t *testing.T) {
 		at := now.Add(-3 * time.Hour).Add(time.Duration(i) * time.Minute)
 		api.Add(geminifake.Batch{Name: geminifake.GeminiName("new" + itoa(i)), State: "SUCCEEDED", CreateTime: at, EndTime: now.Add(-2 * time.Hour)})
 	}
-	db := filepath.Join(t.TempDir(), "s.db")
-	r := gemrecon(t, pollArgs(db, api, "--page-size", "5")...)
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
+	r := gemrecon(t, pollArgs(db, api, "--page-size", "5", "--print")...)
 	wantCode(t, r, exitOK)
 	if !strings.Contains(r.stderr, "listed=42 terminal=42 skipped_old=30 new=12 duplicates=0 invalid=0 effects_ok=12 effects_failed=0 fenced=0 api_requests=9 full_scan=true") {
 		t.Errorf("summary: %s", r.stderr)
@@ -142,8 +142,8 @@ func TestPollOldestFirstFindsEveryCompletion(t *testing.T) {
 func TestPollSummaryJSON(t *testing.T) {
 	t.Setenv("GEMINI_API_KEY", testAPIKey)
 	api := fakeAPI(t, "SUCCEEDED", "RUNNING")
-	db := filepath.Join(t.TempDir(), "s.db")
-	r := gemrecon(t, append([]string{"--log-format", "json"}, pollArgs(db, api)...)...)
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
+	r := gemrecon(t, append([]string{"--log-format", "json"}, pollArgs(db, api, "--print")...)...)
 	wantCode(t, r, exitOK)
 	var found int
 	for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {

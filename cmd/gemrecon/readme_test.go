@@ -16,33 +16,39 @@ import (
 	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
-// readmeBlock returns the lines of the fenced block that follows the
-// "<!-- readme-test: NAME" marker in the README.
+// readmeBlock returns the command lines (comments dropped) of the ```sh
+// block that follows the "<!-- readme-test: NAME" marker in the README.
 func readmeBlock(t *testing.T, name string) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(b)
-	i := strings.Index(text, "<!-- readme-test: "+name)
-	if i < 0 {
-		t.Fatalf("README.md has no readme-test marker %q", name)
-	}
-	text = text[i:]
-	start := strings.Index(text, "```sh\n")
-	if start < 0 {
-		t.Fatalf("no ```sh block after marker %q", name)
-	}
-	text = text[start+len("```sh\n"):]
-	end := strings.Index(text, "```")
 	var lines []string
-	for _, l := range strings.Split(text[:end], "\n") {
+	for _, l := range strings.Split(docBlock(t, "README.md", "readme-test: "+name, "sh"), "\n") {
 		if cmd, _, _ := strings.Cut(l, "#"); strings.TrimSpace(cmd) != "" {
 			lines = append(lines, strings.TrimSpace(cmd))
 		}
 	}
 	return lines
+}
+
+// docBlock returns the text of the ```lang block that follows the
+// "<!-- MARKER" comment in file (relative to the repository's root).
+func docBlock(t *testing.T, file, marker, lang string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	i := strings.Index(text, "<!-- "+marker)
+	if i < 0 {
+		t.Fatalf("%s has no marker %q", file, marker)
+	}
+	text = text[i:]
+	start := strings.Index(text, "```"+lang+"\n")
+	if start < 0 {
+		t.Fatalf("%s: no ```%s block after marker %q", file, lang, marker)
+	}
+	text = text[start+len("```"+lang+"\n"):]
+	return text[:strings.Index(text, "```")]
 }
 
 // gemreconOnPath returns the path of the gemrecon that a shell finds: this
@@ -210,45 +216,51 @@ func TestReadmeTryLocally(t *testing.T) {
 		t.Fatalf("the README's client block lacks the emulator's exports %v", exports)
 	}
 	script = append([]string{"set -e"}, append(script, "wait")...)
-	sh := exec.Command("/bin/sh", "-c", strings.Join(script, "\n"))
-	sh.Dir, sh.Env = work, env
-	sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // serve runs in the background: kill the group on a timeout
-	var out testkit.Buffer
-	sh.Stdout, sh.Stderr = &out, &out
-	if err := sh.Start(); err != nil {
-		t.Fatal(err)
-	}
-	shDone := make(chan error, 1)
-	go func() { shDone <- sh.Wait() }()
-	select {
-	case err := <-shDone:
-		if err != nil {
-			t.Fatalf("the walkthrough failed: %v\n%s\nemulator:\n%s", err, &out, &emuErr)
+	// Twice in the same folder: the walk-through starts afresh (its
+	// cleanup line), so a second run finds no secret file to refuse to
+	// overwrite and no database of the first. The emulator's batches have
+	// all finished by then: the second run's serve gets no delivery, and
+	// its poll finds every completion.
+	for run := 1; run <= 2; run++ {
+		sh := exec.Command("/bin/sh", "-c", strings.Join(script, "\n"))
+		sh.Dir, sh.Env = work, env
+		sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // serve runs in the background: kill the group on a timeout
+		var out testkit.Buffer
+		sh.Stdout, sh.Stderr = &out, &out
+		if err := sh.Start(); err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(120 * time.Second):
-		_ = syscall.Kill(-sh.Process.Pid, syscall.SIGKILL)
-		<-shDone
-		t.Fatalf("the walkthrough did not end within 120s\n%s\nemulator:\n%s", &out, &emuErr)
-	}
-	if !strings.Contains(out.String(), "first source:") {
-		t.Errorf("stats printed nothing recognisable:\n%s", &out)
-	}
-
-	c, err := genai.NewClient(context.Background(), &genai.ClientConfig{APIKey: vars["GEMINI_API_KEY"], Backend: genai.BackendGeminiAPI,
-		HTTPOptions: genai.HTTPOptions{BaseURL: vars["GOOGLE_GEMINI_BASE_URL"]}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keys []string
-	for name := range genaitest.ListAll(t, c, 5) {
-		keys = append(keys, "gemini:"+name)
-	}
-	if len(keys) != 8 {
-		t.Fatalf("the emulator lists %d batches, want the README's 8", len(keys))
-	}
-	for k, n := range effectsPerKey(t, filepath.Join(work, "try-effects.log"), keys) {
-		if n != 1 {
-			t.Errorf("%s: its effect ran %d times, want once", k, n)
+		shDone := make(chan error, 1)
+		go func() { shDone <- sh.Wait() }()
+		select {
+		case err := <-shDone:
+			if err != nil {
+				t.Fatalf("run %d of the walkthrough failed: %v\n%s\nemulator:\n%s", run, err, &out, &emuErr)
+			}
+		case <-time.After(120 * time.Second):
+			_ = syscall.Kill(-sh.Process.Pid, syscall.SIGKILL)
+			<-shDone
+			t.Fatalf("run %d of the walkthrough did not end within 120s\n%s\nemulator:\n%s", run, &out, &emuErr)
+		}
+		if !strings.Contains(out.String(), "first source:") {
+			t.Errorf("run %d: stats printed nothing recognisable:\n%s", run, &out)
+		}
+		c, err := genai.NewClient(context.Background(), &genai.ClientConfig{APIKey: vars["GEMINI_API_KEY"], Backend: genai.BackendGeminiAPI,
+			HTTPOptions: genai.HTTPOptions{BaseURL: vars["GOOGLE_GEMINI_BASE_URL"]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for name := range genaitest.ListAll(t, c, 5) {
+			keys = append(keys, "gemini:"+name)
+		}
+		if len(keys) != 8 {
+			t.Fatalf("the emulator lists %d batches, want the README's 8", len(keys))
+		}
+		for k, n := range effectsPerKey(t, filepath.Join(work, "try-effects.log"), keys) {
+			if n != 1 {
+				t.Errorf("run %d: %s: its effect ran %d times, want once", run, k, n)
+			}
 		}
 	}
 	dynamic := 0

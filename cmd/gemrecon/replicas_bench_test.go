@@ -53,7 +53,7 @@ func TestReplicaBench(t *testing.T) {
 			api.Add(geminifake.Batch{Name: geminifake.GeminiName(fmt.Sprintf("bench-%03d", i)), State: "SUCCEEDED", CreateTime: created})
 		}
 		dir := t.TempDir()
-		db := filepath.Join(dir, "sink.db")
+		db := initDB(t, filepath.Join(dir, "sink.db"))
 		var procs []*exec.Cmd
 		for range n {
 			addr := freeAddr(t)

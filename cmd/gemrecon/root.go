@@ -131,7 +131,8 @@ claim/lease sink (SQLite by default, PostgreSQL for many machines). Each
 completion's effect (a command, an HTTP forward, an SQL script or an NDJSON
 line) runs until it succeeds, and never again once it is done.`,
 		Example: `  gemrecon demo                         # a self-contained run, no credentials
-  GEMINI_API_KEY=… gemrecon poll --exec ./publish.sh
+  gemrecon --db /var/lib/gemrecon/sink.db init   # once: create the database
+  GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --forward https://internal/hook
   gemrecon status batches/abc123`,
 		SilenceErrors: true,
@@ -167,6 +168,7 @@ line) runs until it succeeds, and never again once it is done.`,
 		a.webhooksCommand(),
 		a.emulatorCommand(),
 		a.versionCommand(),
+		a.initCommand(),
 	)
 	return root
 }
@@ -194,7 +196,7 @@ func envOr(name, def string) string {
 // (version, completion, emulator, webhooks, demo with its own database) run
 // whatever --db or GEMRECON_DB says.
 var opensDB = map[string]bool{"status": true, "list": true, "stats": true, "retry": true,
-	"purge": true, "drain": true, "poll": true, "serve": true}
+	"purge": true, "drain": true, "poll": true, "serve": true, "init": true, "rerun": true}
 
 // setup validates the global flags and builds the logger. --db is checked
 // only for a command that opens it.
@@ -225,13 +227,26 @@ func (a *app) newLogger(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(a.stderr, opts))
 }
 
-// openSink opens the configured database. Read-only opens never create it.
-// A --db string that names no database (sink/dial decides: a URL-like
-// string that is no PostgreSQL URL) is a usage error.
+// openSink opens the configured database, which must hold gemrecon's
+// schema already (an older one is upgraded): only init creates one, so a
+// mistyped --db is refused instead of being started afresh, which would run
+// every completion in the window again (issue 24).
 func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error) {
+	opt.MustExist = true
+	return a.dialSink(ctx, opt)
+}
+
+// dialSink opens the configured database as opt says. A --db string that
+// names no database (sink/dial decides: a URL-like string that is no
+// PostgreSQL URL) is a usage error; a database without gemrecon's schema
+// (exit 1) is named by the sink, and the message says what to do.
+func (a *app) dialSink(ctx context.Context, opt sink.Options) (sink.Sink, error) {
 	s, err := dial.OpenWithLogger(ctx, a.db, opt, a.logger)
 	if errors.Is(err, dial.ErrInvalidDSN) {
 		return nil, withCode(exitUsage, fmt.Errorf("--db: %w", err))
+	}
+	if errors.Is(err, sink.ErrNoDatabase) {
+		return nil, fmt.Errorf("%w; check --db, or run 'gemrecon init' once to create it", err)
 	}
 	if err != nil {
 		return nil, err

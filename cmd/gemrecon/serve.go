@@ -343,5 +343,5 @@ exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook
-  GEMINI_API_KEY=… gemrecon serve --secret-file s.txt --poll-every 10m   # webhook and reconciliation in one process
+  GEMINI_API_KEY=… gemrecon serve --secret-file s.txt --poll-every 10m --exec ./publish.sh   # webhook and reconciliation in one process
   GEMINI_API_KEY=… gemrecon serve --secret-file s.txt --dynamic --exec ./publish.sh   # static and per-job webhooks`

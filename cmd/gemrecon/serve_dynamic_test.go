@@ -37,7 +37,7 @@ func TestServeDynamicFlags(t *testing.T) {
 		for k, v := range env {
 			t.Setenv(k, v)
 		}
-		return gemrecon(t, append([]string{"--db", db, "serve", "--listen", "127.0.0.1:0"}, args...)...)
+		return gemrecon(t, append([]string{"--db", db, "serve", "--listen", "127.0.0.1:0", "--print"}, args...)...)
 	}
 	withKey := map[string]string{"GEMINI_API_KEY": testAPIKey}
 	noKey := map[string]string{"GEMINI_API_KEY": ""}
@@ -115,7 +115,7 @@ func TestServeDynamicConfirmsAndRefusesForeignBatches(t *testing.T) {
 	t.Cleanup(jwks.Close)
 
 	dir := t.TempDir()
-	db, log := filepath.Join(dir, "s.db"), filepath.Join(dir, "effects.log")
+	db, log := initDB(t, filepath.Join(dir, "s.db")), filepath.Join(dir, "effects.log")
 	addr := freeAddr(t)
 	t.Setenv("GEMINI_API_KEY", testAPIKey)
 	t.Setenv("GOOGLE_API_KEY", "")

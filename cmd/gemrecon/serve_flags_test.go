@@ -52,7 +52,7 @@ func TestServeDrainTimeoutZeroClosesAtOnce(t *testing.T) {
 func serveStderr(t *testing.T, db string, args ...string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	cmd := child(t, append([]string{"--db", db, "serve", "--confirm", "never", "--listen", addr}, args...)...)
+	cmd := child(t, append([]string{"--db", db, "serve", "--confirm", "never", "--listen", addr, "--print"}, args...)...)
 	stderr := startServing(t, cmd, "http://"+addr+"/healthz")
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func serveStderr(t *testing.T, db string, args ...string) string {
 // warning, not exit 2, as poll's --interval without --watch). Before, it
 // was silently ignored.
 func TestServeSyncWaitWithoutSyncWarns(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "s.db")
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	const warning = "--sync-wait has no effect without --sync"
 	if out := serveStderr(t, db, "--insecure-no-verify", "--sync-wait", "3s"); !strings.Contains(out, `level=WARN msg="`+warning) {
 		t.Errorf("serve --sync-wait without --sync: no warning\n%s", out)
@@ -87,7 +87,7 @@ func TestServeSyncWaitWithoutSyncWarns(t *testing.T) {
 // gets no warning. Before, serve said nothing.
 func TestServeWarnsOfALooseSecretFile(t *testing.T) {
 	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
+	db := initDB(t, filepath.Join(dir, "s.db"))
 	for _, tc := range []struct {
 		mode os.FileMode
 		warn bool

@@ -62,7 +62,7 @@ func TestServeSyncSIGTERMLeavesNoClaim(t *testing.T) {
 func serveSyncEffect(t *testing.T, id string, serveArgs ...string) (*exec.Cmd, *testkit.Buffer, string, <-chan int, int) {
 	t.Helper()
 	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
+	db := initDB(t, filepath.Join(dir, "s.db"))
 	pidFile := filepath.Join(dir, "effect.pid")
 	addr := freeAddr(t)
 	args := append([]string{"--db", db, "serve", "--insecure-no-verify", "--confirm", "never", "--listen", addr, "--sync"}, serveArgs...)

@@ -19,14 +19,14 @@ import (
 // argv: there is no flag for it.
 func TestServeRefusesToStartWithoutSecret(t *testing.T) {
 	t.Setenv("GEMRECON_WEBHOOK_SECRET", "")
-	db := filepath.Join(t.TempDir(), "s.db")
-	r := gemrecon(t, "--db", db, "serve", "--listen", "127.0.0.1:0")
+	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
+	r := gemrecon(t, "--db", db, "serve", "--listen", "127.0.0.1:0", "--print")
 	wantCode(t, r, exitUsage)
 	if !strings.Contains(r.stderr, "GEMRECON_WEBHOOK_SECRET") || !strings.Contains(r.stderr, "--insecure-no-verify") {
 		t.Errorf("the refusal should say how to configure a secret: %v", r)
 	}
 	t.Setenv("GEMRECON_WEBHOOK_SECRET", "whsec_bm90IGJhc2U2NA-not-base64!")
-	r = gemrecon(t, "--db", db, "serve", "--listen", "127.0.0.1:0")
+	r = gemrecon(t, "--db", db, "serve", "--listen", "127.0.0.1:0", "--print")
 	wantCode(t, r, exitUsage)
 	if strings.Contains(r.stderr, "not-base64") {
 		t.Errorf("an invalid secret must not be echoed: %v", r)
@@ -42,7 +42,7 @@ func TestServeRefusesToStartWithoutSecret(t *testing.T) {
 func TestServePollEvery(t *testing.T) {
 	api := fakeAPI(t, "SUCCEEDED", "RUNNING", "FAILED")
 	dir := t.TempDir()
-	db := filepath.Join(dir, "s.db")
+	db := initDB(t, filepath.Join(dir, "s.db"))
 	log := filepath.Join(dir, "effects.log")
 	addr := freeAddr(t)
 	cmd := child(t, "--db", db, "serve", "--listen", addr, "--poll-every", "200ms",
@@ -111,7 +111,7 @@ func TestPollMetricsTextfile(t *testing.T) {
 	api := fakeAPI(t, "SUCCEEDED", "RUNNING", "EXPIRED")
 	dir := t.TempDir()
 	prom := filepath.Join(dir, "gemrecon.prom")
-	r := gemrecon(t, pollArgs(filepath.Join(dir, "s.db"), api, "--metrics-textfile", prom)...)
+	r := gemrecon(t, pollArgs(initDB(t, filepath.Join(dir, "s.db")), api, "--metrics-textfile", prom, "--print")...)
 	wantCode(t, r, exitOK)
 	b, err := os.ReadFile(prom)
 	if err != nil {
@@ -131,7 +131,7 @@ func TestPollMetricsTextfile(t *testing.T) {
 	// A second pass whose new key's effect fails exits 4: last_run_success
 	// 0, and the last success is still the first pass's (from the database).
 	api.Add(geminifake.Batch{Name: geminifake.GeminiName("late"), State: "SUCCEEDED", CreateTime: time.Now().Add(-time.Minute)})
-	r = gemrecon(t, pollArgs(filepath.Join(dir, "s.db"), api, "--metrics-textfile", prom, "--exec", "exit 3")...)
+	r = gemrecon(t, pollArgs(initDB(t, filepath.Join(dir, "s.db")), api, "--metrics-textfile", prom, "--exec", "exit 3")...)
 	wantCode(t, r, exitNotDone)
 	b, err = os.ReadFile(prom)
 	if err != nil {

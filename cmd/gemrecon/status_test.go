@@ -90,7 +90,7 @@ func TestStatusUnknownKeepsThePasswordOut(t *testing.T) {
 	}
 	u.User = url.UserPassword(u.User.Username(), "hunter2") // the test server trusts, so any password does
 	withPassword := u.String()
-	wantCode(t, gemrecon(t, "--db", withPassword, "drain"), exitOK) // creates the tables
+	wantCode(t, gemrecon(t, "--db", withPassword, "init"), exitOK) // creates the tables
 
 	r := gemrecon(t, "--db", withPassword, "status", "batches/nope")
 	wantCode(t, r, exitUnknownKey)

@@ -71,9 +71,9 @@ func TestServeDatabaseDeletedOrReplaced(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			db := filepath.Join(t.TempDir(), "s.db")
+			db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 			addr := freeAddr(t)
-			cmd := child(t, "--db", db, "serve", "--listen", addr)
+			cmd := child(t, "--db", db, "serve", "--listen", addr, "--print")
 			cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET="+unusableSecret)
 			var stderr testkit.Buffer
 			cmd.Stderr = &stderr
@@ -219,7 +219,7 @@ func TestPollDamagedDatabase(t *testing.T) {
 	db := damagedDB(t, 2000, lastKeysLeaf)
 	api := fakeAPI(t)
 	api.Add(geminifake.Batch{Name: geminifake.GeminiName("k-01999"), State: "SUCCEEDED", CreateTime: time.Now().Add(-time.Hour)})
-	r := gemrecon(t, pollArgs(db, api)...)
+	r := gemrecon(t, pollArgs(db, api, "--print")...)
 	wantDamaged(t, r, db)
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -381,7 +382,7 @@ func (a *app) removeResults(dir *results.Dir, keys []string) error {
 func (a *app) versionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:     "version",
-		Short:   "Print the module version and VCS revision",
+		Short:   "Print the release version (or module version), VCS revision and Go version",
 		Example: `  gemrecon version`,
 		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -391,16 +392,19 @@ func (a *app) versionCommand() *cobra.Command {
 	}
 }
 
-// versionString reads the module version and VCS stamp from build info.
+// version is the release's version, stamped by scripts/release.sh
+// (-ldflags "-X main.version=…": a git tag, else the VERSION file). It is
+// set at link time only; an unstamped build reports the module version.
+var version string
+
+// versionString is the stamped version (else the module version) with the
+// VCS stamp and the Go version from build info.
 func versionString() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "gemrecon (unknown version)"
+		return "gemrecon " + cmp.Or(version, "(unknown version)")
 	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
+	v := cmp.Or(version, bi.Main.Version, "(devel)")
 	var rev, modified, at string
 	for _, s := range bi.Settings {
 		switch s.Key {

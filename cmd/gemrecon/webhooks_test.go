@@ -509,7 +509,7 @@ func TestWebhooksWithServe(t *testing.T) {
 	log := filepath.Join(dir, "effects.log")
 	// serve confirms each completion with the API (the stand-in) before
 	// its effect runs (spec §9.2).
-	cmd := child(t, "--db", filepath.Join(dir, "s.db"), "serve", "--listen", addr, "--secret-file", secrets,
+	cmd := child(t, "--db", initDB(t, filepath.Join(dir, "s.db")), "serve", "--listen", addr, "--secret-file", secrets,
 		"--base-url", api.URL(), "--exec", `echo "$GEMRECON_KEY" >> `+shellQuote(log))
 	cmd.Env = append(cmd.Env, "GEMRECON_WEBHOOK_SECRET=")
 	stderr := startServing(t, cmd, "http://"+addr+"/healthz")

@@ -105,6 +105,11 @@ type Sink struct {
 	pg *pg
 }
 
+// SchemaVersions returns the schema version Open found (0: none, so it
+// created gemrecon's tables) and the one the database holds now: this
+// binary's, or a newer one that a newer gemrecon wrote and this one may use.
+func (s *Sink) SchemaVersions() (found, now int) { return s.pg.schemaFound, s.pg.schemaNow }
+
 // pg is the store of the PostgreSQL sink (sink.Store).
 type pg struct {
 	pool    *pgxpool.Pool
@@ -115,6 +120,8 @@ type pg struct {
 
 	connectTimeout time.Duration // for messages
 	migrations     []migration   // what this binary knows
+	// schemaFound and schemaNow are SchemaVersions'.
+	schemaFound, schemaNow int
 	// beforeCommit, when set, runs once before the next COMMIT (tests:
 	// a commit whose answer is lost).
 	beforeCommit atomic.Pointer[func()]
@@ -150,9 +157,10 @@ func dsnError(err error) error {
 // key=value; a search_path parameter is passed to the server, and pgxpool's
 // pool_* parameters such as pool_max_conns configure the pool), applies
 // pending migrations under an advisory lock, and returns the sink. With
-// opt.ReadOnly it never creates or migrates, and missing tables are
-// sink.ErrNoDatabase. If opt.Now is nil the database clock decides every
-// time; otherwise opt.Now does.
+// opt.ReadOnly it never creates or migrates, and with opt.MustExist it
+// migrates but never creates: missing tables are sink.ErrNoDatabase. If
+// opt.Now is nil the database clock decides every time; otherwise opt.Now
+// does.
 func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*Sink, error) {
 	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns, pingIdleAfter: pingIdleAfter}
 	for _, o := range opts {
@@ -363,6 +371,11 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 			}
 			schema = firstSchema(path)
 		}
+		if s.opt.MustExist {
+			if err := requireTables(ctx, tx, schema); err != nil {
+				return err
+			}
+		}
 		if schema != "" {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 				return fmt.Errorf("postgres: create schema %s: %w", schema, err)
@@ -378,6 +391,7 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
 			return fmt.Errorf("postgres: read schema version: %w", err)
 		}
+		s.schemaFound, s.schemaNow = cur, max(cur, len(ms))
 		if cur > len(ms) {
 			mr, ok, err := minReaderOf(ctx, tx)
 			if err != nil {
@@ -411,14 +425,12 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 func (s *pg) checkSchema(ctx context.Context) error {
 	want := len(s.migrations)
 	return s.withConn(ctx, func(c *pgx.Conn) error {
-		var exists bool
-		if err := c.QueryRow(ctx, `SELECT to_regclass('gemrecon_schema_version') IS NOT NULL AND to_regclass('gemrecon_keys') IS NOT NULL`).Scan(&exists); err != nil {
-			return fmt.Errorf("postgres: look for gemrecon tables: %w", err)
+		var path string
+		if err := c.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+			return fmt.Errorf("postgres: read search_path: %w", err)
 		}
-		if !exists {
-			var path string
-			_ = c.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path)
-			return fmt.Errorf("postgres: no gemrecon tables on search_path %q (a command that writes creates them): %w", path, sink.ErrNoDatabase)
+		if err := requireTables(ctx, c, firstSchema(path)); err != nil {
+			return err
 		}
 		var cur int
 		if err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
@@ -432,10 +444,42 @@ func (s *pg) checkSchema(ctx context.Context) error {
 			}
 			return readerError(cur, mr, ok, want)
 		case cur < want:
-			return fmt.Errorf("postgres: schema version %d is older than %d: run a command that writes (poll, serve, drain) to migrate it", cur, want)
+			return fmt.Errorf("postgres: schema version %d is older than %d: run gemrecon init (or any writing command) once to upgrade it", cur, want)
 		}
+		s.schemaFound, s.schemaNow = cur, cur
 		return nil
 	})
+}
+
+// requireTables is sink.ErrNoDatabase unless gemrecon's tables are in
+// schema, the one the search_path names first ("": the first of its
+// schemas that exists, current_schema()), which is where migrate creates
+// them. A search_path whose first schema does not exist must not fall
+// through to a later one: a mistyped schema would then find another
+// deployment's tables, or none. The message names the database and the
+// schema.
+func requireTables(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, schema string) error {
+	var db, where string
+	var hasSchema, hasTables bool
+	err := q.QueryRow(ctx, `SELECT current_database(), n.name,
+			EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = n.name),
+			CASE WHEN n.name = '' THEN false ELSE
+				to_regclass(format('%I.gemrecon_schema_version', n.name)) IS NOT NULL AND
+				to_regclass(format('%I.gemrecon_keys', n.name)) IS NOT NULL END
+		FROM (SELECT coalesce(nullif($1, ''), current_schema(), '') AS name) n`, schema).Scan(&db, &where, &hasSchema, &hasTables)
+	switch {
+	case err != nil:
+		return fmt.Errorf("postgres: look for gemrecon tables: %w", err)
+	case hasTables:
+		return nil
+	case where == "":
+		return fmt.Errorf("postgres: database %q: %w: no schema on the search_path exists", db, sink.ErrNoDatabase)
+	case !hasSchema:
+		return fmt.Errorf("postgres: database %q, schema %q: %w: the schema does not exist", db, where, sink.ErrNoDatabase)
+	}
+	return fmt.Errorf("postgres: database %q, schema %q: %w: the schema holds no gemrecon tables", db, where, sink.ErrNoDatabase)
 }
 
 // withConn runs fn on a pooled connection, re-running it (boundedly) after

@@ -69,7 +69,15 @@ func (s *db) migrate(ctx context.Context) error {
 			tx.Rollback()
 			return err
 		}
+		if s.schemaFound < 0 {
+			s.schemaFound = cur
+		}
+		if cur == 0 && s.opt.MustExist {
+			tx.Rollback()
+			return noDatabase(s.path, "the file holds no gemrecon schema")
+		}
 		if cur >= latest {
+			s.schemaNow = cur
 			// The write probe: a no-op write must be allowed. On this
 			// binary's own version it also records the minimum reader for
 			// databases migrated before it was recorded.
@@ -203,10 +211,11 @@ func (s *db) checkReadable(ctx context.Context) error {
 		return err
 	}
 	if cur == 0 {
-		return fmt.Errorf("sqlite sink %s: %w (the file holds no gemrecon schema yet)", s.path, sink.ErrNoDatabase)
+		return noDatabase(s.path, "the file holds no gemrecon schema")
 	}
 	if latest := len(s.migrations); cur < latest {
-		return fmt.Errorf("sqlite sink %s: schema version %d is older than this gemrecon's %d: run a writing command (poll, drain) once to upgrade it", s.path, cur, latest)
+		return fmt.Errorf("sqlite sink %s: schema version %d is older than this gemrecon's %d: run gemrecon init (or any writing command) once to upgrade it", s.path, cur, latest)
 	}
+	s.schemaFound, s.schemaNow = cur, cur
 	return nil
 }

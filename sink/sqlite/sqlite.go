@@ -70,16 +70,23 @@ func (s *Sink) Broken() error { return s.db.Broken() }
 // commit, operations per commit shows how many share one disk sync.
 func (s *Sink) Commits() int64 { return s.db.commits.Load() }
 
+// SchemaVersions returns the schema version Open found (0: none, so it
+// created gemrecon's schema) and the one the database holds now: this
+// binary's, or a newer one that a newer gemrecon wrote and this one may use.
+func (s *Sink) SchemaVersions() (found, now int) { return s.db.schemaFound, s.db.schemaNow }
+
 // db is the store of the SQLite sink (sink.Store).
 type db struct {
 	path       string
 	opt        sink.Options
 	log        *slog.Logger
 	migrations []migration // what this binary knows
-	ident      *identity   // the opened file; nil when read-only
-	dsnParams  string      // see config
-	broken     atomic.Pointer[brokenErr]
-	opened     atomic.Bool // Open has returned the sink (checkConn)
+	// schemaFound and schemaNow are SchemaVersions'.
+	schemaFound, schemaNow int
+	ident                  *identity // the opened file; nil when read-only
+	dsnParams              string    // see config
+	broken                 atomic.Pointer[brokenErr]
+	opened                 atomic.Bool // Open has returned the sink (checkConn)
 
 	rdb *sql.DB // reader pool
 	wdb *sql.DB // one writer connection; nil when read-only
@@ -155,10 +162,10 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
 	}
-	if err := checkFile(path, opt.ReadOnly, opt.BusyTimeout, ms); err != nil {
+	if err := checkFile(path, opt, ms); err != nil {
 		return nil, err
 	}
-	s := &db{path: path, opt: opt, log: cfg.logger, migrations: ms, dsnParams: cfg.dsnParams}
+	s := &db{path: path, opt: opt, log: cfg.logger, migrations: ms, dsnParams: cfg.dsnParams, schemaFound: -1}
 	if opt.ReadOnly {
 		if s.rdb, err = openDB(path, opt.BusyTimeout, true); err != nil {
 			return nil, s.fail(err)
@@ -229,9 +236,11 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 
 // checkFile refuses, before SQLite touches anything, a path that is a
 // directory, a file that is not SQLite, a damaged header, a schema this
-// binary may not use, a file this process may not write, and (read-only) a
-// missing file. A missing file is created with mode 0600.
-func checkFile(path string, readOnly bool, busy time.Duration, ms []migration) error {
+// binary may not use, a file this process may not write, and (read-only or
+// MustExist) a missing or empty file. Otherwise a missing file is created
+// with mode 0600.
+func checkFile(path string, opt sink.Options, ms []migration) error {
+	readOnly, mustExist := opt.ReadOnly, opt.ReadOnly || opt.MustExist
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -239,13 +248,13 @@ func checkFile(path string, readOnly bool, busy time.Duration, ms []migration) e
 		// link, and creating its target is not what was asked.
 		if target, lerr := os.Readlink(path); lerr == nil {
 			what := fmt.Sprintf("is a symbolic link to %s, which does not exist: point it at the database", target)
-			if readOnly {
+			if mustExist {
 				return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, what)
 			}
 			return fmt.Errorf("sqlite sink %s: %s, or give the path of the file to create instead of the link (gemrecon does not create a link's target)", path, what)
 		}
-		if readOnly {
-			return fmt.Errorf("sqlite sink %s: %w (nothing recorded yet: run a writing command such as poll first)", path, sink.ErrNoDatabase)
+		if mustExist {
+			return noDatabase(path, "the file does not exist")
 		}
 		dir := filepath.Dir(path)
 		if err := syscall.Access(dir, 2|1); err != nil { // W_OK|X_OK
@@ -268,6 +277,9 @@ func checkFile(path string, readOnly bool, busy time.Duration, ms []migration) e
 		return fmt.Errorf("sqlite sink %s: is a directory, not a database file", path)
 	case !fi.Mode().IsRegular():
 		return fmt.Errorf("sqlite sink %s: is not a regular file", path)
+	}
+	if fi.Size() == 0 && mustExist {
+		return noDatabase(path, "the file is empty")
 	}
 	if fi.Size() > 0 {
 		f, err := os.Open(path)
@@ -304,7 +316,7 @@ func checkFile(path string, readOnly bool, busy time.Duration, ms []migration) e
 		}
 	}
 	if !readOnly {
-		if err := checkSides(path, busy); err != nil {
+		if err := checkSides(path, opt.BusyTimeout); err != nil {
 			return err
 		}
 		if err := syscall.Access(path, 2); err != nil { // W_OK
@@ -315,6 +327,16 @@ func checkFile(path string, readOnly bool, busy time.Duration, ms []migration) e
 		}
 	}
 	return nil
+}
+
+// noDatabase is sink.ErrNoDatabase for the file at path, named by its
+// absolute path (a relative --db resolves against a working directory the
+// reader of the message may not know), saying why.
+func noDatabase(path, why string) error {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return fmt.Errorf("sqlite sink %s: %w: %s", path, sink.ErrNoDatabase, why)
 }
 
 // checkSides refuses a database whose -wal exists without its -shm, or the
@@ -508,8 +530,8 @@ func openImmutable(path string) (*sql.DB, error) {
 // commit changes is written whole to the WAL, and a completion's two commits
 // change about six pages: at 1 KiB instead of SQLite's default 4 KiB a
 // commit appends about a third of the bytes (BENCHMARKS.md, issue 17). A
-// database keeps the page size it was created with; README.md says how to
-// rebuild one with this size.
+// database keeps the page size it was created with; docs/operating.md
+// ("SQLite files") says how to rebuild one with this size.
 const PageSize = 1024
 
 // openDB opens a pool on path. The busy timeout comes first so that the
