@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
@@ -57,36 +58,37 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 
 	conc := d.cfg.Concurrency
 	st := &drainState{seen: map[string]bool{}, redue: map[string]bool{}}
-	finished := make(chan struct{}, conc)
+	// finished is signalled (never blocking: a slot given back lets the next
+	// effect start before this one's signal is read) when an effect ends.
+	finished := make(chan struct{}, 1)
 	var wg sync.WaitGroup
-	running := 0    // this Drain's effects; the slots are shared with TakeSlot's claims
-	var ready []job // granted ahead, waiting for a slot
+	var running atomic.Int64 // this Drain's effects; the slots are shared with TakeSlot's claims
+	var ready []job          // granted ahead, waiting for a slot
 	// waitOne waits until one of this Drain's effects finished or any slot
 	// was given back.
 	waitOne := func() bool {
 		select {
 		case <-finished:
-			running--
 		case <-d.freed:
 		case <-ctx.Done():
 			return false
 		}
-		for { // and whatever else has finished meanwhile
-			select {
-			case <-finished:
-				running--
-			default:
-				return true
-			}
-		}
+		return true
 	}
 	startReady := func() {
 		for len(ready) > 0 && d.takeSlot() {
 			j := ready[0]
 			ready = ready[1:]
-			running++
+			running.Add(1)
 			wg.Go(func() {
-				defer func() { d.giveSlot(); finished <- struct{}{} }()
+				defer func() {
+					d.giveSlot()
+					running.Add(-1)
+					select {
+					case finished <- struct{}{}:
+					default:
+					}
+				}()
 				d.runJob(ctx, runCtx, st, j)
 			})
 		}
@@ -121,7 +123,7 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 		}
 		ready = append(ready, jobs...)
 		if len(jobs) == 0 {
-			if running == 0 && len(ready) == 0 {
+			if running.Load() == 0 && len(ready) == 0 {
 				break
 			}
 			if len(ready) > 0 && len(d.slots) < conc {
