@@ -129,7 +129,7 @@ func TestDrainConfirmsAndInspectionShowsTheBatch(t *testing.T) {
 		t.Fatalf("list --json:\n%s", r.stdout)
 	}
 	r = gemrecon(t, "--db", db, "stats")
-	if !strings.Contains(r.stdout, "by reason:") || !strings.Contains(r.stdout, "unknown to the API 1, effect 0") {
+	if !strings.Contains(r.stdout, "by reason:") || !strings.Contains(r.stdout, "unknown to the API 1, results expired 0, effect 0") {
 		t.Fatalf("stats:\n%s", r.stdout)
 	}
 	r = gemrecon(t, "--db", db, "stats", "--json")
