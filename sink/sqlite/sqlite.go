@@ -100,6 +100,41 @@ type db struct {
 	quit    chan struct{}
 	exited  chan struct{}
 	commits atomic.Int64 // committed write transactions
+
+	// The statements prepared once, by their text: SQLite parses a
+	// statement's text each time it runs it, and on the paths a key takes
+	// the parse cost more than the work (BENCHMARKS.md, "statements").
+	wstmts, rstmts sync.Map
+}
+
+// preparer is a connection or a pool.
+type preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+// prepared returns q prepared on c, once per cache.
+func prepared(cache *sync.Map, c preparer, q string) (*sql.Stmt, error) {
+	if st, ok := cache.Load(q); ok {
+		return st.(*sql.Stmt), nil
+	}
+	st, err := c.PrepareContext(context.Background(), q)
+	if err != nil {
+		return nil, err
+	}
+	if prev, loaded := cache.LoadOrStore(q, st); loaded {
+		st.Close()
+		return prev.(*sql.Stmt), nil
+	}
+	return st, nil
+}
+
+// closeStmts closes the prepared statements of cache.
+func closeStmts(cache *sync.Map) {
+	cache.Range(func(q, st any) bool {
+		st.(*sql.Stmt).Close()
+		cache.Delete(q)
+		return true
+	})
 }
 
 // processSetup enables OFD locks (so that closing any other descriptor of the
@@ -732,8 +767,10 @@ func (s *db) Close() error {
 	if s.wdb != nil {
 		close(s.quit)
 		<-s.exited
+		closeStmts(&s.wstmts)
 		errs = append(errs, s.wconn.Close(), s.wdb.Close())
 	}
+	closeStmts(&s.rstmts)
 	errs = append(errs, s.rdb.Close())
 	s.ident.close() // after the connections: see identity.close
 	return errors.Join(errs...)

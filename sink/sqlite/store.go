@@ -71,15 +71,30 @@ type tx struct {
 func (t *tx) Now() time.Time { return t.now }
 
 func (t *tx) exec(q string, args ...any) (sql.Result, error) {
-	return t.db.wconn.ExecContext(context.Background(), q, args...)
+	st, err := prepared(&t.db.wstmts, t.db.wconn, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.Exec(args...)
 }
 
 func (t *tx) query(q string, args ...any) (*sql.Rows, error) {
-	return t.db.wconn.QueryContext(context.Background(), q, args...)
+	st, err := prepared(&t.db.wstmts, t.db.wconn, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.Query(args...)
 }
 
+// selectRow reads one key's row.
+const selectRow = `SELECT ` + rowColumns + ` FROM gemrecon_keys WHERE key = ?`
+
 func (t *tx) Load(key string) (sink.Row, bool, error) {
-	return t.db.peek(t.db.wconn.QueryRowContext(context.Background(), `SELECT `+rowColumns+` FROM gemrecon_keys WHERE key = ?`, key))
+	st, err := prepared(&t.db.wstmts, t.db.wconn, selectRow)
+	if err != nil {
+		return sink.Row{}, false, t.db.fail(err)
+	}
+	return t.db.peek(st.QueryRow(key))
 }
 
 // dueQuery lists claimable keys oldest first: by the time they became due
@@ -154,8 +169,11 @@ func (t *tx) Update(r sink.Row) error {
 }
 
 func (t *tx) Bodies(key string) (payload, webhook []byte, resultsFile string, err error) {
-	err = t.db.wconn.QueryRowContext(context.Background(), `SELECT p.payload, `+webhookExpr+`, coalesce(p.results_file, '')
-		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`, key).Scan(&payload, &webhook, &resultsFile)
+	st, err := prepared(&t.db.wstmts, t.db.wconn, `SELECT p.payload, `+webhookExpr+`, coalesce(p.results_file, '')
+		FROM gemrecon_keys k LEFT JOIN gemrecon_payloads p ON p.key = k.key WHERE k.key = ?`)
+	if err == nil {
+		err = st.QueryRow(key).Scan(&payload, &webhook, &resultsFile)
+	}
 	return payload, webhook, resultsFile, err
 }
 
@@ -290,7 +308,7 @@ func (t *tx) Exec(script string, params map[string]any) error {
 		}
 		args = append(args, sql.Named(k, v))
 	}
-	if _, err := t.exec(script, args...); err != nil {
+	if _, err := t.db.wconn.ExecContext(context.Background(), script, args...); err != nil { // a user's script: not kept prepared
 		return fmt.Errorf("sql script: %w", err)
 	}
 	return nil
@@ -335,11 +353,16 @@ func (s *db) peek(row *sql.Row) (sink.Row, bool, error) {
 	return r, err == nil, s.fail(err)
 }
 
+
 func (s *db) Peek(ctx context.Context, key string) (sink.Row, bool, error) {
 	if err := s.Broken(); err != nil {
 		return sink.Row{}, false, err
 	}
-	return s.peek(s.rdb.QueryRowContext(ctx, `SELECT `+rowColumns+` FROM gemrecon_keys WHERE key = ?`, key))
+	st, err := prepared(&s.rstmts, s.rdb, selectRow)
+	if err != nil {
+		return sink.Row{}, false, s.fail(err)
+	}
+	return s.peek(st.QueryRowContext(ctx, key))
 }
 
 const selectEntry = `SELECT k.key, k.state, k.attempts, k.token, k.first_source, k.sources, k.seen_count,

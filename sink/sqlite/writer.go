@@ -130,9 +130,15 @@ func (s *db) runBatch(batch []*op) {
 		}
 	}
 	exec := func(q string) error {
-		_, err := s.wconn.ExecContext(bg, q)
+		st, err := prepared(&s.wstmts, s.wconn, q)
+		if err == nil {
+			_, err = st.Exec()
+		}
 		return s.fail(err)
 	}
+	// A write alone needs no savepoint: when it fails, the transaction
+	// is rolled back whole.
+	alone := len(batch) == 1
 	if err := s.Broken(); err != nil {
 		answer(err)
 		return
@@ -147,6 +153,13 @@ func (s *db) runBatch(batch []*op) {
 	for i, o := range batch {
 		if errs[i] = o.ctx.Err(); errs[i] != nil {
 			continue // the caller left before its turn: do nothing
+		}
+		if alone {
+			if err := o.fn(&tx{db: s, now: s.opt.Now()}); err != nil {
+				s.rollback(answer, s.fail(err))
+				return
+			}
+			continue
 		}
 		if err := exec(`SAVEPOINT op`); err != nil {
 			s.rollback(answer, err)
