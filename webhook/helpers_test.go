@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	gserve "github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
@@ -74,7 +75,7 @@ func serve(t testing.TB, h *webhook.Handler, opts webhook.ServerOptions) (string
 // signed returns the Standard Webhooks headers for body.
 func signed(t testing.TB, secret, id string, at time.Time, body []byte) http.Header {
 	t.Helper()
-	h, err := webhook.Sign(secret, id, at, body)
+	h, err := testkit.SignWebhook(secret, id, at, body)
 	if err != nil {
 		t.Fatal(err)
 	}

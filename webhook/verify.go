@@ -162,24 +162,6 @@ func signatureEntries(lines []string) []string {
 	return out
 }
 
-// Sign returns the three Standard Webhooks headers for body, signed with
-// secret at time at: for tests, the load generator and the demo.
-func Sign(secret, id string, at time.Time, body []byte) (http.Header, error) {
-	wh, err := standardwebhooks.NewWebhook(secret)
-	if err != nil {
-		return nil, errors.New("webhook secret: not whsec_<base64>")
-	}
-	sig, err := wh.Sign(id, at, body)
-	if err != nil {
-		return nil, err
-	}
-	h := http.Header{}
-	h.Set(standardwebhooks.HeaderWebhookID, id)
-	h.Set(standardwebhooks.HeaderWebhookTimestamp, strconv.FormatInt(at.Unix(), 10))
-	h.Set(standardwebhooks.HeaderWebhookSignature, sig)
-	return h, nil
-}
-
 // ValidateSecret checks that s is whsec_ followed by standard base64 of at
 // least MinSecretBytes bytes. The error never contains s.
 func ValidateSecret(s string) error {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // setChildFileSizeLimit sets the soft file-size limit (RLIMIT_FSIZE) of the
@@ -78,7 +77,7 @@ func TestServeDiskFull(t *testing.T) {
 	deliver := func(id string) (int, http.Header, string) {
 		t.Helper()
 		body := fmt.Sprintf(`{"type":"batch.succeeded","version":"v1","data":{"id":%q}}`, id)
-		h, err := webhook.Sign(unusableSecret, "msg-"+id, time.Now(), []byte(body))
+		h, err := testkit.SignWebhook(unusableSecret, "msg-"+id, time.Now(), []byte(body))
 		if err != nil {
 			t.Fatal(err)
 		}

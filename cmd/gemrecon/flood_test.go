@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/testkit"
-	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // Unauthenticated traffic is bounded (issue 25 item 7), against a real
@@ -163,7 +162,7 @@ func TestServePlausibleFloodDeliveryRetried(t *testing.T) {
 	waitFor(t, 30*time.Second, func() bool { return f.n503.Load() >= floodConns-64 })
 	url := "http://" + addr + "/webhook"
 	event := `{"type":"batch.succeeded","version":"v1","data":{"id":"behind-the-flood"}}`
-	h, err := webhook.Sign(unusableSecret, "msg-behind", time.Now(), []byte(event))
+	h, err := testkit.SignWebhook(unusableSecret, "msg-behind", time.Now(), []byte(event))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +174,7 @@ func TestServePlausibleFloodDeliveryRetried(t *testing.T) {
 	// sender retries.
 	f.stop()
 	waitFor(t, 30*time.Second, func() bool {
-		h, err := webhook.Sign(unusableSecret, "msg-behind", time.Now(), []byte(event))
+		h, err := testkit.SignWebhook(unusableSecret, "msg-behind", time.Now(), []byte(event))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,6 @@ import (
 	"github.com/gemrecon/gemrecon/internal/pgtest"
 	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // Two poll processes and two serve processes share one PostgreSQL database;
@@ -204,7 +203,7 @@ func waitHealthy(t *testing.T, url string, stderr fmt.Stringer) {
 // deliverSigned POSTs a signed event, retrying 503 as a webhook sender would.
 func deliverSigned(url, secret, body string) error {
 	for attempt := 0; attempt < 20; attempt++ {
-		h, err := webhook.Sign(secret, fmt.Sprintf("msg-%d-%d", time.Now().UnixNano(), attempt), time.Now(), []byte(body))
+		h, err := testkit.SignWebhook(secret, fmt.Sprintf("msg-%d-%d", time.Now().UnixNano(), attempt), time.Now(), []byte(body))
 		if err != nil {
 			return err
 		}

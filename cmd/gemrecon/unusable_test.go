@@ -23,7 +23,6 @@ import (
 	"github.com/gemrecon/gemrecon/sink/postgres"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
-	"github.com/gemrecon/gemrecon/webhook"
 )
 
 const unusableSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -32,7 +31,7 @@ const unusableSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 func deliverOnce(t *testing.T, url, id string) (int, string) {
 	t.Helper()
 	body := fmt.Sprintf(`{"type":"batch.succeeded","version":"v1","data":{"id":%q}}`, id)
-	h, err := webhook.Sign(unusableSecret, "msg-"+id, time.Now(), []byte(body))
+	h, err := testkit.SignWebhook(unusableSecret, "msg-"+id, time.Now(), []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

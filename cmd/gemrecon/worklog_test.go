@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/geminifake"
-	"github.com/gemrecon/gemrecon/webhook"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 // The work shows as it happens (issue 24 item 5): at the default level a
@@ -55,7 +55,7 @@ func TestServeLogsEachNewKeyAndOutcome(t *testing.T) {
 	// TestSignatureRefusalsWarnOncePer10s counts them).
 	const otherSecret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 	body := `{"type":"batch.succeeded","version":"v1","data":{"id":"forged"}}`
-	h, err := webhook.Sign(otherSecret, "msg-forged", time.Now().Add(-2*time.Minute), []byte(body))
+	h, err := testkit.SignWebhook(otherSecret, "msg-forged", time.Now().Add(-2*time.Minute), []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/webhook"
 )
 
@@ -229,7 +230,7 @@ func send(ctx context.Context, client *http.Client, cfg Config, i int) (int, Ack
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if cfg.Secret != "" {
-		h, err := webhook.Sign(cfg.Secret, "msg_load_"+strconv.Itoa(i), time.Now(), body)
+		h, err := testkit.SignWebhook(cfg.Secret, "msg_load_"+strconv.Itoa(i), time.Now(), body)
 		if err != nil {
 			return 0, Ack{}, 0, err
 		}
