@@ -1,11 +1,12 @@
 // Package testkit holds the helpers that tests of several packages share: a
 // buffer a child process and a test may use at once, a manual clock, one
-// HTTP call, a process's peak RSS, and the one way a test binary runs
-// itself as a child (the real gemrecon, a crashing dispatcher, a second
-// process on the same database). It is a non-test package so that every
-// package's tests can import it; nothing but tests may import it. (What
-// tests do with a real SQLite file is sink/sqlite/sqlitetest's; with the
-// Gemini SDK, internal/genaitest's.)
+// HTTP call, a signed webhook delivery's headers, a process's peak RSS, and
+// the one way a test binary runs itself as a child (the real gemrecon, a
+// crashing dispatcher, a second process on the same database). It is a
+// non-test package so that every package's tests can import it; nothing
+// but tests and test support (sqlitetest, sinktest, loadgen) may import it.
+// (What tests do with a real SQLite file is sink/sqlite/sqlitetest's; with
+// the Gemini SDK, internal/genaitest's.)
 //
 // Children are started the way testscript starts the commands it registers:
 // Main makes the test binary act as a named command when its argv[0] is that
