@@ -184,7 +184,7 @@ func TestGetTooLarge(t *testing.T) {
 	if strings.Contains(err.Error(), "page-size") {
 		t.Errorf("error %q speaks of the page size of a get", err)
 	}
-	if c := p.RequestCounts(); c.Get != 1 || total(p) != 1 {
+	if c := counts(s); c.Get != 1 || c.total() != 1 {
 		t.Errorf("counts %+v; want one get", c)
 	}
 }
@@ -207,7 +207,7 @@ func TestProbeTooLarge(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) {
 		t.Fatalf("err = %v, want ErrNotFound", err)
 	}
-	if c := p.RequestCounts(); c.Get != 1 || c.Probe != 1 {
+	if c := counts(s); c.Get != 1 || c.Probe != 1 {
 		t.Errorf("counts %+v; want one get, one probe", c)
 	}
 }

@@ -51,7 +51,7 @@ func TestDownloadByteForByte(t *testing.T) {
 	if len(r) != 1 || r[0].Path != "/v1beta/files/big:download" || r[0].Query.Get("alt") != "media" || r[0].Header.Get("x-goog-api-key") != testKey {
 		t.Errorf("requests %+v", r)
 	}
-	if c := p.RequestCounts(); c.Download != 1 || total(p) != 1 {
+	if c := counts(s); c.Download != 1 || c.total() != 1 {
 		t.Errorf("counts %+v", c)
 	}
 	// A bare id names the same file.
@@ -158,7 +158,7 @@ func TestDownloadRetriesAndErrors(t *testing.T) {
 	if d := sl.all(); len(d) != 1 || d[0] != 2*time.Second {
 		t.Errorf("waits %v, want [2s]", d)
 	}
-	if c := p.RequestCounts(); c.Download != 2 {
+	if c := counts(s); c.Download != 2 {
 		t.Errorf("download requests %d, want 2", c.Download)
 	}
 

@@ -62,8 +62,8 @@ func TestGetRawOperation(t *testing.T) {
 			t.Errorf("%s: raw is not JSON", tc.name)
 		}
 	}
-	if c := p.RequestCounts(); c.Get != 3 || c.List != 0 || c.Probe != 0 || total(p) != 3 {
-		t.Errorf("counts %+v, total %d; want 3 gets", c, total(p))
+	if c := counts(s); c.Get != 3 || c.List != 0 || c.Probe != 0 || c.total() != 3 {
+		t.Errorf("counts %+v, total %d; want 3 gets", c, c.total())
 	}
 	if n := s.Count(http.MethodGet, "/v1beta/batches/failed"); n != 1 {
 		t.Errorf("the fake saw %d gets of batches/failed, want 1", n)
@@ -107,7 +107,7 @@ func TestGetNotFoundAndForbidden(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrAuth) || errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "404") {
 		t.Errorf("unknown batch: %v", err)
 	}
-	if c := p.RequestCounts(); c.Get != 1 || c.Probe != 0 {
+	if c := counts(s); c.Get != 1 || c.Probe != 0 {
 		t.Errorf("404: counts %+v, want one get, no probe", c)
 	}
 
@@ -116,7 +116,7 @@ func TestGetNotFoundAndForbidden(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "another project") {
 		t.Errorf("403 with a working key: %v", err)
 	}
-	if c := p.RequestCounts(); c.Get != 2 || c.Probe != 1 {
+	if c := counts(s); c.Get != 2 || c.Probe != 1 {
 		t.Errorf("403: counts %+v, want 2 gets, 1 probe", c)
 	}
 	if r := s.Requests(); r[len(r)-1].Path != "/v1beta/batches" || r[len(r)-1].Query.Get("pageSize") != "1" {
@@ -187,7 +187,7 @@ func TestGetAuth(t *testing.T) {
 	if _, err = getOne(t, p, "batches/ok"); !errors.Is(err, ErrAuth) {
 		t.Errorf("400 API key not valid: %v", err)
 	}
-	if c := p.RequestCounts(); c.Probe != 0 {
+	if c := counts(s); c.Probe != 0 {
 		t.Errorf("auth errors sent %d probes, want none", c.Probe)
 	}
 }
@@ -215,7 +215,7 @@ func TestGetTransient(t *testing.T) {
 	if d := sl.all(); len(d) != 2 || d[0] != 31*time.Second || d[1] != 31*time.Second {
 		t.Errorf("waits %v, want the server's 31s twice", d)
 	}
-	if c := p.RequestCounts(); c.Get != 3 {
+	if c := counts(s); c.Get != 3 {
 		t.Errorf("get requests %d, want 3 (1 + 2 retries)", c.Get)
 	}
 

@@ -774,8 +774,28 @@ func TestVertexNoADC(t *testing.T) {
 	}
 }
 
-// total is how many HTTP requests p has sent in all.
-func total(p *Poller) int64 {
-	c := p.RequestCounts()
-	return c.List + c.Get + c.Probe + c.Download
+// requestCounts counts the requests the stand-in received, by what they
+// were for, retries included.
+type requestCounts struct{ List, Get, Probe, Download int }
+
+// counts reads s's record of requests: a list page of size 1 is a
+// credential probe, anything under files/ a download (files.get too).
+func counts(s *geminifake.Server) requestCounts {
+	var c requestCounts
+	for _, r := range s.Requests() {
+		switch {
+		case strings.Contains(r.Path, "/files/"):
+			c.Download++
+		case strings.HasSuffix(r.Path, "/batches") && r.Query.Get("pageSize") == "1":
+			c.Probe++
+		case strings.HasSuffix(r.Path, "/batches"):
+			c.List++
+		default:
+			c.Get++
+		}
+	}
+	return c
 }
+
+// total is how many requests the stand-in received in all.
+func (c requestCounts) total() int { return c.List + c.Get + c.Probe + c.Download }
