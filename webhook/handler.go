@@ -16,6 +16,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,17 +61,17 @@ const (
 	StatusInvalid = metrics.OutcomeInvalid // a verified body that cannot be used: nothing recorded
 )
 
-// Dispatcher is what the receiver needs of dispatch.Dispatcher: Kick wakes
+// Dispatcher is what the receiver needs of *dispatch.Dispatcher: Kick wakes
 // the background workers after a new sighting; RunKeyWithin claims one key
 // and runs its effect now (Sync mode), confirming it with the API first
 // within the given wait when it must, and reports the outcome as dispatch
 // names it (dispatch.OutcomeDone, …).
 type Dispatcher interface {
 	Kick()
-	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error)
+	RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (dispatch.Outcome, error)
 	// RunClaimWithin runs a claim granted where the key was recorded, at
 	// asked (Sync mode), as RunKeyWithin runs the claim it makes.
-	RunClaimWithin(ctx context.Context, c sink.Claim, asked time.Time, confirmWait time.Duration) (Outcome, error)
+	RunClaimWithin(ctx context.Context, c sink.Claim, asked time.Time, confirmWait time.Duration) (dispatch.Outcome, error)
 }
 
 // Sink is what the receiver needs of the sink beside the ingest path's
@@ -139,8 +140,7 @@ type Config struct {
 // Handler serves the receiver's routes (NewHandler); Serve runs it.
 type Handler struct {
 	cfg      Config
-	verifier *Verifier         // nil when InsecureNoVerify or without Secrets
-	dynamic  *dynamic.Verifier // nil without Config.Dynamic
+	verifier *Verifier // nil when InsecureNoVerify or without Secrets
 	metricsH http.Handler
 	log      *slog.Logger
 	syncRuns runCounter // --sync requests running their key
@@ -202,27 +202,16 @@ func NewHandler(cfg Config) (*Handler, error) {
 	case cfg.Metrics == nil:
 		return nil, errors.New("webhook: no metrics")
 	}
-	if cfg.Path == "" {
-		cfg.Path = DefaultPath
-	}
-	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = DefaultMaxBody
-	}
-	if cfg.SyncWait <= 0 {
-		cfg.SyncWait = DefaultSyncWait
-	}
-	if cfg.RetryAfter <= 0 {
-		cfg.RetryAfter = DefaultRetryAfter
-	}
-	if cfg.MaxUnverified <= 0 {
-		cfg.MaxUnverified = DefaultMaxUnverified
-	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = DefaultMaxConns
-	}
+	cfg.Path = cmp.Or(cfg.Path, DefaultPath)
+	cfg.MaxBody = cmp.Or(max(cfg.MaxBody, 0), DefaultMaxBody)
+	cfg.SyncWait = cmp.Or(max(cfg.SyncWait, 0), DefaultSyncWait)
+	cfg.RetryAfter = cmp.Or(max(cfg.RetryAfter, 0), DefaultRetryAfter)
+	cfg.MaxUnverified = cmp.Or(max(cfg.MaxUnverified, 0), DefaultMaxUnverified)
+	cfg.MaxConns = cmp.Or(max(cfg.MaxConns, 0), DefaultMaxConns)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -230,19 +219,15 @@ func NewHandler(cfg Config) (*Handler, error) {
 		return nil, errors.New("webhook: sync mode needs a dispatcher")
 	}
 	h := &Handler{cfg: cfg, log: cfg.Logger, metricsH: cfg.Metrics.Handler()}
-	if h.log == nil {
-		h.log = slog.New(slog.DiscardHandler)
-	}
 	h.stopping, h.stopSync = context.WithCancel(context.Background())
-	if !cfg.InsecureNoVerify {
-		if len(cfg.Secrets) > 0 {
-			v, err := NewVerifier(cfg.Secrets, cfg.Now)
-			if err != nil {
-				return nil, fmt.Errorf("webhook: %w", err)
-			}
-			h.verifier = v
+	// With InsecureNoVerify the secrets are not checked (and Validate
+	// refused Dynamic beside it).
+	if len(cfg.Secrets) > 0 && !cfg.InsecureNoVerify {
+		v, err := NewVerifier(cfg.Secrets, cfg.Now)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: %w", err)
 		}
-		h.dynamic = cfg.Dynamic
+		h.verifier = v
 	}
 	return h, nil
 }
@@ -511,12 +496,12 @@ func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 		if hmacErr = h.verifier.Verify(body, r.Header); hmacErr == nil {
 			return ingest.VerifiedStatic, true
 		}
-		if h.dynamic == nil {
+		if h.cfg.Dynamic == nil {
 			h.refuseSignature(w, r, hmacErr, nil)
 			return 0, false
 		}
 	}
-	res, err := h.dynamic.Verify(r.Context(), body, r.Header)
+	res, err := h.cfg.Dynamic.Verify(r.Context(), body, r.Header)
 	switch {
 	case err == nil:
 		h.log.Debug("webhook verified by a dynamic signature; its key is confirmed with the API before it runs",
@@ -558,7 +543,7 @@ func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, a ingest.Answe
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
 	for {
-		var out Outcome
+		var out dispatch.Outcome
 		var err error
 		if c := a.Claim; c != nil { // granted where it was recorded: run it
 			a.Claim = nil

@@ -58,8 +58,8 @@ func (h *Handler) checkHeaders(w http.ResponseWriter, r *http.Request) bool {
 			return true
 		}
 	}
-	if h.dynamic != nil {
-		if dynErr = h.dynamic.Check(r.Header); dynErr == nil {
+	if h.cfg.Dynamic != nil {
+		if dynErr = h.cfg.Dynamic.Check(r.Header); dynErr == nil {
 			return true
 		}
 	}
@@ -143,8 +143,8 @@ func (h *Handler) refuseSignature(w http.ResponseWriter, r *http.Request, hmacEr
 			age = h.cfg.Now().Sub(time.Unix(sec, 0)).Round(time.Second).String()
 		}
 		attrs := []any{"refused", n, "reason", clip(msg), "secrets", h.cfg.SecretSource}
-		if h.dynamic != nil {
-			attrs = append(attrs, "jwks_url", h.dynamic.URL())
+		if h.cfg.Dynamic != nil {
+			attrs = append(attrs, "jwks_url", h.cfg.Dynamic.URL())
 		}
 		h.log.Warn("webhook: deliveries refused for their signature; answered 401", append(attrs,
 			"timestamp_age", age, "check", signatureHint(hmacErr, dynErr),
