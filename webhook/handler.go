@@ -143,7 +143,11 @@ type Handler struct {
 	verifier *Verifier // nil when InsecureNoVerify or without Secrets
 	metricsH http.Handler
 	log      *slog.Logger
-	syncRuns runCounter // --sync requests running their key
+	// syncRuns is read-locked by each --sync request running its key, so
+	// that Serve can wait for them after a forced drain by taking it. (A
+	// sync.WaitGroup may not be Added to while Wait runs from zero, and a
+	// request can reach runSync during the drain.)
+	syncRuns sync.RWMutex
 	// stopping is done once Serve's shutdown has begun (stopSync): a
 	// --sync request's effect then gets the dispatcher's grace, as the
 	// background workers' effects do.
@@ -154,39 +158,6 @@ type Handler struct {
 	// refusals.
 	unverified        atomic.Int64
 	sigWarn, loadWarn throttle
-}
-
-// runCounter counts running --sync requests, so that Serve can wait for
-// them after a forced drain. (A sync.WaitGroup may not be Added to while
-// Wait runs from zero; a request can reach runSync during the drain.)
-type runCounter struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0 while someone waits
-}
-
-func (c *runCounter) add(d int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n += d
-	if c.n == 0 && c.idle != nil {
-		close(c.idle)
-		c.idle = nil
-	}
-}
-
-func (c *runCounter) wait() {
-	c.mu.Lock()
-	if c.n == 0 {
-		c.mu.Unlock()
-		return
-	}
-	if c.idle == nil {
-		c.idle = make(chan struct{})
-	}
-	idle := c.idle
-	c.mu.Unlock()
-	<-idle
 }
 
 // NewHandler validates cfg and returns the receiver: POST cfg.Path, GET
@@ -335,8 +306,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		if err := h.cfg.Sink.Ping(ctx); err != nil {
 			h.log.Warn("readiness check failed", "err", err)
-			w.Header().Set("Retry-After", h.retryAfter())
-			writeError(w, http.StatusServiceUnavailable, "database not ready: "+err.Error())
+			h.unavailable(w, "database not ready: "+err.Error())
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -366,8 +336,10 @@ func getOrHead(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-func (h *Handler) retryAfter() string {
-	return strconv.Itoa(int((h.cfg.RetryAfter + time.Second - 1) / time.Second))
+// unavailable answers 503 with Retry-After: the sender retries.
+func (h *Handler) unavailable(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", strconv.Itoa(int((h.cfg.RetryAfter+time.Second-1)/time.Second)))
+	writeError(w, http.StatusServiceUnavailable, msg)
 }
 
 // utf8BOM is the UTF-8 encoding of U+FEFF, the byte order mark.
@@ -459,8 +431,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	case ingest.Unavailable:
 		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", a.Key, "err", a.Err)
-		w.Header().Set("Retry-After", h.retryAfter())
-		writeError(w, http.StatusServiceUnavailable, "database unavailable, retry later: "+a.Err.Error())
+		h.unavailable(w, "database unavailable, retry later: "+a.Err.Error())
 		return
 	}
 	if h.cfg.Sync && a.Result.State != sink.StateDone {
@@ -522,9 +493,9 @@ func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 // holder has it past SyncWait, and 202 "dead" for a key that was dead
 // before the request (nothing ran, and a redelivery cannot change that).
 func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, a ingest.Answer) {
-	key, recorded := a.Key, a.Outcome
-	h.syncRuns.add(1)
-	defer h.syncRuns.add(-1)
+	key := a.Key
+	h.syncRuns.RLock()
+	defer h.syncRuns.RUnlock()
 	ctx := r.Context()
 	// The effect is not cancelled when the sender hangs up (its own request
 	// timeout): a half-run effect is worse than an unread answer, and the
@@ -542,6 +513,9 @@ func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, a ingest.Answe
 	}
 	deadline := time.Now().Add(h.cfg.SyncWait)
 	pause := 10 * time.Millisecond
+	// Each break answers 202 with the key as recorded: it is durable, and
+	// the background workers, its holder or the next process finish it.
+loop:
 	for {
 		var out dispatch.Outcome
 		var err error
@@ -551,85 +525,64 @@ func (h *Handler) runSync(w http.ResponseWriter, r *http.Request, a ingest.Answe
 		} else {
 			out, err = h.cfg.Dispatcher.RunKeyWithin(runCtx, key, max(time.Until(deadline), time.Millisecond))
 		}
-		if err != nil && runCtx.Err() != nil {
-			// Shutting down before the key could be claimed: it is
-			// durable, and the next process runs it.
-			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
-			return
-		}
-		if err != nil {
+		switch {
+		case err != nil && runCtx.Err() != nil: // shutting down before the key could be claimed
+			break loop
+		case err != nil:
 			h.log.Warn("webhook sync: dispatch failed", "key", key, "err", err)
-			w.Header().Set("Retry-After", h.retryAfter())
-			writeError(w, http.StatusServiceUnavailable, "dispatch failed, retry later: "+err.Error())
+			h.unavailable(w, "dispatch failed, retry later: "+err.Error())
 			return
-		}
-		switch out {
-		case dispatch.OutcomeDone:
+		case out == dispatch.OutcomeDone:
 			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
 			return
-		case dispatch.OutcomeRetry, dispatch.OutcomeDead:
-			writeJSON(w, http.StatusInternalServerError, map[string]string{
-				"key": key, "status": string(out), "error": "the effect failed (" + string(out) + ")"})
+		case out == dispatch.OutcomeRetry || out == dispatch.OutcomeDead:
+			writeJSON(w, http.StatusInternalServerError, response{Key: key, Status: string(out), Error: "the effect failed (" + string(out) + ")"})
 			return
-		case dispatch.OutcomeUnconfirmed:
+		case out == dispatch.OutcomeUnconfirmed:
 			// The API did not confirm the batch within --sync-wait (not
 			// finished, or no answer): the key goes on as in inbox mode.
 			h.cfg.Dispatcher.Kick()
-			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
-			return
+			break loop
 		}
 		// busy, fenced or skipped: someone else holds the key, or it is not
 		// due. Look at the row: done or dead settles it; otherwise wait.
 		e, err := h.cfg.Sink.Get(ctx, key)
-		if err == nil {
-			switch e.State {
-			case sink.StateDone:
-				writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
-				return
-			case sink.StateDead:
-				// Dead before this request: nothing ran in it, and no
-				// delivery can change that until an operator's retry
-				// (which runs the key without one). A 500 would only make
-				// the sender retry for 24 h and perhaps disable the
-				// webhook (spec §6's reason to answer an unusable body
-				// 2xx): 202 — the sighting is durable — saying so.
-				h.log.Warn("webhook sync: the key is dead; answered 202 without running it (gemrecon retry runs it again)", "key", key, "last_error", e.LastError)
-				writeJSON(w, http.StatusAccepted, map[string]string{
-					"key": key, "status": string(sink.StateDead), "error": "the key is dead (nothing ran; `gemrecon retry` runs it again): " + e.LastError})
-				return
-			case sink.StatePending:
-				if e.NextAttemptAt.After(sink.NowOf(ctx, h.cfg.Sink).Add(pause)) {
-					// Backing off after a failed attempt: nothing to wait
-					// for here; the background workers retry it when due.
-					writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
-					return
-				}
-			}
+		switch {
+		case err != nil:
+		case e.State == sink.StateDone:
+			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
+			return
+		case e.State == sink.StateDead:
+			// Dead before this request: nothing ran in it, and no
+			// delivery can change that until an operator's retry
+			// (which runs the key without one). A 500 would only make
+			// the sender retry for 24 h and perhaps disable the
+			// webhook (spec §6's reason to answer an unusable body
+			// 2xx): 202 — the sighting is durable — saying so.
+			h.log.Warn("webhook sync: the key is dead; answered 202 without running it (gemrecon retry runs it again)", "key", key, "last_error", e.LastError)
+			writeJSON(w, http.StatusAccepted, response{Key: key, Status: string(sink.StateDead),
+				Error: "the key is dead (nothing ran; `gemrecon retry` runs it again): " + e.LastError})
+			return
+		case e.State == sink.StatePending && e.NextAttemptAt.After(sink.NowOf(ctx, h.cfg.Sink).Add(pause)):
+			// Backing off after a failed attempt: nothing to wait for
+			// here; the background workers retry it when due.
+			break loop
 		}
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
-			// Durable and in someone's hands: the background workers or the
-			// holder will finish it.
-			if h.cfg.Dispatcher != nil {
-				h.cfg.Dispatcher.Kick()
-			}
-			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
-			return
+			h.cfg.Dispatcher.Kick()
+			break loop
 		}
-		t := time.NewTimer(min(pause, remaining))
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
-			return
-		case <-runCtx.Done(): // shutting down: the holder or the next process finishes it
-			t.Stop()
-			writeJSON(w, http.StatusAccepted, response{Key: key, Status: recorded})
-			return
-		case <-t.C:
+			break loop
+		case <-runCtx.Done(): // shutting down
+			break loop
+		case <-time.After(min(pause, remaining)):
 		}
 		pause = min(pause*2, 250*time.Millisecond)
 	}
+	writeJSON(w, http.StatusAccepted, response{Key: key, Status: a.Outcome})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

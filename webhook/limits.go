@@ -115,8 +115,7 @@ func (h *Handler) overloaded(w http.ResponseWriter, r *http.Request, msg string)
 		h.log.Warn("webhook: requests answered 503 before their body was read; senders retry", "refused", n, "reason", msg,
 			"check", "a flood of unverified requests, or serve's --max-unverified-bytes and --max-connections too low for the traffic")
 	}
-	w.Header().Set("Retry-After", h.retryAfter())
-	writeError(w, http.StatusServiceUnavailable, msg+"; retry later")
+	h.unavailable(w, msg+"; retry later")
 }
 
 // refuseSignature answers 401 for a request that no enabled scheme

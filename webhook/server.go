@@ -129,7 +129,8 @@ func Serve(ctx context.Context, ln net.Listener, h *Handler, opts ServerOptions)
 		// runs must still end (its grace, the kill, its outcome recorded)
 		// before the process may exit, or the key stays claimed for a
 		// whole lease while the effect runs on unsupervised.
-		h.syncRuns.wait()
+		h.syncRuns.Lock()
+		h.syncRuns.Unlock()
 		if errors.Is(err, context.DeadlineExceeded) {
 			if o.DrainTimeout < 0 {
 				o.Logger.Info("webhook server: open connections closed at shutdown without a drain; a request they carried got no answer, and its sender retries")
