@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,11 +14,8 @@ import (
 // Defaults of ServerOptions.
 const (
 	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultReadTimeout       = 30 * time.Second
 	DefaultWriteTimeout      = 60 * time.Second
-	DefaultIdleTimeout       = 120 * time.Second
 	DefaultDrainTimeout      = 30 * time.Second
-	DefaultMaxHeaderBytes    = 64 << 10
 )
 
 // NoDrain, as ServerOptions.DrainTimeout (any negative value does the
@@ -27,52 +25,23 @@ const (
 // cut short got no 2xx and its sender retries.
 const NoDrain time.Duration = -1
 
-// ServerOptions are the http.Server's limits. Zero fields take the defaults
-// (negative ones too, except DrainTimeout's: NoDrain).
+// ServerOptions are the http.Server's limits that a caller may change.
+// Zero fields take the defaults (negative ones too, except DrainTimeout's:
+// NoDrain). The others are fixed: 30 s to read a request, body included;
+// 120 s before an idle keep-alive connection closes; 64 KiB of headers.
 type ServerOptions struct {
 	// ReadHeaderTimeout cuts off a client that trickles its headers.
 	ReadHeaderTimeout time.Duration
-	// ReadTimeout bounds reading the whole request, body included.
-	ReadTimeout time.Duration
 	// WriteTimeout bounds the handler and the response. In Sync mode it must
 	// exceed the effect timeout plus SyncWait, or a slow effect's answer is
 	// lost (the sender then retries, and the key is already done or claimed).
 	WriteTimeout time.Duration
-	// IdleTimeout closes idle keep-alive connections.
-	IdleTimeout time.Duration
 	// DrainTimeout bounds the graceful shutdown: requests in flight get this
 	// long to finish, then connections are closed. Zero is
 	// DefaultDrainTimeout; a negative value (NoDrain) closes them at once.
 	DrainTimeout time.Duration
-	// MaxHeaderBytes bounds the request headers.
-	MaxHeaderBytes int
 	// Logger receives the server's own errors; nil discards them.
 	Logger *slog.Logger
-}
-
-func (o ServerOptions) withDefaults() ServerOptions {
-	if o.ReadHeaderTimeout <= 0 {
-		o.ReadHeaderTimeout = DefaultReadHeaderTimeout
-	}
-	if o.ReadTimeout <= 0 {
-		o.ReadTimeout = DefaultReadTimeout
-	}
-	if o.WriteTimeout <= 0 {
-		o.WriteTimeout = DefaultWriteTimeout
-	}
-	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = DefaultIdleTimeout
-	}
-	if o.DrainTimeout == 0 { // negative: NoDrain
-		o.DrainTimeout = DefaultDrainTimeout
-	}
-	if o.MaxHeaderBytes <= 0 {
-		o.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	return o
 }
 
 // ErrDrainTimeout is returned by Serve when requests were still running at
@@ -94,16 +63,17 @@ var ErrDrainTimeout = errors.New("webhook server: drain timed out; open connecti
 //
 // A Handler serves under one Serve: its shutdown tells the Handler's --sync
 // requests for good.
-func Serve(ctx context.Context, ln net.Listener, h *Handler, opts ServerOptions) error {
-	o := opts.withDefaults()
+func Serve(ctx context.Context, ln net.Listener, h *Handler, o ServerOptions) error {
+	o.DrainTimeout = cmp.Or(o.DrainTimeout, DefaultDrainTimeout) // negative: NoDrain
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	srv := &http.Server{
 		Handler:           h,
 		ConnContext:       connContext,
-		ReadHeaderTimeout: o.ReadHeaderTimeout,
-		ReadTimeout:       o.ReadTimeout,
-		WriteTimeout:      o.WriteTimeout,
-		IdleTimeout:       o.IdleTimeout,
-		MaxHeaderBytes:    o.MaxHeaderBytes,
+		ReadHeaderTimeout: cmp.Or(max(o.ReadHeaderTimeout, 0), DefaultReadHeaderTimeout),
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      cmp.Or(max(o.WriteTimeout, 0), DefaultWriteTimeout),
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
 	}
 	errc := make(chan error, 1)
