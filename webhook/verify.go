@@ -1,8 +1,6 @@
 package webhook
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -113,13 +111,19 @@ func (v *Verifier) Check(h http.Header) error {
 	return err
 }
 
-// headers is Check, returning the headers for the library: itself, or with
-// every signature entry on one line.
+// headers is Check, returning the headers for the library, with every
+// signature entry on one line.
 func (v *Verifier) headers(h http.Header) (http.Header, error) {
 	id := h.Get(standardwebhooks.HeaderWebhookID)
 	ts := h.Get(standardwebhooks.HeaderWebhookTimestamp)
-	lines := h.Values(standardwebhooks.HeaderWebhookSignature)
-	sigs := signatureEntries(lines)
+	// The entries ("v1,<base64>", …) of every webhook-signature line, split
+	// on white space. A proxy that joined several lines into one with ", "
+	// leaves "v1,<base64>," entries, which the library still reads (it
+	// takes the part after the first comma).
+	var sigs []string
+	for _, l := range h.Values(standardwebhooks.HeaderWebhookSignature) {
+		sigs = append(sigs, strings.Fields(l)...)
+	}
 	if id == "" || ts == "" || len(sigs) == 0 {
 		return nil, ErrUnsigned
 	}
@@ -138,9 +142,6 @@ func (v *Verifier) headers(h http.Header) (http.Header, error) {
 	if !slices.ContainsFunc(sigs, func(e string) bool { return strings.HasPrefix(e, "v1,") }) {
 		return nil, fmt.Errorf("%w: webhook-signature has no v1 entry", ErrBadSignature)
 	}
-	if len(lines) == 1 {
-		return h, nil
-	}
 	// The library reads only the first webhook-signature line (Get): hand
 	// it every entry of every line as one line, which it splits on spaces.
 	signed := http.Header{}
@@ -148,18 +149,6 @@ func (v *Verifier) headers(h http.Header) (http.Header, error) {
 	signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
 	signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
 	return signed, nil
-}
-
-// signatureEntries returns the entries ("v1,<base64>", …) of every
-// webhook-signature header line, split on white space. A proxy that joined
-// several lines into one with ", " leaves "v1,<base64>," entries, which the
-// library still reads (it takes the part after the first comma).
-func signatureEntries(lines []string) []string {
-	var out []string
-	for _, l := range lines {
-		out = append(out, strings.Fields(l)...)
-	}
-	return out
 }
 
 // ValidateSecret checks that s is whsec_ followed by standard base64 of at
@@ -187,44 +176,35 @@ func ValidateSecret(s string) error {
 // caller decides (serve refuses to start without --insecure-no-verify).
 func LoadSecrets(env string, file string) ([]string, error) {
 	var out []string
-	seen := map[string]bool{}
 	add := func(s, where string) error {
 		if err := ValidateSecret(s); err != nil {
 			return fmt.Errorf("webhook secret in %s: %w", where, err)
 		}
-		if !seen[s] {
-			seen[s] = true
+		if !slices.Contains(out, s) {
 			out = append(out, s)
 		}
 		return nil
 	}
-	for i, s := range strings.FieldsFunc(env, func(r rune) bool {
-		return r == ',' || r == ' ' || r == '\t' || r == '\n' || r == '\r'
-	}) {
+	for i, s := range strings.Fields(strings.ReplaceAll(env, ",", " ")) {
 		if err := add(s, fmt.Sprintf("%s (item %d)", SecretEnv, i+1)); err != nil {
 			return nil, err
 		}
 	}
-	if file != "" {
-		data, err := os.ReadFile(file)
-		if err != nil {
-			// os errors carry the path and the cause, not the contents.
-			return nil, fmt.Errorf("webhook secret file: %w", err)
+	if file == "" {
+		return out, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		// os errors carry the path and the cause, not the contents.
+		return nil, fmt.Errorf("webhook secret file: %w", err)
+	}
+	for i, line := range strings.Split(string(data), "\n") {
+		s := strings.TrimSpace(line)
+		if s == "" || strings.HasPrefix(s, "#") {
+			continue
 		}
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		line := 0
-		for sc.Scan() {
-			line++
-			s := strings.TrimSpace(sc.Text())
-			if s == "" || strings.HasPrefix(s, "#") {
-				continue
-			}
-			if err := add(s, fmt.Sprintf("%s line %d", file, line)); err != nil {
-				return nil, err
-			}
-		}
-		if err := sc.Err(); err != nil {
-			return nil, fmt.Errorf("webhook secret file %s: %w", file, err)
+		if err := add(s, fmt.Sprintf("%s line %d", file, i+1)); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
