@@ -257,24 +257,16 @@ type response struct {
 	Error  string `json:"error,omitempty"`
 }
 
-// statusWriter remembers the status code for metrics and logs.
+// statusWriter remembers the status code for metrics and logs (every
+// answer to an event is writeJSON's, which writes its header first).
 type statusWriter struct {
 	http.ResponseWriter
 	code int
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
+	w.code = code
 	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
 }
 
 // ServeHTTP serves the receiver's routes.
@@ -282,26 +274,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if onSpareConn(r) {
 		w.Header().Set("Connection", "close") // one answer: the spare is free again for the next probe
 	}
-	switch r.URL.Path {
-	case h.cfg.Path:
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: POST events here")
-			return
-		}
+	path := r.URL.Path
+	probe := path == "/healthz" || path == "/readyz" || path == "/metrics"
+	switch {
+	case path == h.cfg.Path && r.Method != http.MethodPost:
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: POST events here")
+	case path == h.cfg.Path:
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		h.serveEvent(sw, r)
 		h.cfg.Metrics.ObserveRequest(sw.code, time.Since(start))
-	case "/healthz":
-		if !getOrHead(w, r) {
-			return
-		}
+	case probe && r.Method != http.MethodGet && r.Method != http.MethodHead:
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed")
+	case path == "/healthz":
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	case "/readyz":
-		if !getOrHead(w, r) {
-			return
-		}
+	case path == "/readyz":
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := h.cfg.Sink.Ping(ctx); err != nil {
@@ -310,30 +299,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	case "/metrics":
-		if !getOrHead(w, r) {
-			return
-		}
+	case path == "/metrics":
 		h.metricsH.ServeHTTP(w, r)
 	default:
 		if r.Method == http.MethodPost {
 			// Most likely a webhook registered with another path than
 			// --path: every delivery fails, and only this log says why.
 			h.log.Info("webhook: POST to a path that receives no events; answered 404",
-				"path", clip(r.URL.Path), "method", r.Method, "events_path", h.cfg.Path,
+				"path", clip(path), "method", r.Method, "events_path", h.cfg.Path,
 				"remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
 		}
 		writeError(w, http.StatusNotFound, "no such path: events go to POST "+h.cfg.Path)
 	}
-}
-
-func getOrHead(w http.ResponseWriter, r *http.Request) bool {
-	if r.Method == http.MethodGet || r.Method == http.MethodHead {
-		return true
-	}
-	w.Header().Set("Allow", "GET, HEAD")
-	writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed")
-	return false
 }
 
 // unavailable answers 503 with Retry-After: the sender retries.
@@ -350,16 +327,6 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, code int, outco
 	h.cfg.Metrics.ObserveDelivery(sink.SourceWebhook, outcome)
 	h.log.Info("webhook rejected", "status", code, "reason", msg, "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
 	writeError(w, code, msg)
-}
-
-// invalid answers a verified body that cannot be used: 200, so that the
-// sender does not retry for a day what no retry can fix (and does not
-// disable the webhook), recorded nowhere (ingest counted it), logged at
-// error level (spec §6).
-func (h *Handler) invalid(w http.ResponseWriter, r *http.Request, a ingest.Answer) {
-	h.log.Error("webhook: a verified body cannot be used; answered 200 invalid and recorded nothing",
-		"reason", a.Reason, "err", a.Err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
-	writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: a.Err.Error()})
 }
 
 // clip bounds a sender-controlled string for a log line or a response body:
@@ -427,7 +394,12 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, response{Key: a.Key, Status: StatusIgnored, Type: clip(a.Type)})
 		return
 	case ingest.Invalid:
-		h.invalid(w, r, a)
+		// 200, so that the sender does not retry for a day what no retry
+		// can fix (and does not disable the webhook), recorded nowhere
+		// (ingest counted it), logged at error level (spec §6).
+		h.log.Error("webhook: a verified body cannot be used; answered 200 invalid and recorded nothing",
+			"reason", a.Reason, "err", a.Err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
+		writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: a.Err.Error()})
 		return
 	case ingest.Unavailable:
 		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", a.Key, "err", a.Err)
