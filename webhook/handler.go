@@ -52,15 +52,6 @@ const (
 	KeysRetryAfter = dynamic.RefetchInterval
 )
 
-// Statuses in a 2xx response body {"key","status"}: what ingest answered
-// (metrics.OutcomeAccepted, OutcomeDuplicate, OutcomeDone, OutcomeIgnored,
-// OutcomeInvalid), or, with Sync, StatusDone once the effect ran.
-const (
-	StatusDone    = metrics.OutcomeDone    // the key is done
-	StatusIgnored = metrics.OutcomeIgnored // not a batch event, or not a completion: nothing recorded
-	StatusInvalid = metrics.OutcomeInvalid // a verified body that cannot be used: nothing recorded
-)
-
 // Dispatcher is what the receiver needs of *dispatch.Dispatcher: Kick wakes
 // the background workers after a new sighting; RunKeyWithin claims one key
 // and runs its effect now (Sync mode), confirming it with the API first
@@ -249,7 +240,10 @@ func (c Config) Validate() error {
 
 // response is a 2xx body: {"key","status"} for a recorded or non-terminal
 // event, {"status":"ignored","type"} for one that is not a batch event,
-// {"status":"invalid","error"} for a body that cannot be used.
+// {"status":"invalid","error"} for a body that cannot be used. Its status
+// is what ingest answered (metrics.OutcomeAccepted, OutcomeDuplicate,
+// OutcomeDone, OutcomeIgnored, OutcomeInvalid), or, with Sync, OutcomeDone
+// once the effect ran.
 type response struct {
 	Key    string `json:"key,omitempty"`
 	Status string `json:"status"`
@@ -387,11 +381,11 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 			// look for its test event in this log.
 			h.log.Info("webhook ignored: not a batch event; answered 200, nothing recorded",
 				"type", clip(a.Type), "webhook_id", clip(r.Header.Get("webhook-id")))
-			writeJSON(w, http.StatusOK, response{Status: StatusIgnored, Type: clip(a.Type)})
+			writeJSON(w, http.StatusOK, response{Status: metrics.OutcomeIgnored, Type: clip(a.Type)})
 			return
 		}
 		h.log.Debug("webhook ignored: not a completion", "key", a.Key, "type", clip(a.Type), "state", a.State)
-		writeJSON(w, http.StatusOK, response{Key: a.Key, Status: StatusIgnored, Type: clip(a.Type)})
+		writeJSON(w, http.StatusOK, response{Key: a.Key, Status: metrics.OutcomeIgnored, Type: clip(a.Type)})
 		return
 	case ingest.Invalid:
 		// 200, so that the sender does not retry for a day what no retry
@@ -399,7 +393,7 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 		// (ingest counted it), logged at error level (spec §6).
 		h.log.Error("webhook: a verified body cannot be used; answered 200 invalid and recorded nothing",
 			"reason", a.Reason, "err", a.Err.Error(), "remote", r.RemoteAddr, "webhook_id", clip(r.Header.Get("webhook-id")))
-		writeJSON(w, http.StatusOK, response{Status: StatusInvalid, Error: a.Err.Error()})
+		writeJSON(w, http.StatusOK, response{Status: metrics.OutcomeInvalid, Error: a.Err.Error()})
 		return
 	case ingest.Unavailable:
 		h.log.Warn("webhook: recording failed; answering 503 so the sender retries", "key", a.Key, "err", a.Err)
@@ -505,7 +499,7 @@ loop:
 			h.unavailable(w, "dispatch failed, retry later: "+err.Error())
 			return
 		case out == dispatch.OutcomeDone:
-			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
+			writeJSON(w, http.StatusOK, response{Key: key, Status: metrics.OutcomeDone})
 			return
 		case out == dispatch.OutcomeRetry || out == dispatch.OutcomeDead:
 			writeJSON(w, http.StatusInternalServerError, response{Key: key, Status: string(out), Error: "the effect failed (" + string(out) + ")"})
@@ -522,7 +516,7 @@ loop:
 		switch {
 		case err != nil:
 		case e.State == sink.StateDone:
-			writeJSON(w, http.StatusOK, response{Key: key, Status: StatusDone})
+			writeJSON(w, http.StatusOK, response{Key: key, Status: metrics.OutcomeDone})
 			return
 		case e.State == sink.StateDead:
 			// Dead before this request: nothing ran in it, and no
