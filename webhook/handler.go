@@ -381,10 +381,9 @@ func (h *Handler) serveEvent(w http.ResponseWriter, r *http.Request) {
 			// look for its test event in this log.
 			h.log.Info("webhook ignored: not a batch event; answered 200, nothing recorded",
 				"type", clip(a.Type), "webhook_id", clip(r.Header.Get("webhook-id")))
-			writeJSON(w, http.StatusOK, response{Status: metrics.OutcomeIgnored, Type: clip(a.Type)})
-			return
+		} else {
+			h.log.Debug("webhook ignored: not a completion", "key", a.Key, "type", clip(a.Type), "state", a.State)
 		}
-		h.log.Debug("webhook ignored: not a completion", "key", a.Key, "type", clip(a.Type), "state", a.State)
 		writeJSON(w, http.StatusOK, response{Key: a.Key, Status: metrics.OutcomeIgnored, Type: clip(a.Type)})
 		return
 	case ingest.Invalid:
