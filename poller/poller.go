@@ -765,6 +765,13 @@ type opFields struct {
 	CreateTime, EndTime, UpdateTime string
 }
 
+// opMetadata is the Gemini API operation's metadata: its @type beside the
+// fields.
+type opMetadata struct {
+	Type string `json:"@type"`
+	opFields
+}
+
 // fromRaw reads one raw operation. Its Name is the top-level name, else
 // metadata.name (the Gemini API repeats it there). An operation with
 // neither gets an empty Name, not an error: the caller skips it as a name
@@ -775,10 +782,7 @@ func fromRaw(raw json.RawMessage) Operation {
 	var r struct {
 		opFields
 		Done     *bool
-		Metadata *struct {
-			Type string `json:"@type"`
-			opFields
-		}
+		Metadata *opMetadata
 	}
 	err := json.Unmarshal(raw, &r)
 	if t := bytes.TrimSpace(raw); err == nil && (len(t) == 0 || t[0] != '{') {
@@ -793,13 +797,7 @@ func fromRaw(raw json.RawMessage) Operation {
 		name, _ := listedName(names.Name, names.Metadata.Name)
 		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
-	f, m := r.opFields, r.Metadata
-	if m == nil {
-		m = &struct {
-			Type string `json:"@type"`
-			opFields
-		}{}
-	}
+	f, m := r.opFields, cmp.Or(r.Metadata, &opMetadata{})
 	name, valid := listedName(f.Name, m.Name)
 	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw, done: r.Done != nil && *r.Done,
 		unknownType: m.Type != "" && !slices.Contains(knownTypes, m.Type)}
