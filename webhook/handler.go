@@ -427,28 +427,26 @@ func (h *Handler) verify(w http.ResponseWriter, r *http.Request, body []byte) (i
 	if h.cfg.InsecureNoVerify {
 		return ingest.Unverified, true
 	}
-	var hmacErr error
+	var hmacErr, dynErr error
 	if h.verifier != nil {
 		if hmacErr = h.verifier.Verify(body, r.Header); hmacErr == nil {
 			return ingest.VerifiedStatic, true
 		}
-		if h.cfg.Dynamic == nil {
-			h.refuseSignature(w, r, hmacErr, nil)
-			return 0, false
+	}
+	if h.cfg.Dynamic != nil {
+		var res dynamic.Result
+		if res, dynErr = h.cfg.Dynamic.Verify(r.Context(), body, r.Header); dynErr == nil {
+			h.log.Debug("webhook verified by a dynamic signature; its key is confirmed with the API before it runs",
+				"scheme", res.Scheme, "kid", clip(res.KeyID), "webhook_id", clip(r.Header.Get("webhook-id")))
+			return ingest.VerifiedDynamic, true
 		}
 	}
-	res, err := h.cfg.Dynamic.Verify(r.Context(), body, r.Header)
-	switch {
-	case err == nil:
-		h.log.Debug("webhook verified by a dynamic signature; its key is confirmed with the API before it runs",
-			"scheme", res.Scheme, "kid", clip(res.KeyID), "webhook_id", clip(r.Header.Get("webhook-id")))
-		return ingest.VerifiedDynamic, true
-	case errors.Is(err, dynamic.ErrUnavailable):
+	if errors.Is(dynErr, dynamic.ErrUnavailable) {
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(h.cfg.RetryAfter, KeysRetryAfter)/time.Second)))
 		h.reject(w, r, http.StatusServiceUnavailable, metrics.OutcomeJWKSUnavailable,
-			"dynamic signature: "+err.Error()+"; retry later")
-	default:
-		h.refuseSignature(w, r, hmacErr, err)
+			"dynamic signature: "+dynErr.Error()+"; retry later")
+	} else {
+		h.refuseSignature(w, r, hmacErr, dynErr)
 	}
 	return 0, false
 }
