@@ -231,7 +231,7 @@ func (p *Poller) classify(ctx context.Context, op string, e genai.APIError, dela
 func (p *Poller) probe(ctx context.Context, op, what string) error {
 	tctx, trace := withTrace(ctx, kindProbe)
 	_, err := p.call(tctx, p.collection(), url.Values{"pageSize": {"1"}})
-	if err == nil {
+	if err == nil || errors.Is(err, ErrBodyTooLarge) { // a page too large to read was answered too
 		return fmt.Errorf("poller: %s: %w (%s, while the same credential lists batches: a batch of another project)",
 			op, ErrNotFound, what)
 	}
@@ -247,10 +247,6 @@ func (p *Poller) probe(ctx context.Context, op, what string) error {
 	case errors.As(err, &pe):
 		return &TransientError{Op: op, Status: pe.Code, RetryAfter: trace.lastDelay,
 			Err: fmt.Errorf("%s; the credential probe got %s", what, describe(pe))}
-	case errors.Is(err, ErrBodyTooLarge):
-		// The probe's page was too large to read: the credential works.
-		return fmt.Errorf("poller: %s: %w (%s, while the same credential lists batches: a batch of another project)",
-			op, ErrNotFound, what)
 	}
 	return &TransientError{Op: op, Err: fmt.Errorf("%s; the credential probe failed: %w", what, err)}
 }
