@@ -429,10 +429,7 @@ func FileName(id string) (string, error) {
 			b.WriteByte(c)
 			continue
 		}
-		const hexdigits = "0123456789abcdef"
-		b.WriteByte('%')
-		b.WriteByte(hexdigits[c>>4])
-		b.WriteByte(hexdigits[c&15])
+		fmt.Fprintf(&b, "%%%02x", c)
 	}
 	s := b.String()
 	if len(s) <= maxName {
