@@ -353,7 +353,6 @@ func (s *db) peek(row *sql.Row) (sink.Row, bool, error) {
 	return r, err == nil, s.fail(err)
 }
 
-
 func (s *db) Peek(ctx context.Context, key string) (sink.Row, bool, error) {
 	if err := s.Broken(); err != nil {
 		return sink.Row{}, false, err
