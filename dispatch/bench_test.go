@@ -50,7 +50,7 @@ func benchDispatch(b *testing.B, pg bool, conc int) {
 	if pg {
 		db = pgtest.Schema(b)
 	}
-	s, err := dial.OpenWithLogger(context.Background(), db, sink.Options{}, quietLogger())
+	s, err := dial.Open(context.Background(), db, sink.Options{}, quietLogger())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func childMain(cfg childConfig) int {
 	// this child process (not the test binary's parent) is the quiet logger.
 	slog.SetDefault(logger)
 	ctx := context.Background()
-	s, err := dial.Open(ctx, cfg.DB, sink.Options{BusyTimeout: 30 * time.Second})
+	s, err := dial.Open(ctx, cfg.DB, sink.Options{BusyTimeout: 30 * time.Second}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: open:", err)
 		return 1

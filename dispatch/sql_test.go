@@ -179,7 +179,7 @@ func (w *sqlWorld) open(t testing.TB, opt sink.Options) sink.Sink {
 	if opt.BusyTimeout == 0 {
 		opt.BusyTimeout = 30 * time.Second
 	}
-	s, err := dial.Open(context.Background(), w.db, opt)
+	s, err := dial.Open(context.Background(), w.db, opt, nil)
 	if err != nil {
 		t.Fatalf("dial.Open(%q): %v", w.db, err)
 	}

@@ -39,7 +39,7 @@ func BenchmarkSQLEffect(b *testing.B) {
 func benchSQLEffect(b *testing.B, pg, useSQL bool, conc int) {
 	ctx := context.Background()
 	w := newSQLWorld(b, pg)
-	s, err := dial.Open(ctx, w.db, sink.Options{BusyTimeout: 30 * time.Second})
+	s, err := dial.Open(ctx, w.db, sink.Options{BusyTimeout: 30 * time.Second}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func sqlChildMain(e sqlChildEnv) int {
 		say("ERROR %v", err)
 		return 1
 	}
-	s, err := dial.Open(ctx, e.DB, sink.Options{BusyTimeout: 30 * time.Second, RetryBase: time.Millisecond, RetryMax: time.Millisecond})
+	s, err := dial.Open(ctx, e.DB, sink.Options{BusyTimeout: 30 * time.Second, RetryBase: time.Millisecond, RetryMax: time.Millisecond}, nil)
 	if err != nil {
 		say("ERROR %v", err)
 		return 1

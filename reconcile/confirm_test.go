@@ -100,7 +100,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 	if o.postgres {
 		db = pgtest.Schema(t)
 	}
-	s, err := dial.Open(context.Background(), db, sink.Options{Now: w.clock.Now, RetryBase: time.Second, RetryMax: time.Minute})
+	s, err := dial.Open(context.Background(), db, sink.Options{Now: w.clock.Now, RetryBase: time.Second, RetryMax: time.Minute}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -734,7 +734,7 @@ func TestVertexResultsLocation(t *testing.T) {
 	name := geminifake.VertexName("123", "us-central1", "777")
 	api.Add(geminifake.Batch{Name: name, State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0, SuccessfulCount: 2})
 	clk := testkit.NewClock(t0)
-	s, err := dial.Open(context.Background(), filepath.Join(t.TempDir(), "sink.db"), sink.Options{Now: clk.Now})
+	s, err := dial.Open(context.Background(), filepath.Join(t.TempDir(), "sink.db"), sink.Options{Now: clk.Now}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

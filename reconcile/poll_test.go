@@ -100,7 +100,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if o.postgres {
 		db = pgtest.Schema(t)
 	}
-	s, err := dial.Open(context.Background(), db, sink.Options{Now: e.clock.Now})
+	s, err := dial.Open(context.Background(), db, sink.Options{Now: e.clock.Now}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,9 @@ type Store interface {
 	Write(ctx context.Context, fn func(Tx) error) error
 	// Peek reads a key's row without holding it: what Record needs to tell
 	// a duplicate, which writes nothing, from a sighting that must commit.
+	// It needs only Key, State, Confirmed, BatchState, NeedsConfirm and
+	// FirstSource (the fields sighting and duplicate read); a Store may
+	// leave the others zero.
 	Peek(ctx context.Context, key string) (Row, bool, error)
 	// Entry, Entries, Stats, DueKeys, PassRecords and MaxLookback are the
 	// reads behind Get, List, Stats, Due, PassRecords and MaxLookback.
@@ -97,6 +100,7 @@ type Machine struct {
 
 	mu      sync.Mutex
 	buf     map[string]*Delta // buffered statistics of duplicate sightings
+	full    chan struct{}     // kicks the flusher when flushAt keys wait
 	stop    chan struct{}
 	stopped sync.WaitGroup
 	closed  sync.Once
@@ -128,8 +132,9 @@ func (d *Delta) merge(o *Delta) {
 	d.Verified = d.Verified || o.Verified
 }
 
-// Buffered statistics are written at the latest after flushEvery, or once
-// flushAt keys are waiting, and before every read that shows them.
+// Buffered statistics are written at the latest after flushEvery, or by
+// the flusher once flushAt keys are waiting (by the sighting itself once
+// four times as many are), and before every read that shows them.
 const (
 	flushEvery = time.Second
 	flushAt    = 1024
@@ -141,7 +146,8 @@ func NewMachine(st Store, opt Options, log *slog.Logger, name string) *Machine {
 	if log == nil {
 		log = slog.Default()
 	}
-	m := &Machine{st: st, opt: opt.WithDefaults(), log: log, name: name, buf: map[string]*Delta{}, stop: make(chan struct{})}
+	m := &Machine{st: st, opt: opt.WithDefaults(), log: log, name: name, buf: map[string]*Delta{},
+		full: make(chan struct{}, 1), stop: make(chan struct{})}
 	if !opt.ReadOnly {
 		m.stopped.Add(1)
 		go m.flusher()
@@ -464,8 +470,14 @@ func (m *Machine) add(key string, d *Delta) {
 	b.merge(d)
 	n := len(m.buf)
 	m.mu.Unlock()
-	if n >= flushAt {
+	switch {
+	case n >= 4*flushAt: // the flusher does not keep up: the sightings wait
 		_ = m.Flush(context.Background()) // statistics: a failure keeps them for the next flush
+	case n >= flushAt:
+		select {
+		case m.full <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -509,6 +521,10 @@ func (m *Machine) flusher() {
 		select {
 		case <-m.stop:
 			return
+		case <-m.full:
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = m.Flush(ctx)
+			cancel()
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			_ = m.Flush(ctx)

@@ -136,7 +136,7 @@ func removeFlag(args []string, name string) []string {
 // withDB opens the sink --db names (library defaults) for fn.
 func withDB(t *testing.T, db string, fn func(sink.Sink)) {
 	t.Helper()
-	s, err := dial.Open(context.Background(), db, sink.Options{})
+	s, err := dial.Open(context.Background(), db, sink.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -241,7 +241,7 @@ func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error)
 // PostgreSQL URL) is a usage error; a database without gemrecon's schema
 // (exit 1) is named by the sink, and the message says what to do.
 func (a *app) dialSink(ctx context.Context, opt sink.Options) (sink.Sink, error) {
-	s, err := dial.OpenWithLogger(ctx, a.db, opt, a.logger)
+	s, err := dial.Open(ctx, a.db, opt, a.logger)
 	if errors.Is(err, dial.ErrInvalidDSN) {
 		return nil, withCode(exitUsage, fmt.Errorf("--db: %w", err))
 	}

@@ -158,14 +158,9 @@ func Describe(dsn string) string {
 	return d
 }
 
-// Open opens the sink named by dsn; the backend logs to slog.Default().
-func Open(ctx context.Context, dsn string, opt sink.Options) (sink.Sink, error) {
-	return OpenWithLogger(ctx, dsn, opt, slog.Default())
-}
-
-// OpenWithLogger opens the sink named by dsn; the backend reports payload
-// conflicts and fenced outcomes to logger.
-func OpenWithLogger(ctx context.Context, dsn string, opt sink.Options, logger *slog.Logger) (sink.Sink, error) {
+// Open opens the sink named by dsn; the backend reports payload conflicts
+// and fenced outcomes to logger (nil: slog.Default()).
+func Open(ctx context.Context, dsn string, opt sink.Options, logger *slog.Logger) (sink.Sink, error) {
 	t, err := Parse(dsn)
 	if err != nil {
 		return nil, err

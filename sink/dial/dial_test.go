@@ -78,7 +78,7 @@ func TestOpenUnusablePostgresString(t *testing.T) {
 		{"postgres://app:secret@127.0.0.1:1/app?pool_max_conns=abc", "pool_max_conns"},
 		{"host=127.0.0.1 port=1 password='sec ret dbname=app", "unterminated quoted string"},
 	} {
-		s, err := Open(t.Context(), tc.dsn, sink.Options{})
+		s, err := Open(t.Context(), tc.dsn, sink.Options{}, nil)
 		if err == nil {
 			s.Close()
 			t.Errorf("Open(%q) succeeded", tc.dsn)

@@ -142,14 +142,6 @@ func (s *db) Broken() error {
 	return nil
 }
 
-// writable is the check of every write: read-only and broken sinks refuse.
-func (s *db) writable() error {
-	if s.wdb == nil {
-		return fmt.Errorf("sqlite sink %s: %w", s.path, ErrReadOnly)
-	}
-	return s.Broken()
-}
-
 // identity is a descriptor of the database file taken when the sink opened
 // it: as long as it is open, the file's inode cannot be reused, so device and
 // inode name that file and no other. wal and shm are the -wal and -shm files

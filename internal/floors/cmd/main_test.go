@@ -43,10 +43,13 @@ func TestTinyRun(t *testing.T) {
 	}
 	table := out.String()
 	rows := []string{
-		"1. sequential new completions, product path (3, one at a time), per second",
-		"2. new completions, 4 in flight (20), per second",
-		"3. duplicates of a done key through ingest, per second (30, one at a time)",
-		"3. duplicates of a pending key through ingest, per second (30, one at a time)",
+		"1. sequential new completions (3, one at a time): raw 128 B write + fdatasync just before, per second",
+		"2. new completions, 4 at once (20): raw 128 B write + fdatasync just before, per second",
+		"the sink's calls of serve's path (RecordAndClaim, Complete), per second",
+		"through serve's receiver (HTTP from a client in the same process, ingest, dispatch, NDJSON effect), per second",
+		"3. duplicates of a done key through Sink.Record, per second (30, one at a time)",
+		"3. duplicates of a pending key through Sink.Record, per second (30, one at a time)",
+		"through ingest (the webhook body parsed, then Record), per second",
 		"4. serve --forward --confirm never: 2xx → effect start, ms (3 deliveries 1ms apart), p50",
 		"**p99**", "max",
 		"5. poll pass over 120 new completions (NDJSON effect, --qps 0), wall s",
