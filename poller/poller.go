@@ -345,11 +345,8 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if cfg.HTTPClient != nil && cfg.HTTPClient.Transport != nil {
 		rt = cfg.HTTPClient.Transport
 	}
-	t := &transport{
-		base: rt, limiter: rate.NewLimiter(limit, cfg.Burst), maxRetries: cfg.MaxRetries,
-		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, timeout: cfg.RequestTimeout,
-		sleep: cfg.Sleep, log: cfg.Logger, pageSize: cfg.PageSize, maxBody: cfg.maxBody,
-	}
+	p := &Poller{cfg: cfg}
+	t := &transport{base: rt, limiter: rate.NewLimiter(limit, cfg.Burst), cfg: &p.cfg}
 	cc := &genai.ClientConfig{
 		APIKey: cfg.APIKey, Backend: genai.BackendGeminiAPI, HTTPClient: &http.Client{Transport: t},
 		HTTPOptions: genai.HTTPOptions{BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini},
@@ -377,8 +374,9 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	// The SDK's client is kept for what it resolves (key, base URL and
 	// version from the config or the environment; on Vertex the
 	// credentials around the transport); the requests are gemrecon's own.
-	httpc := &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
-	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t}, nil
+	p.client, p.transport = client, t
+	p.httpc = &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
+	return p, nil
 }
 
 const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"

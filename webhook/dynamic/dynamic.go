@@ -19,7 +19,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -376,12 +375,14 @@ func (v *Verifier) checkClaims(c jwt.Claims, now time.Time) error {
 
 // parseJWT parses a compact JWS accepting RS256 only. go-jose refuses any
 // other alg at parse time (none, HS*, RS512, PS*, ES*, EdDSA, …), so an
-// HS256 token keyed with the RSA public key never reaches a key.
+// HS256 token keyed with the RSA public key never reaches a key; its error
+// names the alg it refused.
 func parseJWT(s string, n int, reasons *reasonList) (jwtEntry, bool) {
 	tok, err := jwt.ParseSigned(s, []jose.SignatureAlgorithm{jose.RS256})
 	if err != nil {
-		if alg, ok := peekAlg(s); ok && alg != string(jose.RS256) {
-			reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, quoteKid(alg)))
+		var alg *jose.ErrUnexpectedSignatureAlgorithm
+		if errors.As(err, &alg) {
+			reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, quoteKid(string(alg.Got))))
 		} else {
 			reasons.add(fmt.Sprintf("entry %d: not a compact RS256 JWT", n))
 		}
@@ -392,23 +393,6 @@ func parseJWT(s string, n int, reasons *reasonList) (jwtEntry, bool) {
 		return jwtEntry{}, false
 	}
 	return jwtEntry{n: n, tok: tok, kid: tok.Headers[0].KeyID}, true
-}
-
-// peekAlg reads the alg of a compact JWS's header without trusting it,
-// only to say why the token was refused.
-func peekAlg(s string) (string, bool) {
-	head, _, _ := strings.Cut(s, ".")
-	raw, err := base64.RawURLEncoding.DecodeString(head)
-	if err != nil {
-		return "", false
-	}
-	var hdr struct {
-		Alg string `json:"alg"`
-	}
-	if json.Unmarshal(raw, &hdr) != nil {
-		return "", false
-	}
-	return hdr.Alg, true
 }
 
 // v1aHeaders checks that the headers a v1a entry signs are there and the
