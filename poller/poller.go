@@ -65,10 +65,12 @@ const (
 // Defaults used by DefaultConfig (and by New where a field is zero and zero
 // has no meaning of its own).
 const (
-	DefaultPageSize       = 100
-	MaxPageSize           = 1000           // the largest page size a list request may ask for
-	DefaultLookback       = 72 * time.Hour // 48 h batch expiry + margin
-	DefaultMaxRetries     = 5
+	DefaultPageSize   = 100
+	MaxPageSize       = 1000           // the largest page size a list request may ask for
+	DefaultLookback   = 72 * time.Hour // 48 h batch expiry + margin
+	DefaultMaxRetries = 5
+	// A retry without a server delay waits from DefaultBackoffMin,
+	// doubling up to DefaultBackoffMax (backoff); no Config changes them.
 	DefaultBackoffMin     = time.Second
 	DefaultBackoffMax     = time.Minute
 	DefaultRequestTimeout = time.Minute
@@ -130,9 +132,6 @@ type Config struct {
 	// MaxRetries is the retry budget of one request for 429, 5xx and
 	// transport errors (0: no retries).
 	MaxRetries int
-	// BackoffMin and BackoffMax bound the exponential backoff used when the
-	// server gives no delay (zero: the defaults).
-	BackoffMin, BackoffMax time.Duration
 	// RequestTimeout bounds one HTTP attempt (0: none).
 	RequestTimeout time.Duration
 	// Now is the clock for the lookback window (default time.Now).
@@ -155,8 +154,6 @@ func DefaultConfig() Config {
 		PageSize:       DefaultPageSize,
 		Lookback:       DefaultLookback,
 		MaxRetries:     DefaultMaxRetries,
-		BackoffMin:     DefaultBackoffMin,
-		BackoffMax:     DefaultBackoffMax,
 		RequestTimeout: DefaultRequestTimeout,
 	}
 }
@@ -324,10 +321,6 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	cfg.Backend, cfg.PageSize, cfg.Burst = cmp.Or(cfg.Backend, BackendGemini), cmp.Or(cfg.PageSize, DefaultPageSize), cmp.Or(cfg.Burst, 1)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	cfg.BackoffMin = cmp.Or(max(cfg.BackoffMin, 0), DefaultBackoffMin)
-	if cfg.BackoffMax < cfg.BackoffMin {
-		cfg.BackoffMax = max(DefaultBackoffMax, cfg.BackoffMin)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -65,10 +65,10 @@ func withTrace(ctx context.Context, kind reqKind) (context.Context, *passTrace) 
 type transport struct {
 	base    http.RoundTripper
 	limiter *rate.Limiter
-	// cfg is the Poller's, defaults filled: MaxRetries, BackoffMin and
-	// BackoffMax, RequestTimeout (one attempt; 0: none), Sleep, Logger,
-	// PageSize (a list page's, for BodyTooLargeError) and maxBody, how much
-	// of one response the transport buffers.
+	// cfg is the Poller's, defaults filled: MaxRetries, RequestTimeout
+	// (one attempt; 0: none), Sleep, Logger, PageSize (a list page's, for
+	// BodyTooLargeError) and maxBody, how much of one response the
+	// transport buffers.
 	cfg *Config
 	// byKind counts every HTTP attempt by what it was for.
 	byKind [len(kindNames)]atomic.Int64
@@ -164,7 +164,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			attrs = append(attrs, slog.Int("status", resp.StatusCode))
 		}
 		if d <= 0 {
-			d, source = t.backoff(attempt), "backoff"
+			d, source = backoff(attempt), "backoff"
 		}
 		t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "gemini request failed, retrying",
 			append(attrs, slog.Duration("wait", d), slog.String("wait_from", source))...)
@@ -250,18 +250,15 @@ func (t *transport) read(resp *http.Response, err error, trace *passTrace) (*htt
 	return resp, body, nil
 }
 
-// backoff is exponential from backoffMin, capped at backoffMax, with "equal
-// jitter": half fixed, half random, so a retry never comes back at once.
-func (t *transport) backoff(attempt int) time.Duration {
-	d := t.cfg.BackoffMin
-	for i := 0; i < attempt && d < t.cfg.BackoffMax; i++ {
+// backoff is exponential from DefaultBackoffMin, capped at
+// DefaultBackoffMax, with "equal jitter": half fixed, half random, so a
+// retry never comes back at once.
+func backoff(attempt int) time.Duration {
+	d := DefaultBackoffMin
+	for i := 0; i < attempt && d < DefaultBackoffMax; i++ {
 		d *= 2
 	}
-	d = min(d, t.cfg.BackoffMax)
-	half := d / 2
-	if half <= 0 {
-		return d
-	}
+	half := min(d, DefaultBackoffMax) / 2
 	return half + rand.N(half+1)
 }
 

@@ -34,6 +34,8 @@ import (
 	"strings"
 	"syscall"
 	"unicode/utf8"
+
+	"github.com/gemrecon/gemrecon/canon"
 )
 
 // Ext ends every results file's name.
@@ -420,7 +422,7 @@ func FileName(id string) (string, error) {
 	case id == "":
 		return "", errors.New("results: an empty id")
 	case !utf8.ValidString(id):
-		return "", fmt.Errorf("results: id %q is not valid UTF-8", truncate(id))
+		return "", fmt.Errorf("results: id %s is not valid UTF-8", canon.Quote(id))
 	}
 	var b strings.Builder
 	for i := 0; i < len(id); i++ {
@@ -457,10 +459,3 @@ func validName(s string) bool {
 }
 
 var nameShape = regexp.MustCompile(`^((?:[a-z0-9_-]|%[0-9a-f]{2})*)(~[0-9a-f]{40})?$`)
-
-func truncate(s string) string {
-	if len(s) <= 120 {
-		return s
-	}
-	return s[:120] + "…"
-}

@@ -102,10 +102,8 @@ type Config struct {
 	// aud is not checked (the Gemini API documents no audience).
 	Audience string
 	// Client fetches the key set; nil means a client of its own. Fetches
-	// are bounded by FetchTimeout whatever the client's own timeout.
+	// are bounded by DefaultFetchTimeout whatever the client's own timeout.
 	Client *http.Client
-	// FetchTimeout bounds one fetch; 0 means DefaultFetchTimeout.
-	FetchTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives one line per fetch (info on success, warn on failure);
@@ -134,12 +132,11 @@ func New(cfg Config) (*Verifier, error) {
 		now = time.Now
 	}
 	client := cmp.Or(cfg.Client, &http.Client{})
-	timeout := cmp.Or(max(cfg.FetchTimeout, 0), DefaultFetchTimeout)
 	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	return &Verifier{
 		audience: cfg.Audience,
 		now:      now,
-		keys:     &cache{url: u.String(), client: client, timeout: timeout, now: now, log: log, turn: make(chan struct{}, 1)},
+		keys:     &cache{url: u.String(), client: client, now: now, log: log, turn: make(chan struct{}, 1)},
 	}, nil
 }
 

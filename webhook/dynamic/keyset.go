@@ -140,7 +140,6 @@ func cacheLifetime(h http.Header) time.Duration {
 type cache struct {
 	url     string
 	client  *http.Client
-	timeout time.Duration
 	now     func() time.Time
 	log     *slog.Logger
 	turn    chan struct{}
@@ -203,11 +202,11 @@ func (c *cache) attempt(ctx context.Context) {
 }
 
 // fetch GETs the key set. It runs on a context of its own (the values of
-// ctx, not its cancellation, and DefaultFetchTimeout or the configured
-// timeout), so that the request that happened to start it hanging up does
-// not fail the fetch for the others waiting on it.
+// ctx, not its cancellation, and DefaultFetchTimeout), so that the request
+// that happened to start it hanging up does not fail the fetch for the
+// others waiting on it.
 func (c *cache) fetch(ctx context.Context) (*keySet, int, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultFetchTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
