@@ -260,7 +260,7 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 	for i, e := range entries {
 		n := i + 1
 		if value, v1a := strings.CutPrefix(e, "v1a,"); !v1a {
-			if j, ok := parseJWT(e, n, &reasons); ok {
+			if j, ok := v.parseJWT(e, n, now, &reasons); ok {
 				jwts = append(jwts, j)
 			}
 		} else if sig, ok := decodeSignature(value); ok {
@@ -275,7 +275,6 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 			v1as = nil
 		}
 	}
-	jwts = v.timelyJWTs(jwts, now, &reasons)
 	if len(v1as) == 0 && len(jwts) == 0 {
 		return nil, nil, nil, reasons.err(ErrUnverified)
 	}
@@ -305,7 +304,7 @@ func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry,
 		}
 		for _, k := range keys {
 			// Its claims were checked before any key was needed
-			// (timelyJWTs): the same bytes, verified now.
+			// (parseJWT): the same bytes, verified now.
 			if e.tok.Claims(k, new(jwt.Claims)) == nil {
 				return Result{Scheme: SchemeJWT, KeyID: e.kid}, true, false
 			}
@@ -313,25 +312,6 @@ func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry,
 		reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, quoteKid(e.kid)))
 	}
 	return Result{}, false, wantFresh
-}
-
-// timelyJWTs keeps the JWTs whose (not yet verified) claims pass
-// checkClaims, so that an expired or foreign token causes no fetch.
-func (v *Verifier) timelyJWTs(jwts []jwtEntry, now time.Time, reasons *reasonList) []jwtEntry {
-	out := jwts[:0]
-	for _, e := range jwts {
-		var c jwt.Claims
-		if err := e.tok.UnsafeClaimsWithoutVerification(&c); err != nil {
-			reasons.add(fmt.Sprintf("entry %d: JWT claims are not a JSON object of registered claims", e.n))
-			continue
-		}
-		if err := v.checkClaims(c, now); err != nil {
-			reasons.add(fmt.Sprintf("entry %d: JWT %v", e.n, err))
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // checkClaims applies the JWT rules of spec §6. A JWT signs no
@@ -370,26 +350,32 @@ func (v *Verifier) checkClaims(c jwt.Claims, now time.Time) error {
 	return nil
 }
 
-// parseJWT parses a compact JWS accepting RS256 only. go-jose refuses any
-// other alg at parse time (none, HS*, RS512, PS*, ES*, EdDSA, …), so an
-// HS256 token keyed with the RSA public key never reaches a key; its error
-// names the alg it refused.
-func parseJWT(s string, n int, reasons *reasonList) (jwtEntry, bool) {
+// parseJWT parses a compact JWS accepting RS256 only, and keeps it when
+// its (not yet verified) claims pass checkClaims, so that an expired or
+// foreign token causes no fetch. go-jose refuses any other alg at parse
+// time (none, HS*, RS512, PS*, ES*, EdDSA, …), so an HS256 token keyed with
+// the RSA public key never reaches a key; its error names the alg it
+// refused.
+func (v *Verifier) parseJWT(s string, n int, now time.Time, reasons *reasonList) (jwtEntry, bool) {
 	tok, err := jwt.ParseSigned(s, []jose.SignatureAlgorithm{jose.RS256})
-	if err != nil {
-		var alg *jose.ErrUnexpectedSignatureAlgorithm
-		if errors.As(err, &alg) {
-			reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, quoteKid(string(alg.Got))))
-		} else {
-			reasons.add(fmt.Sprintf("entry %d: not a compact RS256 JWT", n))
-		}
-		return jwtEntry{}, false
-	}
-	if len(tok.Headers) != 1 || tok.Headers[0].KeyID == "" {
+	var alg *jose.ErrUnexpectedSignatureAlgorithm
+	var c jwt.Claims
+	switch {
+	case errors.As(err, &alg):
+		reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, quoteKid(string(alg.Got))))
+	case err != nil:
+		reasons.add(fmt.Sprintf("entry %d: not a compact RS256 JWT", n))
+	case len(tok.Headers) != 1 || tok.Headers[0].KeyID == "":
 		reasons.add(fmt.Sprintf("entry %d: the JWT names no kid", n))
-		return jwtEntry{}, false
+	case tok.UnsafeClaimsWithoutVerification(&c) != nil:
+		reasons.add(fmt.Sprintf("entry %d: JWT claims are not a JSON object of registered claims", n))
+	default:
+		if err = v.checkClaims(c, now); err == nil {
+			return jwtEntry{n: n, tok: tok, kid: tok.Headers[0].KeyID}, true
+		}
+		reasons.add(fmt.Sprintf("entry %d: JWT %v", n, err))
 	}
-	return jwtEntry{n: n, tok: tok, kid: tok.Headers[0].KeyID}, true
+	return jwtEntry{}, false
 }
 
 // v1aHeaders checks that the headers a v1a entry signs are there and the

@@ -77,28 +77,26 @@ func parseKeySet(doc []byte) (*keySet, int, error) {
 	ks := &keySet{rsa: map[string][]*rsa.PublicKey{}}
 	skipped := 0
 	for _, r := range raw.Keys {
+		// Private halves, EC and symmetric keys are skipped: nothing here
+		// verifies with them, and a symmetric key must never be used as one.
 		var k jose.JSONWebKey
-		kept := false
-		if k.UnmarshalJSON(r) == nil && (k.Use == "" || k.Use == "sig") {
-			// Private halves, EC and symmetric keys are skipped: nothing
-			// here verifies with them, and a symmetric key must never be
-			// used as one.
-			switch pub := k.Key.(type) {
-			case ed25519.PublicKey:
-				kept = slices.Contains([]string{"", string(jose.EdDSA), "Ed25519"}, k.Algorithm) && len(ks.ed) < MaxEd25519Keys
-				if kept {
-					ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
-				}
-			case *rsa.PublicKey:
-				kept = (k.Algorithm == "" || k.Algorithm == string(jose.RS256)) && pub.N.BitLen() >= MinRSABits
-				if kept {
-					ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
-				}
+		if k.UnmarshalJSON(r) != nil || k.Use != "" && k.Use != "sig" {
+			skipped++
+			continue
+		}
+		switch pub := k.Key.(type) {
+		case ed25519.PublicKey:
+			if slices.Contains([]string{"", string(jose.EdDSA), "Ed25519"}, k.Algorithm) && len(ks.ed) < MaxEd25519Keys {
+				ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
+				continue
+			}
+		case *rsa.PublicKey:
+			if (k.Algorithm == "" || k.Algorithm == string(jose.RS256)) && pub.N.BitLen() >= MinRSABits {
+				ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
+				continue
 			}
 		}
-		if !kept {
-			skipped++
-		}
+		skipped++
 	}
 	if skipped == len(raw.Keys) {
 		return nil, skipped, fmt.Errorf("the key set has no usable Ed25519 or RSA signing key (%d keys, all skipped)", len(raw.Keys))
