@@ -30,6 +30,8 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+
+	"github.com/gemrecon/gemrecon/canon"
 )
 
 // DefaultJWKSURL is where the Gemini API publishes the keys of its dynamic
@@ -178,9 +180,9 @@ func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Resu
 	if err != nil {
 		return Result{}, err
 	}
-	var msg []byte
+	var msg []byte // what a v1a entry signs: webhook-id "." webhook-timestamp "." body, as sent
 	if len(v1as) > 0 {
-		msg = v1aMessage(h, body)
+		msg = append([]byte(h.Get(HeaderID)+"."+h.Get(HeaderTimestamp)+"."), body...)
 	}
 
 	// Only now, with an entry that a key could verify, is the key set
@@ -299,7 +301,7 @@ func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry,
 		keys := ks.rsa[e.kid]
 		if len(keys) == 0 {
 			wantFresh = true
-			reasons.add(fmt.Sprintf("entry %d: the key set has no RSA key with the JWT's kid %s", e.n, quoteKid(e.kid)))
+			reasons.add(fmt.Sprintf("entry %d: the key set has no RSA key with the JWT's kid %s", e.n, canon.Quote(e.kid)))
 			continue
 		}
 		for _, k := range keys {
@@ -309,7 +311,7 @@ func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry,
 				return Result{Scheme: SchemeJWT, KeyID: e.kid}, true, false
 			}
 		}
-		reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, quoteKid(e.kid)))
+		reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, canon.Quote(e.kid)))
 	}
 	return Result{}, false, wantFresh
 }
@@ -362,7 +364,7 @@ func (v *Verifier) parseJWT(s string, n int, now time.Time, reasons *reasonList)
 	var c jwt.Claims
 	switch {
 	case errors.As(err, &alg):
-		reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, quoteKid(string(alg.Got))))
+		reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, canon.Quote(string(alg.Got))))
 	case err != nil:
 		reasons.add(fmt.Sprintf("entry %d: not a compact RS256 JWT", n))
 	case len(tok.Headers) != 1 || tok.Headers[0].KeyID == "":
@@ -399,12 +401,6 @@ func v1aHeaders(h http.Header, now time.Time) error {
 	return nil
 }
 
-// v1aMessage is what a v1a entry signs — webhook-id "." webhook-timestamp
-// "." body, the timestamp as sent (v1aHeaders checked them).
-func v1aMessage(h http.Header, body []byte) []byte {
-	return append([]byte(h.Get(HeaderID)+"."+h.Get(HeaderTimestamp)+"."), body...)
-}
-
 // decodeSignature decodes standard base64, padded or not, of exactly an
 // Ed25519 signature's length.
 func decodeSignature(s string) ([]byte, bool) {
@@ -413,16 +409,6 @@ func decodeSignature(s string) ([]byte, bool) {
 		sig, err = base64.RawStdEncoding.DecodeString(s)
 	}
 	return sig, err == nil && len(sig) == ed25519.SignatureSize
-}
-
-// quoteKid quotes a header value the sender chose (a kid, an alg), cut
-// short so that a long one cannot flood a log line.
-func quoteKid(s string) string {
-	const max = 64
-	if len(s) > max {
-		return strconv.Quote(s[:max]) + "…"
-	}
-	return strconv.Quote(s)
 }
 
 // reasonList gathers why entries failed, for one error message.
