@@ -122,15 +122,13 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		return ev, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
 	}
 	if batch && !strings.Contains(name, "/") {
-		// The Gemini webhook names a batch by its bare id.
-		ev.Key = Prefix + "batches/" + name
-	} else {
-		ev.Key = Prefix + name
+		name = "batches/" + name // the Gemini webhook names a batch by its bare id
 	}
+	ev.Key = Prefix + name
 	if err := checkBytes(ev.Key); err != nil {
 		return ev, err
 	}
-	ev.Name = ev.Key[len(Prefix):]
+	ev.Name = name
 
 	// The state is the first one found in "state" or "metadata.state" (at
 	// the top, in data, in the candidate object). Any non-terminal signal,
