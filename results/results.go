@@ -96,15 +96,6 @@ func Open(path string) (*Dir, error) {
 // Path returns the directory's absolute path.
 func (d *Dir) Path() string { return d.path }
 
-// FilePath returns where the results of id are (or will be): DIR/<name>.jsonl.
-func (d *Dir) FilePath(id string) (string, error) {
-	name, err := FileName(id)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(d.path, name+Ext), nil
-}
-
 // Write makes sure the results of id are in DIR/<name>.jsonl. When that
 // file exists it is complete: Write returns it without calling fetch (after
 // an fsync of the directory, in case its writer died before making the
@@ -197,10 +188,11 @@ func (d *Dir) Write(ctx context.Context, id string, token int64, fetch Fetch) (W
 // Remove deletes the results file of id (purge --results-dir) and reports
 // whether there was one. A missing file is not an error.
 func (d *Dir) Remove(id string) (bool, error) {
-	final, err := d.FilePath(id)
+	name, err := FileName(id)
 	if err != nil {
 		return false, err
 	}
+	final := filepath.Join(d.path, name+Ext)
 	if err := os.Remove(final); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	} else if err != nil {
