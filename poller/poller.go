@@ -244,7 +244,6 @@ type Operation struct {
 	// error, response and batchStats that the SDK drops.
 	Raw json.RawMessage
 
-	done        bool // the raw operation's "done": true
 	unknownType bool // metadata @type is none of knownTypes
 }
 
@@ -772,8 +771,8 @@ type opMetadata struct {
 func fromRaw(raw json.RawMessage) Operation {
 	var r struct {
 		opFields
-		Done     *bool
-		Metadata *opMetadata
+		Done     bool
+		Metadata opMetadata // zero when absent
 	}
 	err := json.Unmarshal(raw, &r)
 	if t := bytes.TrimSpace(raw); err == nil && (len(t) == 0 || t[0] != '{') {
@@ -788,9 +787,9 @@ func fromRaw(raw json.RawMessage) Operation {
 		name, _ := listedName(names.Name, names.Metadata.Name)
 		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
-	f, m := r.opFields, cmp.Or(r.Metadata, &opMetadata{})
+	f, m := r.opFields, r.Metadata
 	name, valid := listedName(f.Name, m.Name)
-	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw, done: r.Done != nil && *r.Done,
+	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw,
 		unknownType: m.Type != "" && !slices.Contains(knownTypes, m.Type)}
 	if !valid {
 		op.Invalid = "the listed name is not valid UTF-8 or holds an unpaired surrogate escape"
@@ -798,7 +797,7 @@ func fromRaw(raw json.RawMessage) Operation {
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.CreateTime, m.CreateTime))
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.EndTime, m.EndTime))
 	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.UpdateTime, m.UpdateTime))
-	op.Terminal = finished(op.State, op.done)
+	op.Terminal = finished(op.State, r.Done)
 	return op
 }
 
