@@ -779,12 +779,9 @@ func fromRaw(raw json.RawMessage) Operation {
 		err = errors.New("not a JSON object")
 	}
 	if err != nil {
-		var names struct {
-			Name     json.RawMessage
-			Metadata struct{ Name json.RawMessage }
-		}
-		_ = json.Unmarshal(raw, &names)
-		name, _ := listedName(names.Name, names.Metadata.Name)
+		// Past a field of the wrong type, Unmarshal went on reading the
+		// others: the names were read if they could be.
+		name, _ := listedName(r.Name, r.Metadata.Name)
 		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
 	f, m := r.opFields, r.Metadata
