@@ -42,7 +42,6 @@ const DefaultWaitDelay = 2 * time.Second
 type Exec struct {
 	command   string
 	lines     func(OutputLine) // where the command's output goes; nil: nowhere
-	dir       string
 	waitDelay time.Duration // DefaultWaitDelay; tests shorten it
 
 	// beforeWait, when set (tests only), is called after the command
@@ -96,9 +95,6 @@ func ExecLines(fn func(OutputLine)) ExecOption {
 	return func(e *Exec) { e.lines = fn }
 }
 
-// ExecDir sets the command's working directory (default: gemrecon's).
-func ExecDir(dir string) ExecOption { return func(e *Exec) { e.dir = dir } }
-
 // NewExec returns an effect that runs command with /bin/sh -c.
 func NewExec(command string, opts ...ExecOption) *Exec {
 	e := &Exec{command: command, waitDelay: DefaultWaitDelay}
@@ -120,7 +116,6 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	}
 	tail := &tailBuffer{}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.command)
-	cmd.Dir = e.dir
 	cmd.Stdin = bytes.NewReader(doc)
 	cmd.Stderr = tail // stdout: /dev/null
 	flush := func() {}

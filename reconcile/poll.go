@@ -186,9 +186,6 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	return p, nil
 }
 
-// Scope returns the scope this Poll's passes are recorded under.
-func (p *Poll) Scope() string { return p.scope }
-
 // Result is what one pass did.
 type Result struct {
 	Scope      string
