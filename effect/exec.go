@@ -42,7 +42,7 @@ const DefaultWaitDelay = 2 * time.Second
 type Exec struct {
 	command   string
 	lines     func(OutputLine) // where the command's output goes; nil: nowhere
-	waitDelay time.Duration // DefaultWaitDelay; tests shorten it
+	waitDelay time.Duration    // DefaultWaitDelay; tests shorten it
 
 	// beforeWait, when set (tests only), is called after the command
 	// started and before it is waited for, with its pid and a channel that
