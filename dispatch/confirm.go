@@ -98,11 +98,13 @@ func (d *Dispatcher) claimOpts() []sink.ClaimOption {
 	return opts
 }
 
-// verdict is what preparing a claim decided when the effect must not run
-// (yet): a failure to record, with the outcome to report for it.
+// verdict is how an attempt ends when it is not a success to record: a
+// failure to record, with the outcome to report for it; or nothing to
+// record, the claim taken over (fenced) or completed by the effect itself
+// (OutcomeDone, sql.go).
 type verdict struct {
 	failure sink.Failure
-	outcome Outcome // OutcomeUnconfirmed, or "" to let the recorded state decide
+	outcome Outcome // OutcomeUnconfirmed, OutcomeDone, or "" to let the recorded state decide
 	fenced  bool    // the claim was taken over: nothing is recorded
 }
 
@@ -341,33 +343,24 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 // Lease/3 old or more (renewals failed meanwhile), it is renewed once more,
 // and the attempt is handed back, using none of its budget, if that fails —
 // an effect never starts on a lease that may already have run out.
-func (d *Dispatcher) prepareUnderLease(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, ev effect.Event, confirmWait time.Duration) (effect.Event, *verdict) {
-	pctx, cancel := context.WithCancelCause(runCtx)
+func (a *attempt) prepareUnderLease(ev effect.Event, confirmWait time.Duration) (effect.Event, *verdict) {
+	pctx, cancel := context.WithCancelCause(a.runCtx)
 	defer cancel(nil)
-	stop := make(chan struct{})
-	done := d.renewLease(runCtx, log, c, lm, stop, func() { cancel(sink.ErrFenced) })
-	ev, v := d.prepare(pctx, log, c, ev, confirmWait)
-	close(stop)
-	<-done
+	stopRenewing := a.keepRenewed(func() { cancel(sink.ErrFenced) })
+	ev, v := a.d.prepare(pctx, a.log, a.c, ev, confirmWait)
+	stopRenewing()
 	if errors.Is(context.Cause(pctx), sink.ErrFenced) {
-		log.Error("dispatch: FENCED: the key was taken over before its effect started; nothing runs")
+		a.log.Error("dispatch: FENCED: the key was taken over before its effect started; nothing runs")
 		return ev, &verdict{fenced: true}
 	}
-	if v != nil {
+	if v != nil || !a.stale() {
 		return ev, v
 	}
-	if asked := d.cfg.Now(); asked.Sub(lm.get()) >= d.cfg.Lease/3 {
-		wctx, wcancel := writeContext(ctx)
-		err := d.cfg.Sink.Renew(wctx, c.Key, c.Token, d.cfg.Lease)
-		wcancel()
-		switch {
-		case err == nil:
-			lm.set(asked)
-		case errors.Is(err, sink.ErrFenced):
-			return ev, &verdict{fenced: true}
-		default:
-			return ev, &verdict{failure: sink.Failure{NoAttempt: true, Cause: "could not renew the lease before the effect: " + err.Error()}}
-		}
+	switch err := a.renew(writeTimeout); {
+	case errors.Is(err, sink.ErrFenced):
+		return ev, &verdict{fenced: true}
+	case err != nil:
+		return ev, &verdict{failure: sink.Failure{NoAttempt: true, Cause: "could not renew the lease before the effect: " + err.Error()}}
 	}
 	return ev, nil
 }
