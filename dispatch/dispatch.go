@@ -8,6 +8,7 @@ package dispatch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -189,9 +190,9 @@ type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
 	kick chan struct{}
-	// completer, when set, is the effect that completes its own claim
-	// (Config.SQL): it replaces Effect and Complete (sql.go).
-	completer claimCompleter
+	// completer, when set, is the sink that runs Config.SQL and completes
+	// the claim in one transaction: it replaces Effect and Complete (sql.go).
+	completer sink.SQLCompleter
 
 	// brokenMu guards broken: the first effect.Broken error an attempt
 	// returned. Once set, nothing more is claimed.
@@ -235,33 +236,27 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
 	}
 	def := DefaultConfig()
-	for _, f := range []struct{ v, d *time.Duration }{
-		{&cfg.Lease, &def.Lease}, {&cfg.EffectTimeout, &def.EffectTimeout}, {&cfg.Grace, &def.Grace},
-		{&cfg.Interval, &def.Interval}, {&cfg.ConfirmTimeout, &def.ConfirmTimeout},
-		{&cfg.DownloadTimeout, &def.DownloadTimeout}, {&cfg.RecheckBase, &def.RecheckBase},
-		{&cfg.RecheckMax, &def.RecheckMax},
-	} {
-		if *f.v == 0 {
-			*f.v = *f.d
-		}
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = def.Concurrency
-	}
+	cfg.Lease = cmp.Or(cfg.Lease, def.Lease)
+	cfg.EffectTimeout = cmp.Or(cfg.EffectTimeout, def.EffectTimeout)
+	cfg.Grace = cmp.Or(cfg.Grace, def.Grace)
+	cfg.Interval = cmp.Or(cfg.Interval, def.Interval)
+	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, def.ConfirmTimeout)
+	cfg.DownloadTimeout = cmp.Or(cfg.DownloadTimeout, def.DownloadTimeout)
+	cfg.RecheckBase = cmp.Or(cfg.RecheckBase, def.RecheckBase)
+	cfg.RecheckMax = cmp.Or(cfg.RecheckMax, def.RecheckMax)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, def.Concurrency)
 	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var completer claimCompleter
+	var completer sink.SQLCompleter
 	if cfg.SQL != nil {
 		var err error
-		if completer, err = newSQLEffect(cfg); err != nil {
+		if completer, err = sqlCompleter(cfg); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
