@@ -152,21 +152,22 @@ type Config struct {
 	Rand func() float64
 }
 
-// Summary counts what one Drain did.
+// Summary counts what one Drain did. Its JSON field names are those of
+// drain's summary line (DrainLine).
 type Summary struct {
-	Claimed int // attempts started
-	OK      int // attempts that completed the key
-	Failed  int // attempts that failed with a retry scheduled
-	Dead    int // attempts that sent the key to dead
-	Fenced  int // attempts whose outcome was discarded (another took over)
+	Claimed int `json:"claimed"` // attempts started
+	OK      int `json:"ok"`      // attempts that completed the key
+	Failed  int `json:"failed"`  // attempts that failed with a retry scheduled
+	Dead    int `json:"dead"`    // attempts that sent the key to dead
+	Fenced  int `json:"fenced"`  // attempts whose outcome was discarded (another took over)
 	// Unconfirmed counts claims handed back without using an attempt
 	// because the API has not confirmed the key yet (not terminal, or no
 	// answer): not a failure.
-	Unconfirmed int
+	Unconfirmed int `json:"unconfirmed"`
 	// HandedBack counts claims granted ahead and handed back before their
 	// effect started (shutdown, or an effect that broke), without using an
 	// attempt: not a failure, the key is due again at once.
-	HandedBack int
+	HandedBack int `json:"handed_back"`
 }
 
 func (s *Summary) add(o Outcome) {

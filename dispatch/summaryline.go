@@ -12,20 +12,13 @@ import (
 // object that --log-format json asks for (as reconcile.Summary is a poll
 // pass's).
 type DrainLine struct {
-	Claimed     int    `json:"claimed"`
-	OK          int    `json:"ok"`
-	Failed      int    `json:"failed"`
-	Dead        int    `json:"dead"`
-	Fenced      int    `json:"fenced"`
-	Unconfirmed int    `json:"unconfirmed"`
-	HandedBack  int    `json:"handed_back"`
-	Duration    string `json:"duration"` // Go's notation, rounded to the millisecond: "1.42s"
+	Summary
+	Duration string `json:"duration"` // Go's notation, rounded to the millisecond: "1.42s"
 }
 
 // Line returns the summary line of a drain that took d.
 func (s Summary) Line(d time.Duration) DrainLine {
-	return DrainLine{Claimed: s.Claimed, OK: s.OK, Failed: s.Failed, Dead: s.Dead, Fenced: s.Fenced,
-		Unconfirmed: s.Unconfirmed, HandedBack: s.HandedBack, Duration: d.Round(time.Millisecond).String()}
+	return DrainLine{Summary: s, Duration: d.Round(time.Millisecond).String()}
 }
 
 // String renders the text line:
