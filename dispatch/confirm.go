@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -196,13 +197,13 @@ func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim
 		}
 		if now.Before(created.Add(BatchExpiry)) {
 			v := recheck(fmt.Sprintf("not confirmed yet: the API says the batch is %s (the webhook said %s); rechecked later without using an attempt",
-				orUnknown(op.State), orUnknown(c.BatchState)), 0)
+				cmp.Or(op.State, "unknown"), cmp.Or(c.BatchState, "unknown")), 0)
 			log.Info("dispatch: the API says the batch is not finished; rechecked later", "batch_state", op.State, "next", v.failure.NotBefore)
 			return ev, v
 		}
 		return ev, &verdict{failure: sink.Failure{Cause: fmt.Sprintf(
 			"the API still says the batch is %s %v after it was created (%s), when it should have expired: counted as an attempt",
-			orUnknown(op.State), now.Sub(created).Round(time.Minute), created.Format(time.RFC3339))}}
+			cmp.Or(op.State, "unknown"), now.Sub(created).Round(time.Minute), created.Format(time.RFC3339))}}
 	case errors.Is(err, poller.ErrNotFound):
 		log.Warn("dispatch: the API does not know this batch; the key is dead as unknown to the API", "err", err)
 		return ev, &verdict{failure: sink.Failure{Permanent: true, DeadReason: sink.DeadUnknownToAPI,
@@ -225,13 +226,6 @@ func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim
 		return ev, v
 	}
 	return ev, &verdict{failure: sink.Failure{Cause: "confirming with the API: " + err.Error()}}
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "unknown"
-	}
-	return s
 }
 
 // recheckDelay is how long a key that the API has not confirmed waits for

@@ -898,7 +898,7 @@ func (a *attempt) recordFailure(f sink.Failure, noAttempt Outcome, elapsed time.
 // what the sink stored, nothing parsed again (the batch state is the one
 // canon computed when the key was seen, or the API's once confirmed).
 func eventFor(c sink.Claim) effect.Event {
-	ev := effect.Event{
+	return effect.Event{
 		Key:        c.Key,
 		Name:       canon.Name(c.Key),
 		State:      c.BatchState,
@@ -913,7 +913,6 @@ func eventFor(c sink.Claim) effect.Event {
 
 		WithoutResults: c.NoResults,
 	}
-	return ev
 }
 
 // jsonOrString is b as JSON: as it is when valid, else as a JSON string

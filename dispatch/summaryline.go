@@ -31,12 +31,16 @@ func (l DrainLine) String() string {
 
 // Write writes the line to w: the text line, or with asJSON one JSON object
 // with the same field names.
-func (l DrainLine) Write(w io.Writer, asJSON bool) error {
+func (l DrainLine) Write(w io.Writer, asJSON bool) error { return WriteLine(w, l, asJSON) }
+
+// WriteLine writes a summary line (drain's, a poll pass's) to w: its text,
+// or with asJSON the line as one JSON object.
+func WriteLine(w io.Writer, line fmt.Stringer, asJSON bool) error {
 	if !asJSON {
-		_, err := fmt.Fprintln(w, l.String())
+		_, err := fmt.Fprintln(w, line.String())
 		return err
 	}
-	b, err := json.Marshal(l)
+	b, err := json.Marshal(line)
 	if err != nil {
 		return err
 	}

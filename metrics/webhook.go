@@ -76,10 +76,8 @@ func EventTypeLabel(eventType string, hasType bool) string {
 	if !hasType {
 		return IgnoredTypeNone
 	}
-	for _, k := range KnownEventTypes {
-		if strings.EqualFold(eventType, k) {
-			return k
-		}
+	if i := slices.IndexFunc(KnownEventTypes, func(k string) bool { return strings.EqualFold(eventType, k) }); i >= 0 {
+		return KnownEventTypes[i]
 	}
 	return IgnoredTypeOther
 }
