@@ -20,6 +20,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -219,8 +220,7 @@ type Dispatcher struct {
 	freed chan struct{}
 	// live is the session of Run, where TakeSlot's claims run; nil
 	// while Run is not running.
-	liveMu sync.Mutex
-	live   *session
+	live atomic.Pointer[session]
 }
 
 // New fills cfg's zero fields with their defaults, checks it (Validate, and
@@ -341,13 +341,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	defer t.Stop()
 	runCtx, release := d.graceContext(ctx)
 	s := &session{d: d, ctx: ctx, runCtx: runCtx, release: release}
-	d.liveMu.Lock()
-	d.live = s
-	d.liveMu.Unlock()
+	d.live.Store(s)
 	defer func() {
-		d.liveMu.Lock()
-		d.live = nil
-		d.liveMu.Unlock()
+		d.live.Store(nil)
 		s.stop()
 	}()
 	failures := 0

@@ -67,13 +67,10 @@ func (s *session) takeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok 
 // TakeSlot is the TakeSlot of the session Run keeps open (serve's
 // webhooks); ok is false while Run is not running.
 func (d *Dispatcher) TakeSlot() (sink.ClaimRequest, func(*sink.Claim), bool) {
-	d.liveMu.Lock()
-	s := d.live
-	d.liveMu.Unlock()
-	if s == nil {
-		return sink.ClaimRequest{}, nil, false
+	if s := d.live.Load(); s != nil {
+		return s.takeSlot()
 	}
-	return s.takeSlot()
+	return sink.ClaimRequest{}, nil, false
 }
 
 // Now is the dispatcher's clock (Config.Now).

@@ -59,19 +59,17 @@ type ExecOption func(*Exec)
 // is heard where the logs are), a whole line per Write (see OutputLine for
 // long and last lines). nil discards them.
 func ExecOutput(w io.Writer) ExecOption {
-	return func(e *Exec) {
-		e.lines = nil
-		if w != nil {
-			// Errors are dropped: where the copy goes (gemrecon's stderr)
-			// breaking is not the command's failure (see Run).
-			var mu sync.Mutex
-			e.lines = func(l OutputLine) {
-				mu.Lock()
-				defer mu.Unlock()
-				_, _ = w.Write(append([]byte(l.Text), '\n'))
-			}
-		}
+	if w == nil {
+		return ExecLines(nil)
 	}
+	// Errors are dropped: where the copy goes (gemrecon's stderr) breaking
+	// is not the command's failure (see Run).
+	var mu sync.Mutex
+	return ExecLines(func(l OutputLine) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = w.Write(append([]byte(l.Text), '\n'))
+	})
 }
 
 // OutputLine is one line an exec command wrote: the event's key, the
