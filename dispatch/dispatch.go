@@ -481,7 +481,7 @@ func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait t
 	}
 	runCtx, release := d.graceContext(ctx)
 	defer release()
-	return d.runClaim(ctx, runCtx, c, asked, nil, confirmWait)
+	return d.newAttempt(ctx, runCtx, c, asked).run(nil, confirmWait)
 }
 
 // OutcomeMargin is how long before the end of a lease its holder stops
@@ -575,16 +575,10 @@ func (a *attempt) keepRenewed(fenced func()) (stop func()) {
 	}
 }
 
-// runClaim runs the effect for a granted claim, renewing its lease, and
-// records the outcome with the claim's token (see attempt; leaseFrom is
-// newAttempt's). mark, when set, sees the outcome while outcomeMu is still
-// held.
-func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFrom time.Time, mark func(Outcome), confirmWait time.Duration) (Outcome, error) {
-	return d.newAttempt(ctx, runCtx, c, leaseFrom).run(mark, confirmWait)
-}
-
-// run prepares the claim when it needs it (confirmation, results), runs
-// its effect, and records the outcome.
+// run prepares the claim when it needs it (confirmation, results; a
+// confirmation bounded by confirmWait, 0: ConfirmTimeout), runs its effect
+// while renewing the lease, and records the outcome with the claim's token.
+// mark, when set, sees the outcome while outcomeMu is still held.
 func (a *attempt) run(mark func(Outcome), confirmWait time.Duration) (out Outcome, err error) {
 	d := a.d
 	if a.c.Takeover {

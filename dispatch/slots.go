@@ -58,7 +58,7 @@ func (s *session) takeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok 
 		go func() {
 			defer s.wg.Done()
 			defer d.giveSlot()
-			_, _ = d.runClaim(s.ctx, s.runCtx, *c, asked, nil, 0)
+			_, _ = d.newAttempt(s.ctx, s.runCtx, *c, asked).run(nil, 0)
 		}()
 	}
 	return d.Request(), hand, true
@@ -97,7 +97,7 @@ func (d *Dispatcher) RunClaimWithin(ctx context.Context, c sink.Claim, asked tim
 	}
 	runCtx, release := d.graceContext(ctx)
 	defer release()
-	return d.runClaim(ctx, runCtx, c, asked, nil, confirmWait)
+	return d.newAttempt(ctx, runCtx, c, asked).run(nil, confirmWait)
 }
 
 // Request is the claim this dispatcher makes (sink.RecordAndClaim).
