@@ -402,38 +402,25 @@ func (d *Dispatcher) GraceEnded() <-chan struct{} { return d.hurry.Done() }
 // release function.
 func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func()) {
 	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	var mu sync.Mutex
-	var timer *time.Timer
-	released := false
-	// Each callback runs once its own context is done and then looks at the
-	// other's: whichever of ctx and hurry is done last sees both.
-	stop := context.AfterFunc(ctx, func() {
-		if d.cfg.Grace < 0 || d.hurry.Err() != nil {
-			cancel(errShutdown)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-runCtx.Done(): // released
 			return
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !released {
-			timer = time.AfterFunc(d.cfg.Grace, func() { cancel(errShutdown) })
+		if d.cfg.Grace >= 0 {
+			t := time.NewTimer(d.cfg.Grace)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-d.hurry.Done():
+			case <-runCtx.Done():
+				return
+			}
 		}
-	})
-	stopHurry := context.AfterFunc(d.hurry, func() {
-		if ctx.Err() != nil {
-			cancel(errShutdown)
-		}
-	})
-	return runCtx, func() {
-		stop()
-		stopHurry()
-		mu.Lock()
-		released = true
-		if timer != nil {
-			timer.Stop()
-		}
-		mu.Unlock()
-		cancel(nil)
-	}
+		cancel(errShutdown)
+	}()
+	return runCtx, func() { cancel(nil) }
 }
 
 // writeContext is for sink writes on behalf of an attempt: not cancelled
