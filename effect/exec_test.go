@@ -31,11 +31,12 @@ func testEvent() Event {
 
 func TestExecEnvironmentAndStdin(t *testing.T) {
 	dir := t.TempDir()
+	t.Chdir(dir) // the command runs where gemrecon does
 	t.Setenv("GEMRECON_TEST_INHERITED", "yes")
 	cmd := `cat > stdin.json; env | grep -E '^GEMRECON_' | sort > env.txt`
 	ev := testEvent()
 	ev.Confirmed, ev.BatchState, ev.ResultsFile = true, "SUCCEEDED", "/var/lib/gemrecon/results/abc-123.jsonl"
-	if err := NewExec(cmd, ExecDir(dir), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
+	if err := NewExec(cmd, ExecOutput(nil)).Run(context.Background(), ev); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	stdin, err := os.ReadFile(filepath.Join(dir, "stdin.json"))
@@ -248,9 +249,10 @@ func TestExecBackgroundChildDoesNotHang(t *testing.T) {
 
 func TestExecCancelledBeforeStart(t *testing.T) {
 	dir := t.TempDir()
+	t.Chdir(dir) // the command runs where gemrecon does
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := NewExec("touch ran", ExecDir(dir), ExecOutput(nil)).Run(ctx, testEvent())
+	err := NewExec("touch ran", ExecOutput(nil)).Run(ctx, testEvent())
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Run(cancelled) = %v, want context.Canceled", err)
 	}
@@ -367,7 +369,8 @@ func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
 	for name, out := range outputs {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			err := NewExec(talk+`touch finished; exit 0`, ExecDir(dir), ExecOutput(out())).Run(context.Background(), testEvent())
+			t.Chdir(dir) // the command runs where gemrecon does
+			err := NewExec(talk+`touch finished; exit 0`, ExecOutput(out())).Run(context.Background(), testEvent())
 			if err != nil {
 				t.Errorf("Run() = %v, want nil: the command exited 0 on its own", err)
 			}
