@@ -41,7 +41,8 @@ var migrationFS embed.FS
 const (
 	// DefaultStatementTimeout bounds every statement (statement_timeout).
 	DefaultStatementTimeout = 30 * time.Second
-	// DefaultMaxConns bounds the connections one Sink opens.
+	// DefaultMaxConns bounds the connections one Sink opens, unless the DSN
+	// sets pool_max_conns.
 	DefaultMaxConns = 8
 	// maxRetries bounds re-runs after serialization failures and deadlocks.
 	maxRetries = 5
@@ -60,14 +61,10 @@ const (
 type Option func(*config)
 
 type config struct {
-	logger           *slog.Logger
-	schema           string
-	statementTimeout time.Duration
-	maxConns         int
-	roundTrip        time.Duration // 0: statement_timeout + RoundTripMargin
-	pingIdleAfter    time.Duration // see the constant; tests change it
-	extraMigrations  []migration   // tests: a newer binary's migrations
-	knownMigrations  int           // tests: > 0 makes an older binary that knows only the first N
+	logger        *slog.Logger
+	roundTrip     time.Duration // 0: statement_timeout + RoundTripMargin
+	pingIdleAfter time.Duration // see the constant; tests change it
+	migrations    []migration   // tests: an older or newer binary's (nil: the embedded ones)
 }
 
 // WithLogger sets where payload conflicts, fenced outcomes and settled
@@ -137,12 +134,9 @@ func dsnError(err error) error {
 // opt.Now is nil the database clock decides every time; otherwise opt.Now
 // does.
 func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*Sink, error) {
-	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns, pingIdleAfter: pingIdleAfter}
+	c := config{logger: slog.Default(), pingIdleAfter: pingIdleAfter}
 	for _, o := range opts {
 		o(&c)
-	}
-	if c.logger == nil {
-		c.logger = slog.Default()
 	}
 	dbClock := opt.Now == nil
 	opt = opt.WithDefaults()
@@ -154,20 +148,17 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	if err != nil {
 		return nil, dsnError(err)
 	}
-	// pool_max_conns in the DSN wins over WithMaxConns; ParseConfig does not
-	// say whether it was there, so look at the unparsed parameters.
+	// ParseConfig does not say whether pool_max_conns was there, so look
+	// at the unparsed parameters.
 	if raw, err := pgx.ParseConfig(dsn); err != nil || raw.RuntimeParams["pool_max_conns"] == "" {
-		cfg.MaxConns = int32(max(1, min(c.maxConns, 1<<20)))
+		cfg.MaxConns = DefaultMaxConns
 	}
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration >= c.pingIdleAfter
 	}
 	rp := cfg.ConnConfig.RuntimeParams
-	if c.schema != "" {
-		rp["search_path"] = pgx.Identifier{c.schema}.Sanitize()
-	}
-	if _, ok := rp["statement_timeout"]; !ok && c.statementTimeout > 0 {
-		rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
+	if _, ok := rp["statement_timeout"]; !ok {
+		rp["statement_timeout"] = strconv.FormatInt(DefaultStatementTimeout.Milliseconds(), 10)
 	}
 	if _, ok := rp["lock_timeout"]; !ok {
 		rp["lock_timeout"] = strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10)
@@ -216,15 +207,11 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	}
 	s := &pg{pool: pool, opt: opt, dbClock: dbClock, appName: rp["application_name"], log: c.logger}
 	s.connectTimeout = cfg.ConnConfig.ConnectTimeout
-	if s.migrations, err = allMigrations(c.extraMigrations); err == nil {
-		if n := c.knownMigrations; n > 0 && n < len(s.migrations) {
-			s.migrations = s.migrations[:n]
-		}
-		if opt.ReadOnly {
-			err = s.checkSchema(ctx)
-		} else {
-			err = s.migrate(ctx, c.schema)
-		}
+	if s.migrations = c.migrations; s.migrations == nil {
+		s.migrations, err = migrations()
+	}
+	if err == nil {
+		err = s.migrate(ctx)
 	}
 	if err != nil {
 		s.pool.Close()
@@ -246,12 +233,8 @@ func randomHex(n int) string {
 type migration = sink.Migration
 
 // migrations returns the embedded migrations in version order.
-func migrations() ([]migration, error) { return allMigrations(nil) }
-
-// allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them), checked by sink.LoadMigrations.
-func allMigrations(extra []migration) ([]migration, error) {
-	ms, err := sink.LoadMigrations(migrationFS, extra)
+func migrations() ([]migration, error) {
+	ms, err := sink.LoadMigrations(migrationFS)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
@@ -274,10 +257,7 @@ func firstSchema(path string) string {
 
 // SchemaVersion is the schema version this binary migrates to.
 func SchemaVersion() int {
-	ms, err := migrations()
-	if err != nil {
-		return 0
-	}
+	ms, _ := migrations()
 	return len(ms)
 }
 
@@ -304,28 +284,16 @@ func minReaderOf(ctx context.Context, q interface {
 	return mr, err == nil, err
 }
 
-// readerError is the rule of spec §3: a binary that knows versions up to
-// latest uses schema version cur unless its minimum reader mr is newer (or it
-// records none).
-func readerError(cur, mr int, ok bool, latest int) error {
-	switch {
-	case cur <= latest:
-		return nil
-	case !ok:
-		return fmt.Errorf("postgres: schema version %d records no minimum reader, and this gemrecon knows versions up to %d (upgrade gemrecon): %w",
-			cur, latest, sink.ErrSchemaTooNew)
-	case mr > latest:
-		return fmt.Errorf("postgres: schema version %d needs a gemrecon that knows schema version %d or later (its minimum reader), and this one knows versions up to %d (upgrade gemrecon): %w",
-			cur, mr, latest, sink.ErrSchemaTooNew)
-	}
-	return nil
-}
-
 // migrate applies pending migrations in one transaction holding an advisory
 // lock, so that processes opening the database at once take turns, and
 // records the schema's minimum reader. A schema newer than this binary is
 // used as it is when its minimum reader is not newer than this binary.
-func (s *pg) migrate(ctx context.Context, schema string) error {
+//
+// A read-only open never migrates: the tables must exist at this binary's
+// version, or at a newer one whose minimum reader this binary is. An older
+// schema is refused: this binary's queries need its tables, and a command
+// that writes upgrades it.
+func (s *pg) migrate(ctx context.Context) error {
 	ms := s.migrations
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		tx, err := c.Begin(ctx)
@@ -333,34 +301,36 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 			return err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, migrateLock); err != nil {
-			return fmt.Errorf("postgres: migration lock: %w", err)
-		}
-		if schema == "" {
-			// A search_path from the DSN names where the tables belong:
-			// create its first schema too, or CREATE TABLE would fall
-			// through to the next one (usually public).
-			var path string
-			if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
-				return fmt.Errorf("postgres: read search_path: %w", err)
+		if !s.opt.ReadOnly {
+			if _, err := tx.Exec(ctx, migrateLock); err != nil {
+				return fmt.Errorf("postgres: migration lock: %w", err)
 			}
-			schema = firstSchema(path)
 		}
-		if s.opt.MustExist {
+		// A search_path from the DSN names where the tables belong: create
+		// its first schema too, or CREATE TABLE would fall through to the
+		// next one (usually public).
+		var path string
+		if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+			return fmt.Errorf("postgres: read search_path: %w", err)
+		}
+		schema := firstSchema(path)
+		if s.opt.MustExist || s.opt.ReadOnly {
 			if err := requireTables(ctx, tx, schema); err != nil {
 				return err
 			}
 		}
-		if schema != "" {
+		if schema != "" && !s.opt.ReadOnly {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 				return fmt.Errorf("postgres: create schema %s: %w", schema, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS gemrecon_schema_version (
+		if !s.opt.ReadOnly {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS gemrecon_schema_version (
 			version    integer     PRIMARY KEY,
 			name       text        NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return fmt.Errorf("postgres: schema version table: %w", err)
+				return fmt.Errorf("postgres: schema version table: %w", err)
+			}
 		}
 		var cur int
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
@@ -372,10 +342,16 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 			if err != nil {
 				return fmt.Errorf("postgres: read the schema's minimum reader: %w", err)
 			}
-			if err := readerError(cur, mr, ok, len(ms)); err != nil {
-				return err
+			if err := sink.CheckReader(cur, mr, ok, len(ms)); err != nil {
+				return fmt.Errorf("postgres: %w", err)
 			}
 			return tx.Commit(ctx) // a newer schema this binary may use as it is
+		}
+		if s.opt.ReadOnly {
+			if cur < len(ms) {
+				return fmt.Errorf("postgres: schema version %d is older than %d: run gemrecon init (or any writing command) once to upgrade it", cur, len(ms))
+			}
+			return nil
 		}
 		for _, m := range ms[cur:] {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
@@ -390,39 +366,6 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 			return fmt.Errorf("postgres: record the schema's minimum reader: %w", err)
 		}
 		return tx.Commit(ctx)
-	})
-}
-
-// checkSchema is the read-only open's check, which never migrates: the
-// tables exist at this binary's version, or at a newer one whose minimum
-// reader this binary is. An older schema is refused: this binary's queries
-// need its tables, and a command that writes upgrades it.
-func (s *pg) checkSchema(ctx context.Context) error {
-	want := len(s.migrations)
-	return s.withConn(ctx, func(c *pgx.Conn) error {
-		var path string
-		if err := c.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
-			return fmt.Errorf("postgres: read search_path: %w", err)
-		}
-		if err := requireTables(ctx, c, firstSchema(path)); err != nil {
-			return err
-		}
-		var cur int
-		if err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
-			return fmt.Errorf("postgres: read schema version: %w", err)
-		}
-		switch {
-		case cur > want:
-			mr, ok, err := minReaderOf(ctx, c)
-			if err != nil {
-				return fmt.Errorf("postgres: read the schema's minimum reader: %w", err)
-			}
-			return readerError(cur, mr, ok, want)
-		case cur < want:
-			return fmt.Errorf("postgres: schema version %d is older than %d: run gemrecon init (or any writing command) once to upgrade it", cur, want)
-		}
-		s.schemaFound, s.schemaNow = cur, cur
-		return nil
 	})
 }
 

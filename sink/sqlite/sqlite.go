@@ -43,7 +43,7 @@ type Option func(*config)
 
 type config struct {
 	logger          *slog.Logger
-	extraMigrations []migration // tests: a newer binary's migrations
+	migrations      []migration // tests: a newer binary's (nil: the embedded ones)
 	dsnParams       string      // tests: appended to the writing pools' DSN
 }
 
@@ -193,9 +193,12 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 
 // openOnce is one attempt of Open; on error it leaves nothing open.
 func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*db, error) {
-	ms, err := allMigrations(cfg.extraMigrations)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
+	var err error
+	ms := cfg.migrations
+	if ms == nil {
+		if ms, err = migrations(); err != nil {
+			return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
+		}
 	}
 	if err := checkFile(path, opt, ms); err != nil {
 		return nil, err
@@ -486,49 +489,33 @@ func checkHeader(h []byte) error {
 // Otherwise, or should that read fail, SQLite reads it the ordinary way.
 func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
 	// check reads the file named immutable as immutable, or when that is
-	// "", path the ordinary way. It returns unread when SQLite could not
-	// read the file.
-	check := func(immutable string) (unread bool, err error) {
+	// "", path the ordinary way.
+	check := func(immutable string) error {
 		var db *sql.DB
+		var err error
 		if immutable != "" {
 			db, err = openImmutable(immutable)
 		} else {
 			db, err = openDB(path, sink.DefaultBusyTimeout, true)
 		}
+		fail := func(err error) error { return classify(path, err, -1, sink.DefaultBusyTimeout) }
 		if err != nil {
-			return true, classify(path, err, -1, sink.DefaultBusyTimeout)
+			return fail(err)
 		}
 		defer db.Close()
-		ctx := context.Background()
-		var version, app, n, mr int
-		var hasMR bool
-		err = db.QueryRowContext(ctx, `SELECT (SELECT user_version FROM pragma_user_version),
-			(SELECT application_id FROM pragma_application_id), (SELECT count(*) FROM sqlite_schema)`).Scan(&version, &app, &n)
-		if err == nil && version > len(ms) {
-			mr, hasMR, err = storedMinReader(ctx, db)
-		}
-		if err != nil {
-			return true, classify(path, err, -1, sink.DefaultBusyTimeout)
-		}
-		switch {
-		case app != 0 && app != applicationID:
-			return false, fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
-		case version == 0 && n > 0:
-			return false, fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d schema objects, no gemrecon schema): refusing to touch it", path, n)
-		}
-		return false, readerError(path, version, mr, hasMR, len(ms))
+		_, err = checkSchema(context.Background(), db, path, ms, fail)
+		return err
 	}
 	if file, ok := immutableFile(path, head); ok {
 		// Trusted only for the newer-schema rule: a read that raced a
 		// checkpoint may mix two states, but versions and minimum readers
-		// only grow, so a refusal it gives is right. Anything else is
-		// decided by an ordinary read.
-		if unread, err := check(file); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
+		// only grow, so a refusal it gives is right. Anything else (a read
+		// that failed included) is decided by an ordinary read.
+		if err := check(file); err == nil || errors.Is(err, sink.ErrSchemaTooNew) {
 			return err
 		}
 	}
-	_, err := check("")
-	return err
+	return check("")
 }
 
 // immutableFile returns the file checkSchemaReadOnly may read as immutable:
