@@ -42,9 +42,9 @@ var ErrReadOnly = errors.New("sink opened read-only")
 type Option func(*config)
 
 type config struct {
-	logger          *slog.Logger
-	migrations      []migration // tests: a newer binary's (nil: the embedded ones)
-	dsnParams       string      // tests: appended to the writing pools' DSN
+	logger     *slog.Logger
+	migrations []migration // tests: a newer binary's (nil: the embedded ones)
+	dsnParams  string      // tests: appended to the writing pools' DSN
 }
 
 // WithLogger sets where conflicts, fenced outcomes and a broken file are
