@@ -522,14 +522,11 @@ func (m *Machine) flusher() {
 		case <-m.stop:
 			return
 		case <-m.full:
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = m.Flush(ctx)
-			cancel()
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = m.Flush(ctx)
-			cancel()
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = m.Flush(ctx)
+		cancel()
 	}
 }
 
@@ -560,19 +557,8 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 		if nf != nil || err != nil {
 			return nf, err
 		}
-		o := ClaimOptionsOf(opts)
-		out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
-		if store {
-			if err := m.claimed(tx, r, out, o, tx.Now(), nil); err != nil {
-				return nil, err
-			}
-		}
-		if cerr != nil {
-			m.logExpiredLast(out)
-			return cerr, nil
-		}
-		c, err = claimOf(tx, out)
-		return nil, err
+		c, nf, err = m.take(tx, r, owner, lease, ClaimOptionsOf(opts))
+		return nf, err
 	})
 	if err != nil {
 		return Claim{}, m.errorf("claim", key, err)
@@ -580,12 +566,24 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 	return c, nil
 }
 
-// logExpiredLast says that a takeover of the last allowed attempt made a
-// key dead.
-func (m *Machine) logExpiredLast(r Row) {
-	if r.State == StateDead {
-		m.log.Warn(m.name+": lease expired on the last attempt; key is dead", "key", r.Key, "attempts", r.Attempts)
+// take stores the claim of r that the rules decide, and returns it, or the
+// refusal as the outcome out (a takeover of the last allowed attempt stores
+// the key dead, and says so).
+func (m *Machine) take(tx Tx, r Row, owner string, lease time.Duration, o ClaimOptions) (c Claim, out, err error) {
+	got, store, out := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
+	if store {
+		if err := m.claimed(tx, r, got, o, tx.Now(), nil); err != nil {
+			return c, nil, err
+		}
 	}
+	if out != nil {
+		if got.State == StateDead {
+			m.log.Warn(m.name+": lease expired on the last attempt; key is dead", "key", got.Key, "attempts", got.Attempts)
+		}
+		return c, out, nil
+	}
+	c, err = claimOf(tx, got)
+	return c, nil, err
 }
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
@@ -604,22 +602,15 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 			}
 			lost := 0
 			for _, r := range rows {
-				out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
-				if store {
-					if err := m.claimed(tx, r, out, o, tx.Now(), nil); err != nil {
-						return err
-					}
-				}
-				if cerr != nil { // a takeover that ended dead
-					m.logExpiredLast(out)
-					lost++
-					continue
-				}
-				c, err := claimOf(tx, out)
-				if err != nil {
+				c, out, err := m.take(tx, r, owner, lease, o)
+				switch {
+				case err != nil:
 					return err
+				case out != nil: // a takeover that ended dead
+					lost++
+				default:
+					claims = append(claims, c)
 				}
-				claims = append(claims, c)
 			}
 			if lost == 0 {
 				return nil
@@ -762,11 +753,7 @@ func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 
 // Due lists keys that can be claimed now, oldest first.
 func (m *Machine) Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error) {
-	keys, err := m.st.DueKeys(ctx, limit, ClaimOptionsOf(opts).SkipNeedsConfirm)
-	if err = stored(err); err != nil {
-		return nil, m.errorf("due", "", err)
-	}
-	return keys, nil
+	return m.st.DueKeys(ctx, limit, ClaimOptionsOf(opts).SkipNeedsConfirm)
 }
 
 // Get returns one key's entry, its statistics flushed first.
@@ -778,10 +765,7 @@ func (m *Machine) Get(ctx context.Context, key string) (Entry, error) {
 	if errors.Is(err, ErrNotFound) {
 		return Entry{}, m.errorf("get", key, err)
 	}
-	if err = stored(err); err != nil {
-		return Entry{}, m.errorf("get", key, err)
-	}
-	return e, nil
+	return e, err
 }
 
 // List returns entries, oldest first.
@@ -792,11 +776,7 @@ func (m *Machine) List(ctx context.Context, o ListOptions) ([]Entry, error) {
 	if err := m.Flush(ctx); err != nil {
 		return nil, err
 	}
-	es, err := m.st.Entries(ctx, o)
-	if err = stored(err); err != nil {
-		return nil, m.errorf("list", "", err)
-	}
-	return es, nil
+	return m.st.Entries(ctx, o)
 }
 
 // Stats summarises the sink.
@@ -804,11 +784,7 @@ func (m *Machine) Stats(ctx context.Context) (Stats, error) {
 	if err := m.Flush(ctx); err != nil {
 		return Stats{}, err
 	}
-	st, err := m.st.Stats(ctx)
-	if err = stored(err); err != nil {
-		return Stats{}, m.errorf("stats", "", err)
-	}
-	return st, nil
+	return m.st.Stats(ctx)
 }
 
 // Purge deletes the keys done for longer than olderThan, measured with the
@@ -957,9 +933,5 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 
 // PassRecords returns every scope's record, ordered by scope.
 func (m *Machine) PassRecords(ctx context.Context) ([]PassRecord, error) {
-	recs, err := m.st.PassRecords(ctx)
-	if err = stored(err); err != nil {
-		return nil, m.errorf("pass records", "", err)
-	}
-	return recs, nil
+	return m.st.PassRecords(ctx)
 }

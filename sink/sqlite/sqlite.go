@@ -12,7 +12,6 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -209,11 +208,11 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 			return nil, s.fail(err)
 		}
 		s.rdb.SetMaxOpenConns(4)
-		if err := s.checkReadable(ctx); err != nil {
-			s.rdb.Close()
-			return nil, err
+		err := s.checkReadable(ctx)
+		if err == nil {
+			err = s.checkStructure(ctx, s.rdb)
 		}
-		if err := s.checkStructure(ctx, s.rdb); err != nil {
+		if err != nil {
 			s.rdb.Close()
 			return nil, err
 		}
@@ -241,8 +240,6 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		return fail(s.fail(err))
 	}
 	s.wdb.SetMaxOpenConns(1)
-	s.wdb.SetConnMaxLifetime(0)
-	s.wdb.SetConnMaxIdleTime(0)
 	// A damaged file is refused before anything is written to it.
 	if err := s.checkStructure(ctx, s.wdb); err != nil {
 		return fail(err)
@@ -568,24 +565,15 @@ func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 
 // dsn is the driver's name for path, with the pragmas of openDB.
 func dsn(path string, busy time.Duration, readOnly bool) string {
-	pragmas := []string{fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds())}
-	if !readOnly {
-		pragmas = append(pragmas, fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
-	}
-	pragmas = append(pragmas, "foreign_keys(1)")
-	var b bytes.Buffer
-	for i, p := range pragmas {
-		if i > 0 {
-			b.WriteByte('&')
-		}
-		b.WriteString("_pragma=" + url.QueryEscape(p))
-	}
+	q := url.Values{"_pragma": {fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()), "foreign_keys(1)"}}
 	if readOnly {
-		b.WriteString("&mode=ro")
+		q.Set("mode", "ro")
 	} else {
-		b.WriteString("&_txlock=immediate&_journal_mode=WAL")
+		q["_pragma"] = append(q["_pragma"], fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
+		q.Set("_txlock", "immediate")
+		q.Set("_journal_mode", "WAL")
 	}
-	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: b.String()}
+	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: q.Encode()}
 	return u.String()
 }
 
