@@ -161,52 +161,29 @@ var (
 	_ SQLCompleter = (*Machine)(nil)
 )
 
-// storeError marks an error of the Store, which names the database itself
-// (the SQLite file, for one): errorf passes it on as it is.
-type storeError struct{ error }
-
-func (e storeError) Unwrap() error { return e.error }
-
-// stored marks err as the Store's.
-func stored(err error) error {
-	if err == nil {
-		return nil
-	}
-	return storeError{err}
-}
-
-// errorf says which operation on which key met err, unless err is the
-// Store's, which says what and where already.
+// errorf says which operation on which key met err. (The Store's errors
+// are returned as they are: they say what and where already.)
 func (m *Machine) errorf(op, key string, err error) error {
-	var se storeError
-	if errors.As(err, &se) {
-		return err
-	}
 	if key != "" {
 		return fmt.Errorf("%s: %s %s: %w", m.name, op, KeyText(key), err)
 	}
 	return fmt.Errorf("%s: %s: %w", m.name, op, err)
 }
 
-// stWrite is the Store's Write, its errors marked as the Store's.
-func (m *Machine) stWrite(ctx context.Context, fn func(Tx) error) error {
-	return stored(m.st.Write(ctx, fn))
-}
-
-// write runs fn in a write transaction and returns the domain outcome fn
-// left in out (fenced, not claimable, …), which commits what fn wrote, or
-// the transaction's error, which does not.
-func (m *Machine) write(ctx context.Context, fn func(tx Tx) (out error, err error)) error {
+// write runs fn in a write transaction. The domain outcome fn leaves in out
+// (fenced, not claimable, …) commits what fn wrote and is returned as op's
+// on key; the transaction's error, which does not commit, as it is.
+func (m *Machine) write(ctx context.Context, op, key string, fn func(tx Tx) (out error, err error)) error {
 	var out error
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		var err error
 		out, err = fn(tx)
 		return err
 	})
-	if err != nil {
-		return err
+	if err == nil && out != nil {
+		return m.errorf(op, key, out)
 	}
-	return out
+	return err
 }
 
 // load is Load for an operation on a stored key: a key that is not stored
@@ -327,7 +304,7 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 	for i, sg := range sgs {
 		r, found, err := m.st.Peek(ctx, sg.Key)
 		if err != nil {
-			return nil, nil, m.errorf("record", sg.Key, stored(err))
+			return nil, nil, err
 		}
 		if found {
 			if kind, _, conflict := sighting(r, true, sg, time.Time{}); kind == sightDuplicate {
@@ -342,7 +319,7 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 		return rs, cs, nil
 	}
 	outs := make([]sightOut, len(write))
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		for j, i := range write {
 			var err error
 			if outs[j], err = m.sight(tx, sgs[i], req); err != nil {
@@ -355,7 +332,7 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 		return m.recordAll(ctx, sgs, req)
 	}
 	if err != nil {
-		return nil, nil, m.errorf("record", sgs[write[0]].Key, err)
+		return nil, nil, err
 	}
 	for j, i := range write {
 		o, sg := outs[j], sgs[i]
@@ -492,7 +469,7 @@ func (m *Machine) Flush(ctx context.Context) error {
 	if len(taken) == 0 {
 		return nil
 	}
-	err := m.stWrite(ctx, func(tx Tx) error { return tx.ApplyStats(taken) })
+	err := m.st.Write(ctx, func(tx Tx) error { return tx.ApplyStats(taken) })
 	if err != nil && !errors.Is(err, ErrOutcomeUnknown) {
 		m.mu.Lock()
 		for k, d := range taken {
@@ -503,10 +480,7 @@ func (m *Machine) Flush(ctx context.Context) error {
 		}
 		m.mu.Unlock()
 	}
-	if err != nil {
-		return m.errorf("flush sighting statistics", "", err)
-	}
-	return nil
+	return err
 }
 
 // ErrOutcomeUnknown is wrapped by a Store's error for a commit that may or
@@ -552,7 +526,7 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 		return Claim{}, m.errorf("claim", key, err)
 	}
 	var c Claim
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	err := m.write(ctx, "claim", key, func(tx Tx) (error, error) {
 		r, nf, err := load(tx, key)
 		if nf != nil || err != nil {
 			return nf, err
@@ -561,7 +535,7 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 		return nf, err
 	})
 	if err != nil {
-		return Claim{}, m.errorf("claim", key, err)
+		return Claim{}, err
 	}
 	return c, nil
 }
@@ -593,7 +567,7 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 	}
 	o := ClaimOptionsOf(opts)
 	var claims []Claim
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		claims = nil
 		for limit <= 0 || len(claims) < limit {
 			rows, err := tx.Due(limit-len(claims), o.SkipNeedsConfirm)
@@ -619,7 +593,7 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 		return nil
 	})
 	if err != nil {
-		return nil, m.errorf("claim due", "", err)
+		return nil, err
 	}
 	return claims, nil
 }
@@ -638,7 +612,7 @@ func (m *Machine) Renew(ctx context.Context, key string, token int64, lease time
 // fencedWrite runs fn on the key's row when token is its current claim's,
 // else counts the write as fenced (spec §3).
 func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, fn func(tx Tx, r Row) error) error {
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	return m.write(ctx, op, key, func(tx Tx) (error, error) {
 		r, out, err := load(tx, key)
 		if out != nil || err != nil {
 			return out, err
@@ -648,10 +622,6 @@ func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, 
 		}
 		return nil, fn(tx, r)
 	})
-	if err != nil {
-		return m.errorf(op, key, err)
-	}
-	return nil
 }
 
 // Complete marks a claimed key done when token is current.
@@ -727,7 +697,7 @@ func (m *Machine) NoteResults(ctx context.Context, key string, token int64, file
 
 // Retry moves a dead key to pending, or with o.Rerun a done key (see Sink).
 func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	return m.write(ctx, "retry", key, func(tx Tx) (error, error) {
 		r, nf, err := load(tx, key)
 		if nf != nil || err != nil {
 			return nf, err
@@ -745,10 +715,6 @@ func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 		}
 		return nil, tx.AddHistory(key, Attempt{Kind: kind, Token: r.Token, Holder: o.By, Start: tx.Now()}, HistoryKept)
 	})
-	if err != nil {
-		return m.errorf("retry", key, err)
-	}
-	return nil
 }
 
 // Due lists keys that can be claimed now, oldest first.
@@ -794,7 +760,7 @@ func (m *Machine) Purge(ctx context.Context, olderThan time.Duration) ([]string,
 		return nil, m.errorf("purge", "", fmt.Errorf("negative age %v (want the time keys have been done for, e.g. 720h)", olderThan))
 	}
 	var keys []string
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		before := time.Unix(0, math.MinInt64) // nothing is older than the range of times
 		if now := tx.Now(); now.UnixNano() > math.MinInt64+int64(olderThan) {
 			before = now.Add(-olderThan)
@@ -804,7 +770,7 @@ func (m *Machine) Purge(ctx context.Context, olderThan time.Duration) ([]string,
 		return err
 	})
 	if err != nil {
-		return nil, m.errorf("purge", "", err)
+		return nil, err
 	}
 	return keys, nil
 }
@@ -814,7 +780,7 @@ func (m *Machine) NoteLookback(ctx context.Context, lookback time.Duration) erro
 	if lookback < 0 {
 		return m.errorf("note lookback", "", fmt.Errorf("negative lookback %v", lookback))
 	}
-	return m.stWrite(ctx, func(tx Tx) error { return tx.NoteLookback(lookback) })
+	return m.st.Write(ctx, func(tx Tx) error { return tx.NoteLookback(lookback) })
 }
 
 // MaxLookback returns the longest lookback ever noted.
@@ -847,7 +813,7 @@ func (m *Machine) AcquirePass(ctx context.Context, scope, owner string, lease, m
 		return PassLease{}, PassRecord{}, m.errorf(op, "", err)
 	}
 	var rec PassRecord
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	err := m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, _, err := tx.LoadPass(scope)
 		if err != nil {
 			return nil, err
@@ -861,7 +827,7 @@ func (m *Machine) AcquirePass(ctx context.Context, scope, owner string, lease, m
 		return nil, tx.StorePass(out)
 	})
 	if err != nil {
-		return PassLease{}, rec, m.errorf(op, "", err)
+		return PassLease{}, rec, err
 	}
 	return PassLease{Scope: scope, Owner: owner, Token: rec.Token, Until: rec.HeldUntil}, rec, nil
 }
@@ -884,7 +850,7 @@ func (m *Machine) RenewPass(ctx context.Context, l PassLease, lease time.Duratio
 	if err != nil {
 		return PassLease{}, m.errorf(op, "", err)
 	}
-	err = m.write(ctx, func(tx Tx) (error, error) {
+	err = m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, found, err := tx.LoadPass(l.Scope)
 		if err != nil {
 			return nil, err
@@ -897,7 +863,7 @@ func (m *Machine) RenewPass(ctx context.Context, l PassLease, lease time.Duratio
 		return nil, tx.StorePass(r)
 	})
 	if err != nil {
-		return PassLease{}, m.errorf(op, "", err)
+		return PassLease{}, err
 	}
 	return l, nil
 }
@@ -912,7 +878,7 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 	if err != nil {
 		return m.errorf(op, "", err)
 	}
-	err = m.write(ctx, func(tx Tx) (error, error) {
+	return m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, found, err := tx.LoadPass(l.Scope)
 		if err != nil {
 			return nil, err
@@ -925,10 +891,6 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 		r.Scope = l.Scope
 		return nil, tx.StorePass(endPass(r, l, o, tx.Now()))
 	})
-	if err != nil {
-		return m.errorf(op, "", err)
-	}
-	return nil
 }
 
 // PassRecords returns every scope's record, ordered by scope.

@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto/rand"
 	"embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -156,23 +155,19 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration >= c.pingIdleAfter
 	}
+	// The DSN's settings win over these. Writes run at READ COMMITTED and
+	// must be durable when they return, whatever the server's defaults say.
 	rp := cfg.ConnConfig.RuntimeParams
-	if _, ok := rp["statement_timeout"]; !ok {
-		rp["statement_timeout"] = strconv.FormatInt(DefaultStatementTimeout.Milliseconds(), 10)
-	}
-	if _, ok := rp["lock_timeout"]; !ok {
-		rp["lock_timeout"] = strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10)
-	}
-	// Claims are single statements at READ COMMITTED and must be durable
-	// when they return, whatever the server's defaults say.
-	if _, ok := rp["default_transaction_isolation"]; !ok {
-		rp["default_transaction_isolation"] = "read committed"
-	}
-	if _, ok := rp["synchronous_commit"]; !ok {
-		rp["synchronous_commit"] = "on"
-	}
-	if _, ok := rp["application_name"]; !ok {
-		rp["application_name"] = "gemrecon/" + randomHex(4)
+	for name, v := range map[string]string{
+		"statement_timeout":             strconv.FormatInt(DefaultStatementTimeout.Milliseconds(), 10),
+		"lock_timeout":                  strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10),
+		"default_transaction_isolation": "read committed",
+		"synchronous_commit":            "on",
+		"application_name":              "gemrecon/" + strings.ToLower(rand.Text()[:8]),
+	} {
+		if _, ok := rp[name]; !ok {
+			rp[name] = v
+		}
 	}
 	if opt.ReadOnly {
 		rp["default_transaction_read_only"] = "on"
@@ -218,12 +213,6 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		return nil, err
 	}
 	return &Sink{Machine: sink.NewMachine(s, opt, c.logger, "postgres sink"), pg: s}, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // migration is one embedded schema step, sink.Migration: MinReader is the
