@@ -235,16 +235,6 @@ func (m *Machine) claimed(tx Tx, prev, out Row, o ClaimOptions, now time.Time, i
 		Start: now, Outcome: OutcomeRunning}, HistoryKept)
 }
 
-func checkSighting(sg Sighting) error {
-	if err := CheckKey(sg.Key); err != nil { // spec §12
-		return err
-	}
-	if sg.Source == "" {
-		return fmt.Errorf("record %s: empty source", KeyText(sg.Key))
-	}
-	return nil
-}
-
 // Record notes a sighting (see Sink).
 func (m *Machine) Record(ctx context.Context, sg Sighting) (RecordResult, error) {
 	rr, _, err := m.record(ctx, sg, nil)
@@ -265,8 +255,8 @@ type ClaimRequest struct {
 // that grants no claim returns a nil claim: it was recorded, and the key
 // waits for the dispatcher like any other.
 func (m *Machine) RecordAndClaim(ctx context.Context, sg Sighting, req ClaimRequest) (RecordResult, *Claim, error) {
-	if req.Lease <= 0 {
-		return RecordResult{}, nil, m.errorf("record and claim", sg.Key, fmt.Errorf("lease %v must be positive", req.Lease))
+	if err := checkLease(req.Lease); err != nil {
+		return RecordResult{}, nil, m.errorf("record and claim", sg.Key, err)
 	}
 	return m.record(ctx, sg, &req)
 }
@@ -295,8 +285,11 @@ type sightOut struct {
 
 func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimRequest) ([]RecordResult, []*Claim, error) {
 	for _, sg := range sgs {
-		if err := checkSighting(sg); err != nil {
+		if err := CheckKey(sg.Key); err != nil { // spec §12
 			return nil, nil, err
+		}
+		if sg.Source == "" {
+			return nil, nil, fmt.Errorf("record %s: empty source", KeyText(sg.Key))
 		}
 	}
 	rs, cs := make([]RecordResult, len(sgs)), make([]*Claim, len(sgs))
@@ -341,7 +334,13 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 		case o.dup != nil:
 			m.noteDuplicate(*o.dup, sg, o.rr.Conflict)
 		case o.prev != nil:
-			m.logConfirm(sg.Key, o.prev.BatchState, sg.State, o.rr.Conflict, o.prev.State == StateDead && o.rr.State != StateDead)
+			if o.rr.Conflict {
+				m.log.Warn(m.name+": state conflict: the API's batch state differs from the stored one; the API's wins",
+					"key", sg.Key, "stored", o.prev.BatchState, "api", sg.State)
+			}
+			if o.prev.State == StateDead && o.rr.State != StateDead {
+				m.log.Info(m.name+": a key dead as unknown to the API was listed by the API: pending again, due now", "key", sg.Key)
+			}
 			m.add(sg.Key, &Delta{N: 1, Sources: []string{sg.Source}})
 		}
 	}
@@ -416,16 +415,6 @@ func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err 
 // errInsertRace: the key was inserted by another transaction between this
 // one's Load and Insert; the sighting is decided again.
 var errInsertRace = errors.New("inserted concurrently")
-
-func (m *Machine) logConfirm(key, stored, api string, conflict, revived bool) {
-	if conflict {
-		m.log.Warn(m.name+": state conflict: the API's batch state differs from the stored one; the API's wins",
-			"key", key, "stored", stored, "api", api)
-	}
-	if revived {
-		m.log.Info(m.name+": a key dead as unknown to the API was listed by the API: pending again, due now", "key", key)
-	}
-}
 
 // noteDuplicate buffers a duplicate sighting of the key whose row is r.
 func (m *Machine) noteDuplicate(r Row, sg Sighting, conflict bool) {

@@ -87,15 +87,16 @@ func (t *tx) query(q string, args ...any) (*sql.Rows, error) {
 	return st.Query(args...)
 }
 
-// selectRow reads one key's row.
-const selectRow = `SELECT ` + rowColumns + ` FROM gemrecon_keys WHERE key = ?`
-
 func (t *tx) Load(key string) (sink.Row, bool, error) {
-	st, err := prepared(&t.db.wstmts, t.db.wconn, selectRow)
+	st, err := prepared(&t.db.wstmts, t.db.wconn, `SELECT `+rowColumns+` FROM gemrecon_keys WHERE key = ?`)
 	if err != nil {
 		return sink.Row{}, false, t.db.fail(err)
 	}
-	return t.db.peek(st.QueryRow(key))
+	r, err := scanRow(st.QueryRow(key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sink.Row{}, false, nil
+	}
+	return r, err == nil, t.db.fail(err)
 }
 
 // dueQuery lists claimable keys oldest first: by the time they became due
@@ -345,15 +346,6 @@ func hash(p []byte) []byte {
 
 // The reads, on the reader pool.
 
-// peek scans one key row; ok is false when there is none.
-func (s *db) peek(row *sql.Row) (sink.Row, bool, error) {
-	r, err := scanRow(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return sink.Row{}, false, nil
-	}
-	return r, err == nil, s.fail(err)
-}
-
 // Peek reads under no context once ctx is checked: a read of one key by its
 // primary key is short, and a context that can end costs the database/sql
 // and driver goroutines that watch it more than the read.
@@ -481,10 +473,10 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 		FROM gemrecon_keys`).Scan(&st.DuplicatesSuppressed, &st.Conflicts, &oldest, &st.Fenced); err != nil {
 		return st, s.fail(err)
 	}
-	if oldest.Valid {
-		st.OldestPendingAge = max(0, s.opt.Now().Sub(fromNS(oldest.Int64)))
-	}
 	now := s.opt.Now()
+	if oldest.Valid {
+		st.OldestPendingAge = max(0, now.Sub(fromNS(oldest.Int64)))
+	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
 		AND batch_end > ?1 AND batch_end <= ?2`, now.Add(-sink.ResultsKept).UnixNano(),
 		now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).Scan(&st.ResultsExpiring); err != nil {
