@@ -388,20 +388,18 @@ func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err 
 			claimed, _, _ = claim(out, req.Owner, req.Lease, now, m.opt.MaxAttempts, opts)
 		}
 	}
-	if claimed.State != StateClaimed {
-		if kind == sightNew {
-			ok, err := tx.Insert(out, sg.Payload)
-			if err == nil && !ok {
-				err = errInsertRace
-			}
-			return o, err
-		}
-		return o, nil
-	}
-	o.rr.State = StateClaimed
 	var insert []byte
 	if kind == sightNew {
 		insert = append([]byte{}, sg.Payload...) // not nil: insert
+	}
+	if claimed.State != StateClaimed {
+		if insert == nil {
+			return o, nil
+		}
+		return o, m.claimed(tx, Row{}, out, opts, now, insert) // pending, unclaimed
+	}
+	o.rr.State = StateClaimed
+	if insert != nil {
 		out = Row{}
 	}
 	if err := m.claimed(tx, out, claimed, opts, now, insert); err != nil {
