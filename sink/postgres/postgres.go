@@ -13,6 +13,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"embed"
@@ -259,9 +260,7 @@ const upsertMinReader = `INSERT INTO gemrecon_counters (name, value) VALUES ('mi
 
 // minReaderOf reads the minimum reader the database records; ok is false
 // when it records none.
-func minReaderOf(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) (mr int, ok bool, err error) {
+func minReaderOf(ctx context.Context, q pgx.Tx) (mr int, ok bool, err error) {
 	var exists bool
 	if err := q.QueryRow(ctx, `SELECT to_regclass('gemrecon_counters') IS NOT NULL`).Scan(&exists); err != nil || !exists {
 		return 0, false, err
@@ -365,9 +364,7 @@ func (s *pg) migrate(ctx context.Context) error {
 // through to a later one: a mistyped schema would then find another
 // deployment's tables, or none. The message names the database and the
 // schema.
-func requireTables(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, schema string) error {
+func requireTables(ctx context.Context, q pgx.Tx, schema string) error {
 	var db, where string
 	var hasSchema, hasTables bool
 	err := q.QueryRow(ctx, `SELECT current_database(), n.name,
@@ -467,10 +464,7 @@ func unknownOutcome(err error) bool {
 		// commit record was flushed tells every client "terminating
 		// connection because of crash of another server process" in place
 		// of its reply, and the commit survives the crash.
-		sev := pe.SeverityUnlocalized
-		if sev == "" {
-			sev = pe.Severity
-		}
+		sev := cmp.Or(pe.SeverityUnlocalized, pe.Severity)
 		return sev == "FATAL" || sev == "PANIC"
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -523,15 +517,15 @@ func (s *pg) Write(ctx context.Context, fn func(sink.Tx) error) error {
 	s.log.Warn("postgres sink: a commit's answer was lost; terminating its backend and asking the transaction's status",
 		"pid", pid, "err", err)
 	s.settle(ctx, pid)
-	var status *string
+	status := "unknown" // NULL: too old to be known
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	if serr := s.withConn(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
-	}); serr != nil || status == nil || *status == "in progress" {
-		return fmt.Errorf("postgres: %w (%w; the transaction's status: %v %v)", sink.ErrOutcomeUnknown, err, deref(status), serr)
+		return c.QueryRow(ctx, `SELECT coalesce(pg_xact_status($1::xid8), 'unknown')`, xid).Scan(&status)
+	}); serr != nil || status == "unknown" || status == "in progress" {
+		return fmt.Errorf("postgres: %w (%w; the transaction's status: %v %v)", sink.ErrOutcomeUnknown, err, status, serr)
 	}
-	if *status == "committed" {
+	if status == "committed" {
 		return nil
 	}
 	return notCommitted{err}
@@ -543,13 +537,6 @@ type notCommitted struct{ err error }
 
 func (e notCommitted) Error() string { return e.err.Error() }
 func (e notCommitted) Unwrap() error { return e.err }
-
-func deref(p *string) string {
-	if p == nil {
-		return "unknown"
-	}
-	return *p
-}
 
 // settle makes an orphaned statement's outcome final: it terminates the
 // backend (waiting for it to exit) if it is still there. Terminating is safe:

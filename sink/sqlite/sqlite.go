@@ -651,32 +651,20 @@ func (s *db) checkConn(ctx context.Context, c driver.Conn) error {
 	return nil
 }
 
-// connText runs q on a driver connection and returns its one text value.
+// connText runs q, which answers one row of one text column, on a driver
+// connection.
 func connText(ctx context.Context, c driver.Conn, q string) (string, error) {
-	qc, ok := c.(driver.QueryerContext)
-	if !ok {
-		return "", fmt.Errorf("driver connection %T cannot query", c)
-	}
-	rows, err := qc.QueryContext(ctx, q, nil)
+	rows, err := c.(driver.QueryerContext).QueryContext(ctx, q, nil)
 	if err != nil {
 		return "", err
 	}
 	defer rows.Close()
-	v := make([]driver.Value, len(rows.Columns()))
-	if len(v) != 1 {
-		return "", fmt.Errorf("%s: %d columns, want 1", q, len(v))
-	}
+	v := make([]driver.Value, 1)
 	if err := rows.Next(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return "", fmt.Errorf("%s: no row", q)
-		}
-		return "", err
+		return "", fmt.Errorf("%s: %w", q, err)
 	}
-	switch x := v[0].(type) {
-	case string:
-		return x, nil
-	case []byte:
-		return string(x), nil
+	if s, ok := v[0].(string); ok {
+		return s, nil
 	}
 	return "", fmt.Errorf("%s: %T, want text", q, v[0])
 }
