@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -143,10 +144,7 @@ const (
 // NewMachine returns the state machine over st. opt is filled with its
 // defaults; a read-only machine buffers nothing.
 func NewMachine(st Store, opt Options, log *slog.Logger, name string) *Machine {
-	if log == nil {
-		log = slog.Default()
-	}
-	m := &Machine{st: st, opt: opt.WithDefaults(), log: log, name: name, buf: map[string]*Delta{},
+	m := &Machine{st: st, opt: opt.WithDefaults(), log: cmp.Or(log, slog.Default()), name: name, buf: map[string]*Delta{},
 		full: make(chan struct{}, 1), stop: make(chan struct{})}
 	if !opt.ReadOnly {
 		m.stopped.Add(1)

@@ -134,10 +134,11 @@ func dsnError(err error) error {
 // opt.Now is nil the database clock decides every time; otherwise opt.Now
 // does.
 func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*Sink, error) {
-	c := config{logger: slog.Default(), pingIdleAfter: pingIdleAfter}
+	c := config{pingIdleAfter: pingIdleAfter}
 	for _, o := range opts {
 		o(&c)
 	}
+	c.logger = cmp.Or(c.logger, slog.Default())
 	dbClock := opt.Now == nil
 	opt = opt.WithDefaults()
 

@@ -12,6 +12,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -171,9 +172,7 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 	for _, o := range extra {
 		o(&cfg)
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
+	cfg.logger = cmp.Or(cfg.logger, slog.Default())
 	opt = opt.WithDefaults()
 	if err := processSetup(); err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
