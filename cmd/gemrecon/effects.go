@@ -232,14 +232,10 @@ func (a *app) execOutput() effect.ExecOption {
 	})
 }
 
-var sigpipeOnce sync.Once
-
 // handleSIGPIPE makes writes to a broken pipe return EPIPE instead of
 // killing the process. The channel is never read: signal.Notify drops what
 // does not fit.
-func handleSIGPIPE() {
-	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
-}
+var handleSIGPIPE = sync.OnceFunc(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 
 // dispatcher wires the sink and the API into cfg (dispatchConfig) and
 // starts the dispatcher, whose grace a second SIGINT or SIGTERM ends.

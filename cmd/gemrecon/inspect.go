@@ -1,13 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -65,10 +67,7 @@ func batchError(e sink.Entry) string {
 // "FAILED (Enqueued token quota exceeded for this model.)", "SUCCEEDED",
 // "unknown".
 func batchLine(e sink.Entry) string {
-	st := e.BatchState
-	if st == "" {
-		st = "unknown"
-	}
+	st := cmp.Or(e.BatchState, "unknown")
 	if msg := batchError(e); msg != "" {
 		st += " (" + truncate(oneLine(msg), 200) + ")"
 	}
@@ -83,13 +82,8 @@ func entryJSON(e sink.Entry, withDocs bool) statusJSON {
 	return j
 }
 
-// statusOptions are the flags of status.
-type statusOptions struct {
-	asJSON bool
-}
-
 func (a *app) statusCommand() *cobra.Command {
-	var o statusOptions
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status KEY-OR-NAME",
 		Short: "Show what happened to one completion, and why",
@@ -98,9 +92,9 @@ func (a *app) statusCommand() *cobra.Command {
   gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
   gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
 		Args: exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), &o, args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), asJSON, args[0]) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (stable field names: docs/operating.md)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (stable field names: docs/operating.md)")
 	return cmd
 }
 
@@ -124,13 +118,13 @@ argument is no operation name or one that could never be recorded (spec §12:
 invalid UTF-8, a control character, over 512 bytes, a collection word).`
 
 // runStatus does the work of status.
-func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error {
+func (a *app) runStatus(ctx context.Context, asJSON bool, arg string) error {
 	keys, err := keysFor(arg)
 	if err != nil {
 		return err
 	}
 	key := keys[0]
-	s, err := a.openReadOnly(ctx)
+	s, err := a.openSink(ctx, sink.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -146,7 +140,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 			// Not "unknown": no sighting of it could ever be recorded.
 			return usageError("%v; no such key is recorded, and none could be", cerr)
 		}
-		if o.asJSON {
+		if asJSON {
 			writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
 		} else {
 			// dial.Describe: a PostgreSQL --db may hold a password.
@@ -160,7 +154,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 	if err != nil {
 		return err
 	}
-	if o.asJSON {
+	if asJSON {
 		writeJSON(a.stdout, entryJSON(e, true))
 	} else {
 		printStatus(a.stdout, e, sink.NowOf(ctx, s))
@@ -407,7 +401,7 @@ func (a *app) runList(ctx context.Context, o *listOptions) error {
 	if o.limit < 0 {
 		return usageError("--limit %d: must not be negative", o.limit)
 	}
-	s, err := a.openReadOnly(ctx)
+	s, err := a.openSink(ctx, sink.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -427,10 +421,7 @@ func (a *app) runList(ctx context.Context, o *listOptions) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
 	for _, e := range entries {
-		batch := e.BatchState
-		if batch == "" {
-			batch = "unknown"
-		}
+		batch := cmp.Or(e.BatchState, "unknown")
 		if !e.Confirmed {
 			batch += "?" // as the webhook says: not confirmed by the API
 		}
@@ -448,13 +439,8 @@ func truncate(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-// statsOptions are the flags of stats.
-type statsOptions struct {
-	asJSON bool
-}
-
 func (a *app) statsCommand() *cobra.Command {
-	var o statsOptions
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency, poll passes",
@@ -463,9 +449,9 @@ func (a *app) statsCommand() *cobra.Command {
   gemrecon stats --json | jq .by_state
   gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runStats(cmd.Context(), &o) },
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStats(cmd.Context(), asJSON) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
 	return cmd
 }
 
@@ -484,8 +470,8 @@ Scopes, holders and sources are stored by other processes: control characters
 in them are escaped (the text is then Go-quoted); --json escapes as JSON does.`
 
 // runStats does the work of stats.
-func (a *app) runStats(ctx context.Context, o *statsOptions) error {
-	s, err := a.openReadOnly(ctx)
+func (a *app) runStats(ctx context.Context, asJSON bool) error {
+	s, err := a.openSink(ctx, sink.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -494,7 +480,7 @@ func (a *app) runStats(ctx context.Context, o *statsOptions) error {
 	if err != nil {
 		return err
 	}
-	if o.asJSON {
+	if asJSON {
 		writeJSON(a.stdout, st)
 		return nil
 	}
@@ -523,16 +509,11 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	fmt.Fprintf(tw, "results expiring:\t%d key(s) not done whose results the API deletes within %v\n", st.ResultsExpiring, sink.ResultsWarning)
 	fmt.Fprintf(tw, "oldest pending:\t%s\n", fmtAge(st.OldestPendingAge))
 	fmt.Fprintf(tw, "duplicates suppressed:\t%d\n", st.DuplicatesSuppressed)
-	srcs := make([]string, 0, len(st.FirstSource))
-	for s := range st.FirstSource {
-		srcs = append(srcs, s)
-	}
-	sort.Strings(srcs)
-	parts := make([]string, 0, len(srcs))
-	for _, s := range srcs {
+	var parts []string
+	for _, s := range slices.Sorted(maps.Keys(st.FirstSource)) {
 		parts = append(parts, fmt.Sprintf("%s %d", printable(s), st.FirstSource[s]))
 	}
-	fmt.Fprintf(tw, "first source:\t%s\n", orDash(strings.Join(parts, ", ")))
+	fmt.Fprintf(tw, "first source:\t%s\n", cmp.Or(strings.Join(parts, ", "), "-"))
 	fmt.Fprintf(tw, "state conflicts:\t%d\n", st.Conflicts)
 	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
 	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
@@ -550,7 +531,7 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 		fmt.Fprintf(tw, "  %s\n", printable(p.Scope))
 		last := "-"
 		if !p.LastEnd.IsZero() {
-			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), orDash(printable(p.LastHolder)))
+			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), cmp.Or(printable(p.LastHolder), "-"))
 		}
 		fmt.Fprintf(tw, "    last pass:\t%s\n", last)
 		fmt.Fprintf(tw, "    last success:\t%s\n", fmtTime(p.LastSuccess))
@@ -572,7 +553,7 @@ func unfinishedLine(p sink.PassRecord, now time.Time) string {
 	for s, n := range p.Unfinished {
 		states = append(states, fmt.Sprintf("%s %d", printable(s), n))
 	}
-	sort.Strings(states)
+	slices.Sort(states)
 	line := strings.Join(states, ", ")
 	if !p.OldestUnfinished.IsZero() {
 		line += fmt.Sprintf("; the oldest created %s ago", fmtAge(now.Sub(p.OldestUnfinished)))
@@ -597,13 +578,6 @@ func fmtAge(d time.Duration) string {
 		return "-"
 	}
 	return d.Round(time.Millisecond).String()
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // exactArgs is cobra.ExactArgs with a usage error (exit 2) that says what to do.

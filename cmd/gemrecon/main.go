@@ -51,7 +51,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	return executeWith(ctx, in, args, stdin, stdout, stderr)
+	return execute(ctx, in, args, stdin, stdout, stderr)
 }
 
 // apiKeyFile names the file that holds the Gemini API key, for services

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,7 +76,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
 	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish (0: close them at once; their senders retry)")
 	f.BoolVar(&o.dynOn, "dynamic", false, "also accept per-job (dynamic) webhooks, signed v1a (Ed25519) or as an RS256 JWT with the keys at --jwks-url; needs API credentials: such keys are confirmed with Batches.Get before they run")
-	f.StringVar(&o.jwksURL, "jwks-url", envOr(jwksEnv, dynamic.DefaultJWKSURL), "where the Gemini API publishes the keys of dynamic signatures (env "+jwksEnv+"); giving the flag implies --dynamic")
+	f.StringVar(&o.jwksURL, "jwks-url", cmp.Or(os.Getenv(jwksEnv), dynamic.DefaultJWKSURL), "where the Gemini API publishes the keys of dynamic signatures (env "+jwksEnv+"); giving the flag implies --dynamic")
 	f.StringVar(&o.audience, "jwt-audience", "", "with --dynamic, refuse a JWT whose aud does not contain this (default: aud is not checked)")
 	return cmd
 }
@@ -118,8 +119,9 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	cfg.SecretSource = fmt.Sprintf("%d from %s", len(secrets), from)
 	cfg.Logger = a.logger
 	if o.dynOn {
-		if cfg.Dynamic, err = a.dynamicVerifier(o.jwksURL, o.audience); err != nil {
-			return cfg, err
+		// The verifier of dynamic signatures (spec §6); a bad URL is exit 2.
+		if cfg.Dynamic, err = dynamic.New(dynamic.Config{JWKSURL: o.jwksURL, Audience: o.audience, Log: a.logger}); err != nil {
+			return cfg, usageError("--jwks-url: %v", err)
 		}
 	}
 	err = cfg.Validate()
@@ -214,8 +216,12 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	if err != nil {
 		return usage(err)
 	}
+	// --drain-timeout 0 closes the connections at once (webhook.NoDrain;
+	// Serve's zero value would be its 30 s default). A request cut that way
+	// got no answer, and it is answered 2xx only once its sighting is
+	// durable, so its sender retries and nothing is lost.
 	sc := serve.Config{Handler: h, Dispatcher: d, Logger: a.logger,
-		Server: webhook.ServerOptions{DrainTimeout: drainTimeout(o.drainFor), Logger: a.logger}}
+		Server: webhook.ServerOptions{DrainTimeout: cmp.Or(o.drainFor, webhook.NoDrain), Logger: a.logger}}
 	if o.syncMode {
 		// The answer of a --sync request comes after the effect.
 		sc.Server.WriteTimeout = o.ef.effectTimeout + o.syncWait + 30*time.Second
@@ -242,32 +248,10 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	return serve.Start(ctx, sc).Wait()
 }
 
-// drainTimeout is webhook.Serve's drain timeout for --drain-timeout d (not
-// negative): 0 closes the connections at once (webhook.NoDrain; Serve's
-// zero value would be its 30 s default). A request cut that way got no
-// answer, and it is answered 2xx only once its sighting is durable, so its
-// sender retries and nothing is lost.
-func drainTimeout(d time.Duration) time.Duration {
-	if d == 0 {
-		return webhook.NoDrain
-	}
-	return d
-}
-
 // jwksEnv is the environment variable of --jwks-url. It sets the address
 // only: unlike the flag it does not turn --dynamic on, so that an exported
 // variable (the emulator prints one) never enables a verifier by itself.
 const jwksEnv = "GEMRECON_JWKS_URL"
-
-// dynamicVerifier builds the verifier of dynamic signatures (spec §6); a
-// bad URL is exit 2.
-func (a *app) dynamicVerifier(url, audience string) (*dynamic.Verifier, error) {
-	v, err := dynamic.New(dynamic.Config{JWKSURL: url, Audience: audience, Log: a.logger})
-	if err != nil {
-		return nil, usageError("--jwks-url: %v", err)
-	}
-	return v, nil
-}
 
 // prefetchKeys fetches the key set once in the background, so that a
 // wrong --jwks-url shows in the log at start rather than at the first

@@ -420,14 +420,7 @@ func versionString() string {
 	}
 	out := "gemrecon " + v
 	if rev != "" {
-		out += fmt.Sprintf(" (%s%s, %s)", shortRev(rev), modified, at)
+		out += fmt.Sprintf(" (%s%s, %s)", rev[:min(len(rev), 12)], modified, at)
 	}
 	return out + " " + bi.GoVersion
-}
-
-func shortRev(r string) string {
-	if len(r) > 12 {
-		return r[:12]
-	}
-	return r
 }

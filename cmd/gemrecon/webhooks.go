@@ -268,8 +268,12 @@ func looseSecretFile(path string, mode os.FileMode) string {
 	return fmt.Sprintf("%s is readable by others (mode %04o); run: chmod 600 %s", path, mode.Perm(), path)
 }
 
-// abandon removes a file this command created and left empty.
+// abandon removes a file this command created and left empty (nil: no
+// --secret-file).
 func (s *secretFile) abandon() {
+	if s == nil {
+		return
+	}
 	s.f.Close()
 	if s.created {
 		os.Remove(s.path)
@@ -352,7 +356,7 @@ again.`
 // user: on stdout, or written to --secret-file.
 func (a *app) handOverSecret(o *webhooksCreateOptions, w *webhooks.Webhook, id, secret string, sf *secretFile) error {
 	fmt.Fprintf(a.stdout, "id: %s\n", printable(id))
-	what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(joinEvents(w.SubscribedEvents)))
+	what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(strings.Join(eventNames(w.SubscribedEvents), ",")))
 	if sf == nil {
 		fmt.Fprintf(a.stdout, "secret: %s\n", secret)
 		fmt.Fprintln(a.stderr, what+`
@@ -395,9 +399,7 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 	}
 	res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
 	if err != nil {
-		if sf != nil {
-			sf.abandon()
-		}
+		sf.abandon()
 		var ae *apierrors.APIError
 		var dial *net.OpError
 		if errors.As(err, &dial) && dial.Op == "dial" {
@@ -409,29 +411,30 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 		}
 		return apiError("webhooks create", err)
 	}
-	w := res.Webhook
-	id, secret := "", ""
-	if w != nil && w.ID != nil {
-		id = *w.ID
-	}
-	if w != nil && w.NewSigningSecret != nil {
-		secret = *w.NewSigningSecret
-	}
+	w := cmp.Or(res.Webhook, &webhooks.Webhook{})
+	id, secret := deref(w.ID), deref(w.NewSigningSecret)
 	if id == "" || secret == "" {
-		if sf != nil {
-			sf.abandon()
-		}
+		sf.abandon()
 		return withCode(exitFatal, fmt.Errorf("webhooks create: the API's answer has no id or no new_signing_secret (id %s); see 'gemrecon webhooks list', and rotate or delete that webhook", canon.Quote(id)))
 	}
 	return a.handOverSecret(o, w, id, secret, sf)
 }
 
-func joinEvents(evs []webhooks.WebhookSubscribedEvent) string {
+// eventNames are the events as strings (never nil: [] in JSON).
+func eventNames(evs []webhooks.WebhookSubscribedEvent) []string {
 	s := make([]string, len(evs))
 	for i, e := range evs {
 		s[i] = string(e)
 	}
-	return strings.Join(s, ",")
+	return s
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) (v T) {
+	if p != nil {
+		v = *p
+	}
+	return v
 }
 
 // webhookJSON is one webhook in `webhooks list --json`: the API's fields and
@@ -453,26 +456,11 @@ type secretJSON struct {
 }
 
 func toJSON(w webhooks.Webhook) webhookJSON {
-	out := webhookJSON{URI: w.URI, CreateTime: w.CreateTime, UpdateTime: w.UpdateTime,
-		SubscribedEvents: []string{}, SigningSecrets: []secretJSON{}}
-	if w.ID != nil {
-		out.ID = *w.ID
-	}
-	if w.Name != nil {
-		out.Name = *w.Name
-	}
-	if w.State != nil {
-		out.State = string(*w.State)
-	}
-	for _, e := range w.SubscribedEvents {
-		out.SubscribedEvents = append(out.SubscribedEvents, string(e))
-	}
+	out := webhookJSON{ID: deref(w.ID), Name: deref(w.Name), URI: w.URI, State: string(deref(w.State)),
+		SubscribedEvents: eventNames(w.SubscribedEvents), SigningSecrets: []secretJSON{},
+		CreateTime: w.CreateTime, UpdateTime: w.UpdateTime}
 	for _, s := range w.SigningSecrets {
-		j := secretJSON{ExpireTime: s.ExpireTime}
-		if s.TruncatedSecret != nil {
-			j.TruncatedSecret = *s.TruncatedSecret
-		}
-		out.SigningSecrets = append(out.SigningSecrets, j)
+		out.SigningSecrets = append(out.SigningSecrets, secretJSON{TruncatedSecret: deref(s.TruncatedSecret), ExpireTime: s.ExpireTime})
 	}
 	return out
 }
@@ -582,7 +570,7 @@ func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error
 }
 
 func (a *app) webhooksPingCommand(f *webhooksFlags) *cobra.Command {
-	return &cobra.Command{
+	return a.idCommand(f, &cobra.Command{
 		Use:   "ping ID",
 		Short: "Ask the API to send a test event to a webhook",
 		Long: `Ask the API to send a test event to the webhook's URL, signed like every
@@ -591,20 +579,30 @@ log and metrics. A 401 there means serve does not hold this webhook's secret.
 The ping's type and body are not documented; it names no batch, so serve
 records nothing and runs no effect for it.`,
 		Example: `  gemrecon webhooks ping ID`,
-		Args:    oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			if _, err := wc.Ping(ctx, operations.PingWebhookRequest{ID: args[0], Body: &webhooks.PingWebhookRequest{}}); err != nil {
-				return apiError("webhooks ping "+printable(args[0]), err)
-			}
-			fmt.Fprintf(a.stdout, "ping sent to webhook %s\n", printable(args[0]))
-			return nil
-		},
+	}, "ping sent to", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
+		_, err := wc.Ping(ctx, operations.PingWebhookRequest{ID: id, Body: &webhooks.PingWebhookRequest{}})
+		return err
+	})
+}
+
+// idCommand completes cmd, a webhooks subcommand that makes one call on the
+// webhook ID it is given: an error of the call is shown as apiError shows
+// it, and success as "DONE webhook ID".
+func (a *app) idCommand(f *webhooksFlags, cmd *cobra.Command, done string, call func(context.Context, *interactions.Webhooks, string) error) *cobra.Command {
+	cmd.Args = oneID
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, id := cmd.Context(), args[0]
+		wc, err := a.webhooksClient(ctx, f)
+		if err != nil {
+			return err
+		}
+		if err := call(ctx, wc, id); err != nil {
+			return apiError("webhooks "+cmd.Name()+" "+printable(id), err)
+		}
+		fmt.Fprintf(a.stdout, "%s webhook %s\n", done, printable(id))
+		return nil
 	}
+	return cmd
 }
 
 // webhooksRotateOptions are the flags of webhooksRotate.
@@ -665,22 +663,18 @@ func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, i
 	res, err := wc.RotateSigningSecret(ctx, operations.RotateSigningSecretRequest{ID: id,
 		Body: webhooks.RotateSigningSecretRequest{RevocationBehavior: behavior.ToPointer()}}, noRetries)
 	if err != nil {
-		if sf != nil {
-			sf.abandon()
-		}
+		sf.abandon()
 		return apiError("webhooks rotate "+printable(id), err)
 	}
-	secret := res.WebhookRotateSigningSecretResponse.GetSecret()
-	if secret == nil || *secret == "" {
-		if sf != nil {
-			sf.abandon()
-		}
+	secret := deref(res.WebhookRotateSigningSecretResponse.GetSecret())
+	if secret == "" {
+		sf.abandon()
 		return withCode(exitFatal, fmt.Errorf("webhooks rotate %s: the API's answer has no secret; rotate again", printable(id)))
 	}
 	until := a.previousSecretsEnd(ctx, wc, id, o.now)
 	if sf != nil {
 		comment := fmt.Sprintf("gemrecon webhooks rotate %s, %s; previous secrets %s", id, time.Now().UTC().Format(time.RFC3339), until)
-		if err := sf.write(printable(comment), *secret); err != nil {
+		if err := sf.write(printable(comment), secret); err != nil {
 			advice := "the previous secrets stay valid " + until + ": rotate again to get another one"
 			if o.now {
 				advice = "the previous secrets are revoked: run 'gemrecon webhooks rotate " + id + " --now' again and give serve that secret"
@@ -688,7 +682,7 @@ func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, i
 			return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), o.file, err, advice))
 		}
 	} else {
-		fmt.Fprintf(a.stdout, "secret: %s\n", *secret)
+		fmt.Fprintf(a.stdout, "secret: %s\n", secret)
 	}
 	a.explainRotation(printable(id), o.file, until, o.now)
 	return nil
@@ -745,7 +739,7 @@ func (a *app) explainRotation(id, file, until string, now bool) {
 }
 
 func (a *app) webhooksEnableCommand(f *webhooksFlags) *cobra.Command {
-	return &cobra.Command{
+	return a.idCommand(f, &cobra.Command{
 		Use:   "enable ID",
 		Short: "Enable a webhook again, such as one the API disabled after failed deliveries",
 		Long: `Set the webhook's state to enabled (the API's update method, update_mask
@@ -754,29 +748,21 @@ state). The API disables a webhook whose deliveries keep failing
 only this brings it back; the events it missed meanwhile are not sent again,
 but the next poll pass lists those completions.`,
 		Example: `  gemrecon webhooks enable ID`,
-		Args:    oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, id := cmd.Context(), args[0]
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			res, err := wc.Update(ctx, operations.UpdateWebhookRequest{ID: id, UpdateMask: genai.Ptr("state"),
-				Body: webhooks.WebhookUpdate{State: webhooks.WebhookUpdateStateEnabled.ToPointer()}})
-			if err != nil {
-				return apiError("webhooks enable "+printable(id), err)
-			}
-			if st := toJSON(*cmp.Or(res.Webhook, &webhooks.Webhook{})).State; st != string(webhooks.WebhookStateEnabled) {
-				return withCode(exitFatal, fmt.Errorf("webhooks enable %s: the API answered state %s; see 'gemrecon webhooks list'", printable(id), canon.Quote(st)))
-			}
-			fmt.Fprintf(a.stdout, "enabled webhook %s\n", printable(id))
-			return nil
-		},
-	}
+	}, "enabled", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
+		res, err := wc.Update(ctx, operations.UpdateWebhookRequest{ID: id, UpdateMask: genai.Ptr("state"),
+			Body: webhooks.WebhookUpdate{State: webhooks.WebhookUpdateStateEnabled.ToPointer()}})
+		if err != nil {
+			return err
+		}
+		if st := string(deref(cmp.Or(res.Webhook, &webhooks.Webhook{}).State)); st != string(webhooks.WebhookStateEnabled) {
+			return fmt.Errorf("the API answered state %s; see 'gemrecon webhooks list'", canon.Quote(st))
+		}
+		return nil
+	})
 }
 
 func (a *app) webhooksDeleteCommand(f *webhooksFlags) *cobra.Command {
-	return &cobra.Command{
+	return a.idCommand(f, &cobra.Command{
 		Use:   "delete ID",
 		Short: "Delete a static webhook: the API stops sending it events",
 		Long: `Delete the webhook: the API sends it no more events (deliveries already
@@ -784,18 +770,8 @@ under way may still arrive). Completions are still found by poll. A delete is
 never retried: if the answer is lost, 'gemrecon webhooks list' tells whether
 it is gone.`,
 		Example: `  gemrecon webhooks delete ID`,
-		Args:    oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			if _, err := wc.Delete(ctx, operations.DeleteWebhookRequest{ID: args[0]}, noRetries); err != nil {
-				return apiError("webhooks delete "+printable(args[0]), err)
-			}
-			fmt.Fprintf(a.stdout, "deleted webhook %s\n", printable(args[0]))
-			return nil
-		},
-	}
+	}, "deleted", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
+		_, err := wc.Delete(ctx, operations.DeleteWebhookRequest{ID: id}, noRetries)
+		return err
+	})
 }
