@@ -24,18 +24,12 @@ import (
 
 // serveOptions are serve's flags.
 type serveOptions struct {
-	ef         effectFlags
-	pf         pollFlags
-	cf         confirmFlags
-	listen     string
-	path       string
+	ef     effectFlags
+	pf     pollFlags
+	listen string
+	// w holds the receiver's flags (webhookConfig adds the rest).
+	w          webhook.Config
 	secretFile string
-	insecure   bool
-	maxBody    int64
-	maxUnver   int64
-	maxConns   int
-	syncMode   bool
-	syncWait   time.Duration
 	pollEvery  time.Duration
 	drainFor   time.Duration
 	dynOn      bool
@@ -62,17 +56,17 @@ func (a *app) serveCommand() *cobra.Command {
 	o.ef.register(cmd)
 	f := cmd.Flags()
 	o.pf.register(f)
-	o.cf.register(f)
-	def := webhook.DefaultConfig()
+	o.w = webhook.DefaultConfig()
+	w := &o.w
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
-	f.StringVar(&o.path, "path", def.Path, "path that receives POSTed deliveries")
+	f.StringVar(&w.Path, "path", w.Path, "path that receives POSTed deliveries")
 	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation; serve warns when its group or others may read it); or set GEMRECON_WEBHOOK_SECRET")
-	f.BoolVar(&o.insecure, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
-	f.Int64Var(&o.maxBody, "max-body", def.MaxBody, "largest accepted body in bytes (larger: 413)")
-	f.Int64Var(&o.maxUnver, "max-unverified-bytes", def.MaxUnverified, "bytes of bodies read but not yet verified, over all requests; a request that would go over gets 503 with Retry-After before its body is read")
-	f.IntVar(&o.maxConns, "max-connections", def.MaxConns, fmt.Sprintf("open connections kept; %d more answer only /healthz, /readyz and /metrics", webhook.ProbeConns))
-	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
-	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
+	f.BoolVar(&w.InsecureNoVerify, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
+	f.Int64Var(&w.MaxBody, "max-body", w.MaxBody, "largest accepted body in bytes (larger: 413)")
+	f.Int64Var(&w.MaxUnverified, "max-unverified-bytes", w.MaxUnverified, "bytes of bodies read but not yet verified, over all requests; a request that would go over gets 503 with Retry-After before its body is read")
+	f.IntVar(&w.MaxConns, "max-connections", w.MaxConns, fmt.Sprintf("open connections kept; %d more answer only /healthz, /readyz and /metrics", webhook.ProbeConns))
+	f.BoolVar(&w.Sync, "sync", false, "run the effect inside the request: 200 done, 500 failed")
+	f.DurationVar(&w.SyncWait, "sync-wait", w.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
 	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish (0: close them at once; their senders retry)")
 	f.BoolVar(&o.dynOn, "dynamic", false, "also accept per-job (dynamic) webhooks, signed v1a (Ed25519) or as an RS256 JWT with the keys at --jwks-url; needs API credentials: such keys are confirmed with Batches.Get before they run")
@@ -85,7 +79,7 @@ func (a *app) serveCommand() *cobra.Command {
 // (webhook.Config.Validate: exit 2); the caller adds the sink, the
 // dispatcher and metrics.
 func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
-	cfg := webhook.DefaultConfig()
+	cfg := o.w
 	secrets, err := webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile)
 	if err != nil {
 		return cfg, withCode(exitUsage, err)
@@ -102,12 +96,10 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	switch {
 	case o.audience != "" && !o.dynOn:
 		return cfg, usageError("--jwt-audience is for dynamic signatures: add --dynamic")
-	case o.dynOn && o.pf.backend == poller.BackendVertex:
+	case o.dynOn && o.pf.cfg.Backend == poller.BackendVertex:
 		return cfg, usageError("--dynamic verifies the Gemini API's per-job webhooks, whose batches only the Gemini API can confirm: it does not go with --backend vertex")
 	}
-	cfg.Secrets, cfg.InsecureNoVerify = secrets, o.insecure
-	cfg.Path, cfg.MaxBody, cfg.Sync, cfg.SyncWait = o.path, o.maxBody, o.syncMode, o.syncWait
-	cfg.MaxUnverified, cfg.MaxConns = o.maxUnver, o.maxConns
+	cfg.Secrets = secrets
 	// Where the secrets came from, never their values, for the line that
 	// logs refused signatures.
 	from := webhook.SecretEnv
@@ -138,7 +130,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err := durationFlagCheck("drain-timeout", o.drainFor); err != nil {
 		return err
 	}
-	mode, err := o.cf.parse()
+	mode, err := o.ef.confirmMode()
 	if err != nil {
 		return err
 	}
@@ -148,11 +140,11 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		if plcfg, err = a.listingPoller(&o.pf); err != nil {
 			return err
 		}
-		if pcfg, err = a.pollConfig(&o.pf, loopOptions{interval: o.pollEvery, intervalFlag: "--poll-every"}); err != nil {
+		if pcfg, err = a.pollConfig(&o.pf, o.pollEvery, "--poll-every"); err != nil {
 			return err
 		}
 	}
-	dcfg, err := a.dispatchConfig(&o.ef, &o.cf)
+	dcfg, err := a.dispatchConfig(&o.ef)
 	if err != nil {
 		return err
 	}
@@ -160,7 +152,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	if o.syncWaitSet && !o.syncMode {
+	if o.syncWaitSet && !o.w.Sync {
 		// A warning, not exit 2 (as poll's --interval without --watch): a
 		// unit that carries it has always started, and must go on doing so.
 		a.logger.Warn("--sync-wait has no effect without --sync: deliveries are answered 202 once recorded and their effects run in the background; add --sync to run each effect inside its request")
@@ -173,7 +165,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 			return err
 		}
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.cf, p, dcfg)
+	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
@@ -199,7 +191,7 @@ func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.Conf
 // startServe opens the sink, wires the receiver and runs it until ctx is
 // done.
 func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg reconcile.PollConfig, api apiSetup) error {
-	s, err := a.openSink(ctx, o.ef.sinkOptions())
+	s, err := a.openSink(ctx, o.ef.retry)
 	if err != nil {
 		return err
 	}
@@ -222,9 +214,9 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	// durable, so its sender retries and nothing is lost.
 	sc := serve.Config{Handler: h, Dispatcher: d, Logger: a.logger,
 		Server: webhook.ServerOptions{DrainTimeout: cmp.Or(o.drainFor, webhook.NoDrain), Logger: a.logger}}
-	if o.syncMode {
+	if o.w.Sync {
 		// The answer of a --sync request comes after the effect.
-		sc.Server.WriteTimeout = o.ef.effectTimeout + o.syncWait + 30*time.Second
+		sc.Server.WriteTimeout = o.ef.cfg.EffectTimeout + o.w.SyncWait + 30*time.Second
 	}
 	if o.pollEvery > 0 {
 		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
@@ -240,8 +232,8 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 	if sc.Listener, err = net.Listen("tcp", o.listen); err != nil {
 		return fmt.Errorf("listen on %s: %w", o.listen, err)
 	}
-	a.logger.Info("serving webhooks", "addr", sc.Listener.Addr().String(), "path", wcfg.Path, "sync", o.syncMode,
-		"verify", verifiersText(len(wcfg.Secrets), wcfg.Dynamic, o.audience, o.insecure))
+	a.logger.Info("serving webhooks", "addr", sc.Listener.Addr().String(), "path", wcfg.Path, "sync", o.w.Sync,
+		"verify", verifiersText(len(wcfg.Secrets), wcfg.Dynamic, o.audience, o.w.InsecureNoVerify))
 	if wcfg.Dynamic != nil {
 		a.prefetchKeys(ctx, wcfg.Dynamic)
 	}
