@@ -270,22 +270,20 @@ type drainOptions struct {
 }
 
 const drainLong = `Claim and run every key that is due now — new keys, retries whose backoff has
-passed, claims whose lease expired — with the configured effect, then exit.
-poll does the same after its listing. drain needs no API credentials: with
-them (GEMINI_API_KEY, or --backend vertex with --project and --location) it
-confirms keys first seen by webhook with the API before their effect runs
-(--confirm auto, the default) and can write results (--results-dir); without
-them it runs such keys unconfirmed, and leaves keys seen only through a
-dynamic signature for a process that can confirm them.
+passed, claims whose lease expired — with the configured effect, then exit
+(poll does the same after its listing). API credentials are optional: with
+them keys first seen by webhook are confirmed before their effect runs
+(--confirm auto) and --results-dir can write results; without them such keys
+run unconfirmed, and keys seen only through a dynamic signature are left for
+a process that can confirm them.
 
-On SIGINT or SIGTERM it claims nothing more and running effects get --grace
-to finish; a second signal kills them at once (their attempts recorded as
-retryable failures, as when --grace runs out) and drain exits 1.
+SIGINT or SIGTERM stops claiming and gives running effects --grace to finish;
+a second signal kills them at once (recorded as retryable failures) and drain
+exits 1.
 
-Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
-scheduled or the key went dead) or some outcome was fenced (another attempt
-took the key over: the effect may have run twice), 1 a fatal error or an
-interruption.`
+Exit status: 0 every effect it ran succeeded, 4 some effect failed (retry
+scheduled or key dead) or an outcome was fenced (the effect may have run
+twice), 1 a fatal error or an interruption.`
 
 func (a *app) drainCommand() *cobra.Command {
 	var o drainOptions

@@ -128,30 +128,19 @@ SIGTERM, and print what to export in another shell (GEMINI_API_KEY,
 GOOGLE_GEMINI_BASE_URL, GEMRECON_JWKS_URL). It needs no credentials and
 reaches no network.
 
-Batches: from a JSON file (--batches-file, a list of batches as in
-testdata/gemini/; those in a terminal state are listed PENDING and reach
-that state within --finish-within, the others never change), generated
-(--batches N, finishing within --finish-within: SUCCEEDED with a responses
-file, FAILED with a reason, EXPIRED, CANCELLED), or created with the genai
-SDK's Batches.Create (inline or file source; it succeeds after
---created-finish-after, with inlined responses or a responses file).
+Batches come from --batches-file (a list as in testdata/gemini/; terminal
+ones are listed PENDING and reach their state within --finish-within), from
+--batches N (generated, finishing within --finish-within), or from the SDK's
+Batches.Create (succeeding after --created-finish-after).
 
-Webhooks: the WebhookService (gemrecon webhooks create/list/ping/rotate/
-delete work against it) sends each completion to the registered webhooks,
-signed with their HMAC secrets. A batch with a webhookConfig (from
-Batches.Create, the file, or --dynamic-webhook for generated batches) sends
-its completion to those URIs instead, signed with the keys it publishes at
-/.well-known/jwks.json: a v1a (Ed25519) entry, an RS256 JWT, or both
-(--dynamic-signature; the Gemini API's documents disagree on which).
-Deliveries are at least once: a non-2xx answer is redelivered with backoff;
---drop loses and --duplicate repeats a share of them.
+Its WebhookService (gemrecon webhooks works against it) sends each
+completion to the registered webhooks, HMAC-signed; a batch with a
+webhookConfig (--dynamic-webhook for generated ones) sends it to those URIs,
+signed with the keys at /.well-known/jwks.json (--dynamic-signature).
+Deliveries are at least once; --drop and --duplicate lose and repeat a share
+of them. --fail-rate answers a share of API requests with 429 or 5xx. Every
+random choice follows --seed.
 
-Faults: --fail-rate answers a share of API requests with 429 (with
-google.rpc.RetryInfo) or a 5xx. Every random choice follows --seed (a
-random one by default, logged at start).
-
-Data goes to stdout (the exports); one log line per event (batch created or
-finished, each delivery attempt and its answer, each injected fault) to
-stderr, in --log-format. GET /emulator/status answers with the counts and
-whether every scheduled batch and delivery has ended ("idle"), for scripts
-that wait for it.`
+The exports go to stdout, one log line per event to stderr. GET
+/emulator/status answers with the counts and whether everything scheduled
+has ended ("idle").`

@@ -98,24 +98,19 @@ func (a *app) statusCommand() *cobra.Command {
 	return cmd
 }
 
-const statusLong = `Show one completion: its canonical key, state, attempts, fencing token, first
-and last sighting with their sources, lease (and whether it has expired:
-then the next drain, poll or serve takes the key over), next attempt (and
-whether it is due now), done time, last error and payload conflicts. The
-argument may be a key (gemini:batches/x) or any operation name canon
-understands (batches/x, a full resource path or URL).
-A bare id (x) is a key of its own, gemini:x; when that is unknown but
-batches/x, batchPredictionJobs/x or operations/x is recorded, status says so
-on stderr ("did you mean batches/x?").
-
-A key stored exactly as typed (gemini:…) is found even when today's
-canonical form of it differs. Control characters in what is printed are
-escaped (the text is then Go-quoted); --json escapes as JSON does.
+const statusLong = `Show one completion: its canonical key, state, attempts, fencing token,
+sightings and their sources, lease (expired: the next drain, poll or serve
+takes the key over), next attempt, done time, last error, conflicts and
+history. The argument is a key (gemini:batches/x) or any operation name canon
+understands (batches/x, a resource path or URL); a bare id x is the key
+gemini:x, and when that is unknown status names a recorded batches/x (or
+batchPredictionJobs/x, operations/x) on stderr. A key stored exactly as typed
+is found even when today's canonical form differs. Control characters are
+escaped (Go-quoted text; --json as JSON does).
 
 Exit status: 0 done, 3 unknown key (the canonical key is still printed),
 4 pending or claimed, 5 dead, 1 when the database cannot be read, 2 when the
-argument is no operation name or one that could never be recorded (spec §12:
-invalid UTF-8, a control character, over 512 bytes, a collection word).`
+argument is no operation name or one that could never be recorded (spec §12).`
 
 // runStatus does the work of status.
 func (a *app) runStatus(ctx context.Context, asJSON bool, arg string) error {
@@ -455,19 +450,12 @@ func (a *app) statsCommand() *cobra.Command {
 	return cmd
 }
 
-const statsLong = `Summarise the sink. "first source" splits keys by the path that saw them
-first: keys first seen by poll are completions whose webhook was missed (or
-is not configured). "fenced" counts outcomes discarded because a newer claim
-had taken the key over.
-
-For each poll scope (backend, base URL and API key or Vertex project), the
-pass records shared by every process on the database: the last pass that
-listed (start, end, and the process that ran it), the end of the last
-successful pass, the start of the last full scan, and who holds the pass
-lease. A cron job that keeps failing shows as an old "last success".
-
-Scopes, holders and sources are stored by other processes: control characters
-in them are escaped (the text is then Go-quoted); --json escapes as JSON does.`
+const statsLong = `Summarise the sink: keys by state, duplicates, "first source" (keys first
+seen by poll are completions whose webhook was missed), conflicts and fenced
+outcomes, and for each poll scope the pass records shared by every process on
+the database — last pass, last success, last full scan, pass lease holder. A
+cron job that keeps failing shows as an old "last success". Control characters
+in stored text are escaped (Go-quoted; --json as JSON does).`
 
 // runStats does the work of stats.
 func (a *app) runStats(ctx context.Context, asJSON bool) error {

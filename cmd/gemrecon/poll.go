@@ -241,41 +241,32 @@ func (a *app) watch(ctx context.Context, loop *reconcile.Poll, metricsFile strin
 	return nil
 }
 
-const pollLong = `List batch operations through the official genai SDK, record every terminal one
+const pollLong = `List batch operations through the genai SDK, record every terminal one
 (SUCCEEDED, FAILED, CANCELLED, EXPIRED, PARTIALLY_SUCCEEDED) created within
 --lookback with source "poll", then run the effect for every due key.
 
-The API promises no listing order, so paging ends early only after two pages
-whose boundary was newest first (every page so far newer than the next) and
-a whole page older than now − --lookback; any other order reads every page.
-At least one pass per --full-scan-every reads every page regardless (the
-time of the last one is kept in the database per API scope), in case the
-listing is several newest-first runs joined end to end. Every API request
-waits on one rate limiter (--qps, --burst); 429/5xx are retried honouring
-Retry-After and google.rpc.RetryInfo.
+Paging ends early only after the listing proved newest first and a whole page
+was older than now − --lookback; at least one pass per --full-scan-every (per
+API scope, kept in the database) reads every page. Every API request waits on
+one rate limiter (--qps, --burst); 429/5xx are retried honouring Retry-After
+and google.rpc.RetryInfo.
 
-Several processes may poll one API scope into one database (replicas,
-cron on several hosts): a pass lists only while it holds the scope's pass
-lease in the database (renewed every third of --pass-lease; a dead holder's
-lease runs out after --pass-lease). A pass that finds the lease held skips
-its listing; with --watch it also skips when a pass of the scope, by any
-process, started less than 0.9 × --interval ago, and a single pass does when
---min-interval says so. A skipped pass still runs every due effect, exits 0
-and says skipped=held|recent (with the holder and until when) in its
-summary. --force lists regardless.
+Processes polling one API scope into one database list one at a time: a pass
+lists only while it holds the scope's pass lease (--pass-lease), and skips its
+listing when a pass of the scope started less than 0.9 × --interval (with
+--watch) or --min-interval ago. A skipped pass still runs every due effect,
+exits 0 and says skipped=held|recent in its summary. --force lists regardless.
 
-A listed operation confirms a key a webhook saw first (its operation becomes
-the API's); a due key that is still unconfirmed is fetched with Batches.Get
-before its effect runs, through the same limiter (--confirm auto, the
-default; never to turn it off). With --results-dir a succeeded batch's
-results are written to DIR/<id>.jsonl before its effect (GEMRECON_RESULTS_FILE).
+A listed operation confirms a key a webhook saw first; a due key still
+unconfirmed is fetched with Batches.Get before its effect runs (--confirm).
+--results-dir writes a succeeded batch's results to DIR/<id>.jsonl first.
 
-Prints one summary line to stderr per pass (one JSON object with
---log-format json). Exit status: 0 listed fully (or skipped the listing) and
-every effect succeeded, 1 fatal (credentials, database, listing failed after
-retries or lost its pass lease), 4 some effect failed (retry scheduled or key
-dead) or an outcome was fenced. Overlapping cron runs are safe: claims decide
-who runs each effect.`
+Prints one summary line to stderr per pass (JSON with --log-format json).
+Exit status: 0 listed fully (or skipped the listing) and every effect
+succeeded, 1 fatal (credentials, database, listing failed after retries or
+lost its pass lease), 4 some effect failed (retry scheduled or key dead) or
+an outcome was fenced. Overlapping cron runs are safe: claims decide who runs
+each effect.`
 
 const pollExample = `  # crontab: every 10 minutes
   */10 * * * * GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec /usr/local/bin/publish-batch

@@ -121,12 +121,12 @@ func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "gemrecon",
 		Short: "Run each Gemini batch completion's downstream work once",
-		Long: `gemrecon hears about every Gemini batch completion several times — webhook
-deliveries (at least once) and reconciliation poll passes — and turns each
-sighting into an idempotency key ("gemini:batches/…") in one durable
-claim/lease sink (SQLite by default, PostgreSQL for many machines). Each
-completion's effect (a command, an HTTP forward, an SQL script or an NDJSON
-line) runs until it succeeds, and never again once it is done.`,
+		Long: `gemrecon turns every sighting of a Gemini batch completion — webhook
+deliveries (at least once) and reconciliation poll passes — into an
+idempotency key ("gemini:batches/…") in one durable claim/lease sink (SQLite,
+or PostgreSQL for many machines), and runs each completion's effect (a
+command, an HTTP forward, an SQL script or an NDJSON line) until it succeeds,
+and never again once it is done.`,
 		Example: `  gemrecon demo                         # a self-contained run, no credentials
   gemrecon --db /var/lib/gemrecon/sink.db init   # once: create the database
   GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec ./publish.sh

@@ -287,35 +287,25 @@ rotation), record the completion durably, answer 202 {"key","status"} and let
 background workers run the effect. With --sync the effect runs inside the
 request: 200 once done, 500 if it failed (the sender retries).
 
---dynamic also accepts per-job (dynamic) webhooks — a batch's webhookConfig —
-which the Gemini API signs with keys it publishes (--jwks-url, default its
-.well-known/jwks.json; --jwks-url implies --dynamic): a v1a (Ed25519) entry
-or an RS256 JWT. HMAC is tried first; a request no scheme verifies is 401,
-and 503 when the key set cannot be fetched (HMAC requests are unaffected).
-Those keys are Google-wide — a delivery Google signed for any customer
-verifies — so --dynamic needs API credentials and confirmation: each key seen
-only that way is fetched with Batches.Get before it runs, and one the API does
-not know (another project's batch) goes dead as "unknown to the API" without
-running.
+--dynamic (implied by --jwks-url) also accepts per-job webhooks, signed with
+the keys the Gemini API publishes: a v1a (Ed25519) entry or an RS256 JWT. A
+request no scheme verifies is 401, or 503 while the key set cannot be
+fetched. Those keys are Google-wide, so --dynamic needs API credentials: each
+key seen only that way is confirmed with Batches.Get before it runs, and one
+the API does not know goes dead as "unknown to the API".
 
 With API credentials (GEMINI_API_KEY; --base-url for an emulator) each key
-first seen by webhook is confirmed with Batches.Get before its effect runs, so
-the effect gets the API's operation, not the webhook's thin body (--confirm
-auto, the default; without credentials such keys run unconfirmed and serve
-says so once; --confirm never turns it off). --results-dir writes a succeeded
-batch's results before its effect.
+first seen by webhook is confirmed with Batches.Get before its effect runs
+(--confirm auto; without credentials such keys run unconfirmed and serve says
+so once). --results-dir writes a succeeded batch's results before its effect.
 
-Also serves GET /healthz, GET /readyz (database reachable) and GET /metrics
+Also serves GET /healthz, /readyz (database reachable) and /metrics
 (Prometheus). --poll-every runs reconciliation passes in the same process;
-replicas on one database list one at a time, about once per --poll-every in
-all (a tick skips its listing while another process holds the API scope's
-pass lease, or when a pass of the scope started less than 0.9 × --poll-every
-ago), and every replica still runs due effects.
-SIGTERM stops accepting, finishes in-flight requests (for up to
---drain-timeout; 0 closes them at once, and as a request is answered only
-once recorded, their senders retry) and effects (for up to --grace; a second
-SIGTERM or SIGINT kills them at once, their outcomes still recorded), then
-exits.`
+replicas on one database list about once per --poll-every in all, and every
+replica runs due effects. SIGTERM stops accepting, finishes in-flight requests
+(up to --drain-timeout; 0 closes them at once and their senders retry) and
+effects (up to --grace; a second signal kills them, their outcomes still
+recorded), then exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook

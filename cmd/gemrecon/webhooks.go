@@ -48,18 +48,11 @@ func (a *app) webhooksCommand() *cobra.Command {
 		Use:   "webhooks",
 		Short: "Set up the Gemini API's side: register, list, ping, rotate, enable and delete static webhooks",
 		Long: `Manage the Gemini API's static webhooks (registered per project, fired for
-every subscribed event) through the genai SDK's WebhookService
-(client.Webhooks): create one that points at gemrecon serve, list them, send
-a ping, rotate the signing secret, enable one the API disabled, delete one.
-
-Credentials as for poll: the API key from GOOGLE_API_KEY, else
-GEMINI_API_KEY; --base-url for an emulator or a proxy. The WebhookService is
-the Gemini API's only: --backend vertex is refused (Vertex AI has no push
-notifications for batch prediction jobs; poll is the only path there).
-
-Errors from the service are shown with their HTTP status and message (exit
-1), and so is an answer the SDK fails on; wrong words on the command line
-exit 2.`,
+every subscribed event) through the genai SDK's WebhookService. Credentials
+as for poll (GOOGLE_API_KEY, else GEMINI_API_KEY; --base-url for an emulator
+or proxy); --backend vertex is refused: Vertex AI has no push notifications
+for batch prediction jobs. The service's errors are shown with their HTTP
+status and message (exit 1); wrong words on the command line exit 2.`,
 		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
   gemrecon webhooks list
   gemrecon webhooks ping ID
@@ -337,20 +330,14 @@ func (a *app) webhooksCreateCommand(f *webhooksFlags) *cobra.Command {
 }
 
 const webhooksCreateLong = `Register a static webhook: the Gemini API will POST every subscribed event of
-this project to --url, signed per Standard Webhooks with a whsec_ secret that
-the API returns only this once.
+this project to --url, signed with a whsec_ secret that it returns only this
+once. Without --secret-file the ID and the secret are printed ("id: …",
+"secret: whsec_…"); with --secret-file PATH the secret is written to PATH
+(mode 0600, the format serve --secret-file reads) and only the ID is printed.
+PATH must not exist (add a secret to one with 'webhooks rotate').
 
-Without --secret-file the ID and the secret are printed on stdout
-("id: …", "secret: whsec_…"): store the secret where serve reads it
-(GEMRECON_WEBHOOK_SECRET, or a file for serve --secret-file). With
---secret-file PATH the secret is written to PATH with mode 0600 (a comment
-line, then the secret: the format serve --secret-file reads) and only the ID
-is printed. PATH must not exist: an existing secret is never overwritten
-(add one with 'webhooks rotate ID --secret-file PATH').
-
-A create is never retried: if the answer is lost (a 5xx, a timeout), run
-'gemrecon webhooks list' to see whether the webhook exists before trying
-again.`
+A create is never retried: if the answer is lost, run 'gemrecon webhooks
+list' to see whether the webhook exists before trying again.`
 
 // handOverSecret prints a created webhook's ID and gives its secret to the
 // user: on stdout, or written to --secret-file.
@@ -503,12 +490,9 @@ func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
 }
 
 const webhooksListLong = `List every static webhook of the project (all pages): ID, name, state,
-subscribed events, signing secrets (how many are valid, and when the previous
-one expires after a rotation) and URL. --json prints an array of objects with
-the API's field names (id, name, uri, state, subscribed_events,
-signing_secrets with truncated_secret and expire_time, create_time,
-update_time). A webhook in state disabled_due_to_failed_deliveries gets no
-events (the API disabled it after deliveries kept failing): fix the
+events, signing secrets (how many, and when the previous one expires after a
+rotation) and URL. --json prints an array with the API's field names. A
+webhook in state disabled_due_to_failed_deliveries gets no events: fix the
 receiver, then run 'gemrecon webhooks enable ID'.`
 
 // runWebhooksList does the work of webhooksList.
@@ -573,11 +557,9 @@ func (a *app) webhooksPingCommand(f *webhooksFlags) *cobra.Command {
 	return a.idCommand(f, &cobra.Command{
 		Use:   "ping ID",
 		Short: "Ask the API to send a test event to a webhook",
-		Long: `Ask the API to send a test event to the webhook's URL, signed like every
-delivery. The API answers before it delivers: look for the request in serve's
-log and metrics. A 401 there means serve does not hold this webhook's secret.
-The ping's type and body are not documented; it names no batch, so serve
-records nothing and runs no effect for it.`,
+		Long: `Ask the API to send a test event, signed like every delivery, to the
+webhook's URL; look for it in serve's log and metrics (a 401 there: serve
+lacks this webhook's secret). It names no batch, so serve records nothing.`,
 		Example: `  gemrecon webhooks ping ID`,
 	}, "ping sent to", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
 		_, err := wc.Ping(ctx, operations.PingWebhookRequest{ID: id, Body: &webhooks.PingWebhookRequest{}})
@@ -629,20 +611,14 @@ func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
 	return cmd
 }
 
-const webhooksRotateLong = `Give the webhook a new signing secret. By default the previous secrets stay
-valid for 24 hours: give serve the new one alongside the old (serve accepts a
-delivery that any of its secrets verifies) within that time, whichever of the
-two the API signs with meanwhile. --now revokes the previous secrets
-immediately: deliveries fail verification (401, and the API retries them)
-until serve has the new secret.
-
-Without --secret-file the new secret is printed on stdout ("secret:
-whsec_…"). With --secret-file PATH it is appended to PATH (a comment line,
-then the secret), which serve --secret-file reads as one secret per line;
-a missing PATH is created with mode 0600; an existing one must already be a
-file serve accepts. serve reads its secrets at start: restart it afterwards.
-
-A rotation is never retried: if the answer is lost, rotate again.`
+const webhooksRotateLong = `Give the webhook a new signing secret. The previous secrets stay valid for 24
+hours (give serve the new one alongside the old meanwhile); --now revokes them
+at once, and deliveries fail verification (401, retried by the API) until
+serve has the new secret. Without --secret-file the secret is printed
+("secret: whsec_…"); with it, it is appended to PATH (created with mode 0600
+if missing; an existing one must already be a file serve accepts). serve
+reads its secrets at start: restart it afterwards. A rotation is never
+retried: if the answer is lost, rotate again.`
 
 // runWebhooksRotate does the work of webhooksRotate.
 func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, id string) error {
@@ -742,11 +718,9 @@ func (a *app) webhooksEnableCommand(f *webhooksFlags) *cobra.Command {
 	return a.idCommand(f, &cobra.Command{
 		Use:   "enable ID",
 		Short: "Enable a webhook again, such as one the API disabled after failed deliveries",
-		Long: `Set the webhook's state to enabled (the API's update method, update_mask
-state). The API disables a webhook whose deliveries keep failing
-(disabled_due_to_failed_deliveries, shown by 'gemrecon webhooks list'), and
-only this brings it back; the events it missed meanwhile are not sent again,
-but the next poll pass lists those completions.`,
+		Long: `Set the webhook's state to enabled, such as one the API disabled after failed
+deliveries (disabled_due_to_failed_deliveries); the events it missed are not
+sent again, but the next poll pass lists those completions.`,
 		Example: `  gemrecon webhooks enable ID`,
 	}, "enabled", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
 		res, err := wc.Update(ctx, operations.UpdateWebhookRequest{ID: id, UpdateMask: genai.Ptr("state"),
@@ -765,10 +739,9 @@ func (a *app) webhooksDeleteCommand(f *webhooksFlags) *cobra.Command {
 	return a.idCommand(f, &cobra.Command{
 		Use:   "delete ID",
 		Short: "Delete a static webhook: the API stops sending it events",
-		Long: `Delete the webhook: the API sends it no more events (deliveries already
-under way may still arrive). Completions are still found by poll. A delete is
-never retried: if the answer is lost, 'gemrecon webhooks list' tells whether
-it is gone.`,
+		Long: `Delete the webhook: the API sends it no more events; poll still finds the
+completions. A delete is never retried: if the answer is lost, 'gemrecon
+webhooks list' tells whether it is gone.`,
 		Example: `  gemrecon webhooks delete ID`,
 	}, "deleted", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
 		_, err := wc.Delete(ctx, operations.DeleteWebhookRequest{ID: id}, noRetries)
