@@ -42,15 +42,6 @@ func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
 	return cfg
 }
 
-// warn says once, at start, that webhook-first keys run unconfirmed. It
-// is called once the database is open, so that a command that cannot start
-// says only why.
-func (a *app) warn(api apiSetup) {
-	if api.unconfirmed {
-		a.logger.Warn(`no API credentials: keys first seen by webhook run unconfirmed ("confirmed": false, their operation is the webhook's body); keys seen only through a dynamic signature wait for a process that can confirm them. Set GEMINI_API_KEY to confirm, or --confirm never to silence this`)
-	}
-}
-
 // setupAPI decides, for --confirm and --results-dir, whether this process
 // confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
 // Config.Validate, checked against dcfg), and builds its one poller when it

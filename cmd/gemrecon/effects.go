@@ -239,17 +239,32 @@ func (a *app) execOutput() effect.ExecOption {
 // does not fit.
 var handleSIGPIPE = sync.OnceFunc(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 
-// dispatcher wires the sink and the API into cfg (dispatchConfig) and
-// starts the dispatcher, whose grace a second SIGINT or SIGTERM ends.
-func (a *app) dispatcher(cfg dispatch.Config, s sink.Sink, obs dispatch.Observer, api apiSetup) (*dispatch.Dispatcher, error) {
-	cfg.Sink, cfg.Observer = s, obs
+// startDispatcher opens the sink with the retry policy and starts the
+// command's dispatcher on it: cfg (dispatchConfig) with the API (setupAPI)
+// and the observer newObs builds on the sink (nil: none); a second SIGINT or
+// SIGTERM ends its grace. The caller closes the sink.
+func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, api apiSetup, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
+	s, err := a.openSink(ctx, retry)
+	if err != nil {
+		return nil, nil, err
+	}
+	if api.unconfirmed {
+		// Said once the database is open, so that a command that cannot
+		// start says only why.
+		a.logger.Warn(`no API credentials: keys first seen by webhook run unconfirmed ("confirmed": false, their operation is the webhook's body); keys seen only through a dynamic signature wait for a process that can confirm them. Set GEMINI_API_KEY to confirm, or --confirm never to silence this`)
+	}
 	cfg = api.apply(cfg)
+	cfg.Command, cfg.Sink = command, s
+	if newObs != nil {
+		cfg.Observer = newObs(s)
+	}
 	d, err := dispatch.New(cfg)
 	if err != nil {
-		return nil, usage(err)
+		s.Close()
+		return nil, nil, usage(err)
 	}
 	a.intr.add(d)
-	return d, nil
+	return s, d, nil
 }
 
 // summaryExit maps a dispatch summary to the exit status of spec §5: 4 when
@@ -270,16 +285,12 @@ type drainOptions struct {
 }
 
 const drainLong = `Claim and run every key that is due now — new keys, retries whose backoff has
-passed, claims whose lease expired — with the configured effect, then exit
-(poll does the same after its listing). API credentials are optional: with
-them keys first seen by webhook are confirmed before their effect runs
-(--confirm auto) and --results-dir can write results; without them such keys
-run unconfirmed, and keys seen only through a dynamic signature are left for
-a process that can confirm them.
-
-SIGINT or SIGTERM stops claiming and gives running effects --grace to finish;
-a second signal kills them at once (recorded as retryable failures) and drain
-exits 1.
+passed, claims whose lease expired — with the configured effect, then exit.
+API credentials are optional: with them keys first seen by webhook are
+confirmed before their effect runs (--confirm) and --results-dir can write
+results; without them such keys run unconfirmed (dynamically signed ones
+wait). SIGINT or SIGTERM stops claiming and gives running effects --grace; a
+second signal kills them at once and drain exits 1.
 
 Exit status: 0 every effect it ran succeeded, 4 some effect failed (retry
 scheduled or key dead) or an outcome was fenced (the effect may have run
@@ -315,17 +326,11 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	if err != nil {
 		return err
 	}
-	s, err := a.openSink(ctx, o.ef.retry)
+	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, api, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	a.warn(api)
-	dcfg.Command = "drain"
-	d, err := a.dispatcher(dcfg, s, nil, api)
-	if err != nil {
-		return err
-	}
 	start := time.Now()
 	sum, err := d.Drain(ctx)
 	a.printDrainSummary(sum, time.Since(start))

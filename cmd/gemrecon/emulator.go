@@ -124,23 +124,13 @@ func (a *app) runEmulator(ctx context.Context, cfg emulator.Config) error {
 }
 
 const emulatorLong = `Serve a local stand-in for the Gemini batch API on --listen until SIGINT or
-SIGTERM, and print what to export in another shell (GEMINI_API_KEY,
-GOOGLE_GEMINI_BASE_URL, GEMRECON_JWKS_URL). It needs no credentials and
-reaches no network.
-
-Batches come from --batches-file (a list as in testdata/gemini/; terminal
-ones are listed PENDING and reach their state within --finish-within), from
---batches N (generated, finishing within --finish-within), or from the SDK's
-Batches.Create (succeeding after --created-finish-after).
-
-Its WebhookService (gemrecon webhooks works against it) sends each
-completion to the registered webhooks, HMAC-signed; a batch with a
-webhookConfig (--dynamic-webhook for generated ones) sends it to those URIs,
-signed with the keys at /.well-known/jwks.json (--dynamic-signature).
-Deliveries are at least once; --drop and --duplicate lose and repeat a share
-of them. --fail-rate answers a share of API requests with 429 or 5xx. Every
-random choice follows --seed.
-
-The exports go to stdout, one log line per event to stderr. GET
-/emulator/status answers with the counts and whether everything scheduled
-has ended ("idle").`
+SIGTERM, and print what to export in another shell. It needs no credentials
+and reaches no network. Batches come from --batches-file, --batches N
+(generated) or the SDK's Batches.Create, and finish within --finish-within
+(--created-finish-after). Its WebhookService sends each completion to the
+registered webhooks (HMAC) or, for a batch with a webhookConfig
+(--dynamic-webhook), to those URIs signed with the keys at
+/.well-known/jwks.json. Deliveries are at least once; --drop, --duplicate and
+--fail-rate inject faults, every random choice following --seed. One log line
+per event goes to stderr; GET /emulator/status answers with the counts and
+whether everything scheduled has ended ("idle").`

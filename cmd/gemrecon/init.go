@@ -41,10 +41,7 @@ func (a *app) initCommand() *cobra.Command {
 // runInit is init: open --db creating what is missing, then say what was
 // found and done.
 func (a *app) runInit(ctx context.Context) error {
-	t, err := dial.Parse(a.db) // setup has refused what it cannot parse
-	if err != nil {
-		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
-	}
+	t, _ := dial.Parse(a.db) // setup has refused what it cannot parse
 	where, latest, noFile := dial.Describe(a.db), postgres.SchemaVersion(), false
 	if t.Backend == dial.SQLite {
 		latest = sqlite.SchemaVersion()

@@ -43,21 +43,18 @@ type statusJSON struct {
 func batchError(e sink.Entry) string {
 	for _, doc := range [][]byte{e.Payload, e.Webhook} {
 		var v struct {
-			Error *struct {
+			Error struct {
 				Message string `json:"message"`
 			} `json:"error"`
-			Data *struct {
+			Data struct {
 				ErrorMessage string `json:"error_message"`
 			} `json:"data"`
 		}
 		if len(doc) == 0 || json.Unmarshal(doc, &v) != nil {
 			continue
 		}
-		if v.Error != nil && v.Error.Message != "" {
-			return v.Error.Message
-		}
-		if v.Data != nil && v.Data.ErrorMessage != "" {
-			return v.Data.ErrorMessage
+		if msg := cmp.Or(v.Error.Message, v.Data.ErrorMessage); msg != "" {
+			return msg
 		}
 	}
 	return ""
@@ -358,10 +355,10 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-func writeJSON(w io.Writer, v any) {
+func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	return enc.Encode(v)
 }
 
 // listOptions are the flags of list.

@@ -39,16 +39,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	done := make(chan struct{})
-	defer close(done)
 	go func() {
-		for {
-			select {
-			case <-sigs:
-				in.signal()
-			case <-done:
-				return
-			}
+		for range sigs { // never closed: the process ends when run returns
+			in.signal()
 		}
 	}()
 	return execute(ctx, in, args, stdin, stdout, stderr)

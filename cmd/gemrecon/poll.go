@@ -185,16 +185,11 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err != nil {
 		return err
 	}
-	s, err := a.openSink(ctx, o.ef.retry)
+	s, d, err := a.startDispatcher(ctx, "poll", dcfg, o.ef.retry, api, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	dcfg.Command = "poll"
-	d, err := a.dispatcher(dcfg, s, nil, api)
-	if err != nil {
-		return err
-	}
 	loop, err := pollLoop(pcfg, s, p, d, nil)
 	if err != nil {
 		return err
@@ -242,31 +237,23 @@ func (a *app) watch(ctx context.Context, loop *reconcile.Poll, metricsFile strin
 }
 
 const pollLong = `List batch operations through the genai SDK, record every terminal one
-(SUCCEEDED, FAILED, CANCELLED, EXPIRED, PARTIALLY_SUCCEEDED) created within
---lookback with source "poll", then run the effect for every due key.
-
-Paging ends early only after the listing proved newest first and a whole page
-was older than now − --lookback; at least one pass per --full-scan-every (per
-API scope, kept in the database) reads every page. Every API request waits on
-one rate limiter (--qps, --burst); 429/5xx are retried honouring Retry-After
-and google.rpc.RetryInfo.
+created within --lookback with source "poll", then run the effect for every
+due key. Paging ends early only once the listing proved newest first; at
+least one pass per --full-scan-every reads every page. All API requests share
+one rate limiter (--qps, --burst); 429/5xx are retried.
 
 Processes polling one API scope into one database list one at a time: a pass
-lists only while it holds the scope's pass lease (--pass-lease), and skips its
-listing when a pass of the scope started less than 0.9 × --interval (with
---watch) or --min-interval ago. A skipped pass still runs every due effect,
-exits 0 and says skipped=held|recent in its summary. --force lists regardless.
+lists only while it holds the scope's pass lease (--pass-lease), and skips
+the listing when a pass of the scope started less than 0.9 × --interval
+(--watch) or --min-interval ago; it still runs every due effect and exits 0.
+--force lists regardless. Keys a webhook saw first are confirmed with the
+API before their effect runs (--confirm); --results-dir writes results first.
 
-A listed operation confirms a key a webhook saw first; a due key still
-unconfirmed is fetched with Batches.Get before its effect runs (--confirm).
---results-dir writes a succeeded batch's results to DIR/<id>.jsonl first.
-
-Prints one summary line to stderr per pass (JSON with --log-format json).
-Exit status: 0 listed fully (or skipped the listing) and every effect
-succeeded, 1 fatal (credentials, database, listing failed after retries or
-lost its pass lease), 4 some effect failed (retry scheduled or key dead) or
-an outcome was fenced. Overlapping cron runs are safe: claims decide who runs
-each effect.`
+Prints one summary line to stderr per pass. Exit status: 0 listed fully (or
+skipped the listing) and every effect succeeded, 1 fatal (credentials,
+database, listing failed after retries or lost its pass lease), 4 some effect
+failed (retry scheduled or key dead) or an outcome was fenced. Overlapping
+cron runs are safe: claims decide who runs each effect.`
 
 const pollExample = `  # crontab: every 10 minutes
   */10 * * * * GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec /usr/local/bin/publish-batch

@@ -54,23 +54,20 @@ func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	err = a.withBrokenSink(err)
-	if err != nil {
-		if isCobraUsageError(err) {
-			err = withCode(exitUsage, err)
-		}
-		var ee *exitError
-		if !errors.As(err, &ee) || ee.err != nil {
-			code := exitCode(err)
-			if code == exitUsage {
-				a.errorLine(err.Error(), "exit", code, "hint", usageHint)
-			} else {
-				a.errorLine(err.Error(), "exit", code)
-			}
-		}
+	err := a.withBrokenSink(root.ExecuteContext(ctx))
+	if err != nil && isCobraUsageError(err) {
+		err = withCode(exitUsage, err)
 	}
-	return exitCode(err)
+	code := exitCode(err)
+	var ee *exitError // a nil err in it: the command said what it had to
+	if err != nil && (!errors.As(err, &ee) || ee.err != nil) {
+		attrs := []any{"exit", code}
+		if code == exitUsage {
+			attrs = append(attrs, "hint", usageHint)
+		}
+		a.errorLine(err.Error(), attrs...)
+	}
+	return code
 }
 
 const usageHint = "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage."

@@ -18,6 +18,7 @@ import (
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/serve"
+	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
@@ -172,37 +173,15 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err := dynamicNeedsConfirm(wcfg.Dynamic, api, mode); err != nil {
 		return err
 	}
-	return a.startServe(ctx, o, dcfg, wcfg, pcfg, api)
-}
-
-// dynamicNeedsConfirm is spec §6: a dynamic signature proves that Google
-// sent the body, not that the batch is this project's, so --dynamic needs a
-// process that confirms.
-func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.ConfirmMode) error {
-	switch {
-	case dyn == nil || api.confirm:
-		return nil
-	case mode == dispatch.ConfirmNever:
-		return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
-	}
-	return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
-}
-
-// startServe opens the sink, wires the receiver and runs it until ctx is
-// done.
-func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg reconcile.PollConfig, api apiSetup) error {
-	s, err := a.openSink(ctx, o.ef.retry)
+	var m *metrics.Metrics
+	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, api, func(s sink.Sink) dispatch.Observer {
+		m = metrics.New(s)
+		return m
+	})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	a.warn(api)
-	m := metrics.New(s)
-	dcfg.Command = "serve"
-	d, err := a.dispatcher(dcfg, s, m, api)
-	if err != nil {
-		return err
-	}
 	wcfg.Dispatcher, wcfg.Metrics = d, m
 	h, err := serve.Receiver(wcfg, s)
 	if err != nil {
@@ -238,6 +217,19 @@ func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Con
 		a.prefetchKeys(ctx, wcfg.Dynamic)
 	}
 	return serve.Start(ctx, sc).Wait()
+}
+
+// dynamicNeedsConfirm is spec §6: a dynamic signature proves that Google
+// sent the body, not that the batch is this project's, so --dynamic needs a
+// process that confirms.
+func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.ConfirmMode) error {
+	switch {
+	case dyn == nil || api.confirm:
+		return nil
+	case mode == dispatch.ConfirmNever:
+		return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
+	}
+	return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 }
 
 // jwksEnv is the environment variable of --jwks-url. It sets the address
@@ -282,30 +274,20 @@ func verifiersText(secrets int, dyn *dynamic.Verifier, audience string, insecure
 }
 
 const serveLong = `Receive webhook deliveries on POST --path, verify their Standard Webhooks
-signature (secrets from GEMRECON_WEBHOOK_SECRET or --secret-file, several for
-rotation), record the completion durably, answer 202 {"key","status"} and let
-background workers run the effect. With --sync the effect runs inside the
-request: 200 once done, 500 if it failed (the sender retries).
+signature (secrets from GEMRECON_WEBHOOK_SECRET or --secret-file), record the
+completion durably, answer 202 and let background workers run the effect;
+with --sync the effect runs inside the request (200 done, 500 failed).
+--dynamic (implied by --jwks-url) also accepts per-job webhooks signed with
+the Gemini API's published keys (v1a or RS256 JWT). Those keys are
+Google-wide, so --dynamic needs API credentials: each key seen only that way
+is confirmed with Batches.Get before it runs.
 
---dynamic (implied by --jwks-url) also accepts per-job webhooks, signed with
-the keys the Gemini API publishes: a v1a (Ed25519) entry or an RS256 JWT. A
-request no scheme verifies is 401, or 503 while the key set cannot be
-fetched. Those keys are Google-wide, so --dynamic needs API credentials: each
-key seen only that way is confirmed with Batches.Get before it runs, and one
-the API does not know goes dead as "unknown to the API".
-
-With API credentials (GEMINI_API_KEY; --base-url for an emulator) each key
-first seen by webhook is confirmed with Batches.Get before its effect runs
-(--confirm auto; without credentials such keys run unconfirmed and serve says
-so once). --results-dir writes a succeeded batch's results before its effect.
-
-Also serves GET /healthz, /readyz (database reachable) and /metrics
-(Prometheus). --poll-every runs reconciliation passes in the same process;
-replicas on one database list about once per --poll-every in all, and every
-replica runs due effects. SIGTERM stops accepting, finishes in-flight requests
-(up to --drain-timeout; 0 closes them at once and their senders retry) and
-effects (up to --grace; a second signal kills them, their outcomes still
-recorded), then exits.`
+With API credentials each key first seen by webhook is confirmed before its
+effect runs (--confirm); --results-dir writes a succeeded batch's results
+first. Also serves GET /healthz, /readyz and /metrics; --poll-every runs
+reconciliation passes in the same process. SIGTERM stops accepting, finishes
+in-flight requests (up to --drain-timeout) and effects (up to --grace; a
+second signal kills them), then exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook

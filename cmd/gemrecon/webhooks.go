@@ -54,11 +54,7 @@ or proxy); --backend vertex is refused: Vertex AI has no push notifications
 for batch prediction jobs. The service's errors are shown with their HTTP
 status and message (exit 1); wrong words on the command line exit 2.`,
 		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
-  gemrecon webhooks list
-  gemrecon webhooks ping ID
-  gemrecon webhooks rotate ID --secret-file /etc/gemrecon/whsec
-  gemrecon webhooks enable ID
-  gemrecon webhooks delete ID`,
+  gemrecon webhooks list`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
@@ -152,7 +148,6 @@ func apiError(what string, err error, advice ...string) error {
 	}
 	var body struct {
 		Error struct {
-			Code    int    `json:"code"`
 			Message string `json:"message"`
 			Status  string `json:"status"`
 		} `json:"error"`
@@ -468,14 +463,8 @@ func secretsSummary(ss []secretJSON) string {
 
 const maxListPages = 10000
 
-// webhooksListOptions are the flags of webhooksList.
-type webhooksListOptions struct {
-	f      *webhooksFlags
-	asJSON bool
-}
-
 func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
-	o := webhooksListOptions{f: f}
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "list [--json]",
 		Short: "List the project's static webhooks",
@@ -483,9 +472,9 @@ func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
 		Example: `  gemrecon webhooks list
   gemrecon webhooks list --json | jq -r '.[] | select(.state != "enabled") | .id'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksList(cmd.Context(), &o) },
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksList(cmd.Context(), f, asJSON) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print a JSON array")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
 }
 
@@ -496,8 +485,8 @@ webhook in state disabled_due_to_failed_deliveries gets no events: fix the
 receiver, then run 'gemrecon webhooks enable ID'.`
 
 // runWebhooksList does the work of webhooksList.
-func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error {
-	wc, err := a.webhooksClient(ctx, o.f)
+func (a *app) runWebhooksList(ctx context.Context, f *webhooksFlags, asJSON bool) error {
+	wc, err := a.webhooksClient(ctx, f)
 	if err != nil {
 		return err
 	}
@@ -524,13 +513,11 @@ func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error
 		}
 		seen[*token] = true
 	}
-	if o.asJSON {
+	if asJSON {
 		if all == nil {
 			all = []webhookJSON{}
 		}
-		enc := json.NewEncoder(a.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(all)
+		return writeJSON(a.stdout, all)
 	}
 	if len(all) == 0 {
 		fmt.Fprintln(a.stderr, "No webhooks: register one with 'gemrecon webhooks create --url URL'.")
