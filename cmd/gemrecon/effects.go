@@ -152,8 +152,7 @@ func (f *effectFlags) confirmMode() (dispatch.ConfirmMode, error) {
 
 // dispatchConfig builds the dispatcher's configuration from the flags, its
 // effect included, and checks it with the sink's retry policy (exit 2),
-// before anything is opened. The caller adds the Sink and the API
-// (withAPI).
+// before anything is opened. startDispatcher adds the Sink and the API.
 func (a *app) dispatchConfig(f *effectFlags) (dispatch.Config, error) {
 	cfg := f.cfg
 	if err := usage(f.retry.Validate()); err != nil {
