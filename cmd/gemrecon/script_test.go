@@ -61,6 +61,7 @@ func TestMain(m *testing.M) {
 // no script reaches the network. The commands beyond testscript's own are
 // in scriptCmds.
 func TestScripts(t *testing.T) {
+	t.Parallel()
 	testscript.Run(t, testscript.Params{
 		Dir:                 "../../testdata/script",
 		RequireExplicitExec: true,
