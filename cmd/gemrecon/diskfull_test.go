@@ -58,7 +58,7 @@ func fileSize(t *testing.T, path string) int64 {
 // a restart. Every key answered 202, before the limit and after, is in the
 // database afterwards.
 func TestServeDiskFull(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	db := newDB(t)
 	addr := freeAddr(t)
 	base := "http://" + addr
@@ -167,7 +167,7 @@ func TestServeDiskFull(t *testing.T) {
 // again and records it done — the honest consequence, which the README's
 // troubleshooting section states.
 func TestDrainDiskFullBeforeDone(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))
 	started, proceed, runs := filepath.Join(dir, "started"), filepath.Join(dir, "go"), filepath.Join(dir, "runs")
@@ -244,7 +244,7 @@ func TestDrainDiskFullBeforeDone(t *testing.T) {
 // database; every completion it recorded is in the database, and the next
 // poll, with room, records the rest and runs every effect once.
 func TestPollDiskFullRecording(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	states := make([]string, 60)
 	for i := range states {
 		states[i] = "SUCCEEDED"
