@@ -80,7 +80,7 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]Liste
 	}
 	for j, i := range at {
 		outs[i].Result = res[j]
-		l.Metrics.ObserveRecord(sink.SourcePoll, res[j])
+		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.RecordOutcome(res[j]))
 		logRecord(log, sgs[j].Key, sink.SourcePoll, res[j])
 		if res[j].Confirmed {
 			log.Info("a key first seen by webhook is confirmed by the listing", "key", sgs[j].Key, "batch_state", ops[i].State, "state", res[j].State)
