@@ -194,6 +194,7 @@ func (o *observerLog) count(out Outcome) int {
 // TestDrainDoesNotLoop: failures whose retry is due at once are not run
 // again in the same Drain.
 func TestDrainDoesNotLoop(t *testing.T) {
+	t.Parallel()
 	s := sqlitetest.OpenTemp(t, sink.Options{RetryBase: time.Nanosecond, RetryMax: time.Nanosecond, Rand: sinktest.FixedRand(0), MaxAttempts: 100})
 	ks := keys(40)
 	record(t, s, ks...)
@@ -255,6 +256,7 @@ func TestDrainConcurrencyBound(t *testing.T) {
 // Grace completes; one that does not is killed (its exec process group with
 // it) and recorded as a retryable failure.
 func TestDrainShutdownGrace(t *testing.T) {
+	t.Parallel()
 	t.Run("finishes within grace", func(t *testing.T) {
 		s := sqlitetest.OpenTemp(t, sink.Options{})
 		record(t, s, "gemini:batches/slow")
@@ -341,6 +343,7 @@ func TestDrainShutdownGrace(t *testing.T) {
 // comes after the cancellation or before it; without a cancellation it
 // stops nothing.
 func TestEndGrace(t *testing.T) {
+	t.Parallel()
 	for _, first := range []string{"cancel", "EndGrace"} {
 		t.Run(first+" first", func(t *testing.T) {
 			s := sqlitetest.OpenTemp(t, sink.Options{})
@@ -444,6 +447,7 @@ func TestRunKeyOutcomes(t *testing.T) {
 
 // TestRenewExtendsLease: the lease is renewed while the effect runs.
 func TestRenewExtendsLease(t *testing.T) {
+	t.Parallel()
 	s := sqlitetest.OpenTemp(t, sink.Options{})
 	record(t, s, "gemini:batches/long")
 	const lease = 3 * time.Second // renewed every second
@@ -476,6 +480,7 @@ func TestRenewExtendsLease(t *testing.T) {
 // outcome, whether the renewal or the completion notices it; the backend
 // counts exactly one fenced write.
 func TestFenced(t *testing.T) {
+	t.Parallel()
 	for _, viaRenew := range []bool{false, true} {
 		t.Run(fmt.Sprintf("via renew %v", viaRenew), func(t *testing.T) {
 			clock := sinktest.NewClock(t0)

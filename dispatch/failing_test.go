@@ -22,6 +22,7 @@ import (
 // dead at once, Retry-After is honoured, and a timed-out exec dies with its
 // grandchildren. The sink's and the dispatcher's clock is injected.
 func TestR4FailingEffects(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	drain := func(t *testing.T, d *Dispatcher, want Summary) {
 		t.Helper()

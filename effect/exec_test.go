@@ -200,8 +200,8 @@ func TestExecLines(t *testing.T) {
 func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 	dir := t.TempDir()
 	late := filepath.Join(dir, "late")
-	cmd := `sh -c 'sleep 2; echo late > "$LATE"' & echo started >&2; sleep 30`
-	t.Setenv("LATE", late)
+	t.Parallel()
+	cmd := `sh -c 'sleep 2; echo late > ` + shQuote(late) + `' & echo started >&2; sleep 30`
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -366,8 +366,10 @@ func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
 	// Writes spread over time, so that the copy has failed (and, today,
 	// closed the pipe) before the later writes.
 	const talk = `i=0; while [ $i -lt 20 ]; do echo out$i; echo err$i >&2; sleep 0.02; i=$((i+1)); done; `
+	t.Parallel()
 	for name, out := range outputs {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
 			t.Chdir(dir) // the command runs where gemrecon does
 			err := NewExec(talk+`touch finished; exit 0`, ExecOutput(out())).Run(context.Background(), testEvent())
@@ -405,4 +407,13 @@ func TestExecStdinNotReadIsNoFailure(t *testing.T) {
 			t.Errorf("Exec(%q).Run() = %v, want only %q", cmd, err, want)
 		}
 	}
+}
+
+// shQuote quotes s for sh inside a command already in single quotes
+// ('…'"…"'…' would not do): s must hold no quote of either kind.
+func shQuote(s string) string {
+	if strings.ContainsAny(s, `'"\$`+"`") {
+		panic("shQuote: " + s)
+	}
+	return `"` + s + `"`
 }

@@ -483,6 +483,7 @@ func TestConfirmationStormUsesNoAttempts(t *testing.T) {
 // whose last error says why — not "the API did not answer", rechecked
 // without end at no cost of attempts, nor a malformed body.
 func TestConfirmationAnswerTooLarge(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, worldOptions{})
 	w.api.Add(geminifake.Batch{Name: "batches/huge", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0})
 	w.hook("huge", "batch.succeeded", ingest.VerifiedStatic)
@@ -624,6 +625,7 @@ func newWorldSharing(t *testing.T, w *world, noConfirm bool) *world {
 // re-renders every batch (a new updateTime) between two passes, and a
 // webhook redelivery with the same state comes in between.
 func TestReRenderedPayloadIsNoConflict(t *testing.T) {
+	t.Parallel()
 	backends(t, func(t *testing.T, pg bool) {
 		w := newWorld(t, worldOptions{postgres: pg})
 		for _, id := range []string{"r1", "r2", "r3"} {
@@ -712,6 +714,7 @@ func TestResultsArriveByteForByte(t *testing.T) {
 // A download that fails is a failure of the attempt: counted, retried with
 // backoff, no results file, the effect not run; the next attempt downloads.
 func TestFailedDownloadIsAFailedAttempt(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "results")
 	w := newWorld(t, worldOptions{resultsDir: dir})
 	w.api.Add(geminifake.Batch{Name: "batches/lost", State: "SUCCEEDED", CreateTime: t0.Add(-time.Hour), EndTime: t0,

@@ -328,6 +328,7 @@ func testLostLeaseStopsListing(t *testing.T, pg bool) {
 // nobody took it over, so the failed pass is still recorded and the lease
 // released.
 func TestUnrenewableLeaseStopsListing(t *testing.T) {
+	t.Parallel()
 	ticks := make(chan time.Time)
 	e := newEnv(t, envOptions{pageSize: 5, passLease: time.Minute, renewEvery: 200 * time.Millisecond, renewTicks: ticks})
 	for i := range 12 { // not terminal: the listing itself never writes

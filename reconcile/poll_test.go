@@ -232,6 +232,7 @@ type batchPlan struct {
 // after it; in two newest-first runs joined end to end some are found only
 // by a full scan: the schedule is what saves them.
 func TestEveryOrderWithinOneFullScanInterval(t *testing.T) {
+	t.Parallel()
 	const (
 		pageSize = 10
 		lookback = 72 * time.Hour
@@ -252,6 +253,7 @@ func TestEveryOrderWithinOneFullScanInterval(t *testing.T) {
 	end := t0.Add(30*50*time.Minute + 48*time.Hour + every + 2*interval)
 	for _, order := range geminifake.Orders {
 		t.Run(order.String(), func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, envOptions{order: order, pageSize: pageSize, lookback: lookback, fullScanEvery: every, interval: interval})
 			e.api.Add(old...)
 			added := map[string]bool{}
@@ -428,6 +430,7 @@ func testFullScanSchedule(t *testing.T, pg bool) {
 // FullScanEvery 0 makes every pass a full scan; lookback 0 reads every
 // page anyway.
 func TestFullScanEveryZeroAndLookbackZero(t *testing.T) {
+	t.Parallel()
 	for _, o := range []envOptions{{fullScanEvery: -1}, {lookback: -1}} {
 		o.order, o.pageSize, o.interval = geminifake.OrderNewestFirst, 5, time.Hour
 		e := newEnv(t, o)

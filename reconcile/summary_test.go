@@ -99,6 +99,7 @@ func TestSummaryJSON(t *testing.T) {
 
 // A real pass: terminal = skipped_old + new + duplicates + invalid.
 func TestSummaryAddsUp(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{pageSize: 5})
 	bs, _ := issueBatches(t0)
 	e.api.Add(bs...)
