@@ -264,9 +264,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	if cfg.Owner == "" {
-		cfg.Owner = DefaultOwner()
-	}
+	cfg.Owner = cmp.Or(cfg.Owner, DefaultOwner())
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
