@@ -563,3 +563,7 @@ func TestRunKicks(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// inDir makes cmd run in dir: an exec command runs where gemrecon does, and
+// the tests that look at the files a command leaves run in parallel.
+func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 1\n" + cmd }

@@ -174,7 +174,3 @@ func TestR4FailingEffects(t *testing.T) {
 		}
 	})
 }
-
-// inDir runs the shell command cmd in dir (an effect runs where gemrecon does,
-// and a parallel test cannot change that directory).
-func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 99; " + cmd }

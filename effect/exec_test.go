@@ -31,12 +31,11 @@ func testEvent() Event {
 
 func TestExecEnvironmentAndStdin(t *testing.T) {
 	dir := t.TempDir()
-	t.Chdir(dir) // the command runs where gemrecon does
 	t.Setenv("GEMRECON_TEST_INHERITED", "yes")
 	cmd := `cat > stdin.json; env | grep -E '^GEMRECON_' | sort > env.txt`
 	ev := testEvent()
 	ev.Confirmed, ev.BatchState, ev.ResultsFile = true, "SUCCEEDED", "/var/lib/gemrecon/results/abc-123.jsonl"
-	if err := NewExec(cmd, ExecOutput(nil)).Run(context.Background(), ev); err != nil {
+	if err := NewExec(inDir(dir, cmd), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	stdin, err := os.ReadFile(filepath.Join(dir, "stdin.json"))
@@ -249,10 +248,9 @@ func TestExecBackgroundChildDoesNotHang(t *testing.T) {
 
 func TestExecCancelledBeforeStart(t *testing.T) {
 	dir := t.TempDir()
-	t.Chdir(dir) // the command runs where gemrecon does
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := NewExec("touch ran", ExecOutput(nil)).Run(ctx, testEvent())
+	err := NewExec(inDir(dir, "touch ran"), ExecOutput(nil)).Run(ctx, testEvent())
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Run(cancelled) = %v, want context.Canceled", err)
 	}
@@ -417,6 +415,6 @@ func shQuote(s string) string {
 	return `"` + s + `"`
 }
 
-// inDir runs the shell command cmd in dir (an effect runs where gemrecon does,
-// and a parallel test cannot change that directory).
-func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 99; " + cmd }
+// inDir makes cmd run in dir: an exec command runs where gemrecon does, and
+// the tests that look at the files a command leaves run in parallel.
+func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 1\n" + cmd }
