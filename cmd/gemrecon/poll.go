@@ -41,6 +41,17 @@ func (f *pollFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.loop.PassLease, "pass-lease", reconcile.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
 }
 
+// registerAPI registers the API flags of pollFlags alone (backend, base URL,
+// Vertex project and location, rate limit), for a command that talks to the
+// API without listing (drain). The listing's flags keep their defaults.
+func (f *pollFlags) registerAPI(fs *pflag.FlagSet) {
+	all := pflag.NewFlagSet("api", pflag.ContinueOnError)
+	f.register(all)
+	for _, name := range []string{"backend", "base-url", "project", "location", "qps", "burst"} {
+		fs.AddFlag(all.Lookup(name))
+	}
+}
+
 // pollerConfig is the poller's configuration from the flags and the
 // environment's API key.
 func (a *app) pollerConfig(f *pollFlags) poller.Config {
