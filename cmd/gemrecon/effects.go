@@ -400,7 +400,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 }
 
 // printDrainSummary writes drain's summary line on stderr, as one JSON
-// object under --log-format json (as poll's, printSummary), and when an
+// object under --log-format json (as poll's, reportPass), and when an
 // outcome was fenced a second line (a warning record in JSON) saying an
 // effect may have run twice.
 func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {

@@ -98,14 +98,6 @@ func pollLoop(cfg reconcile.PollConfig, s sink.Sink, p *poller.Poller, d *dispat
 	return reconcile.NewPoll(cfg)
 }
 
-// printSummary writes a pass's summary line (spec §5.4) on stderr, as JSON
-// under --log-format json.
-func (a *app) printSummary(r reconcile.Result) {
-	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
-		a.logger.Error("writing the poll summary", "err", err)
-	}
-}
-
 // passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
 // effect failed or an outcome was fenced, else 0.
 func passExit(r reconcile.Result) error {
@@ -213,9 +205,12 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	return a.watch(ctx, loop, o.metricsFile)
 }
 
-// reportPass prints a pass's summary and writes --metrics-textfile.
+// reportPass writes a pass's summary line (spec §5.4) on stderr, as JSON
+// under --log-format json, and --metrics-textfile.
 func (a *app) reportPass(r reconcile.Result, metricsFile string) {
-	a.printSummary(r)
+	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
+		a.logger.Error("writing the poll summary", "err", err)
+	}
 	if metricsFile == "" {
 		return
 	}
