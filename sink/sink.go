@@ -5,6 +5,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -602,6 +603,16 @@ func NewStats() Stats {
 		ByState:      map[State]int64{StatePending: 0, StateClaimed: 0, StateDone: 0, StateDead: 0},
 		FirstSource:  map[string]int64{},
 		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0, DeadResultsExpired: 0},
+	}
+}
+
+// AddKeys counts n keys of one state, first source and dead reason (one
+// group of a backend's GROUP BY of the three) into st.
+func (st *Stats) AddKeys(state State, firstSource, deadReason string, n int64) {
+	st.ByState[state] += n
+	st.FirstSource[firstSource] += n
+	if state == StateDead {
+		st.DeadByReason[cmp.Or(deadReason, DeadEffect)] += n
 	}
 }
 

@@ -444,17 +444,6 @@ func (s *pg) DueKeys(ctx context.Context, limit int, skipNeedsConfirm bool) ([]s
 }
 
 // countBy reads the (text, count) rows of q into m.
-func countBy(ctx context.Context, tx pgx.Tx, q string, m map[string]int64) error {
-	rows, err := tx.Query(ctx, q)
-	if err != nil {
-		return err
-	}
-	var k string
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&k, &n}, func() error { m[k] = n; return nil })
-	return err
-}
-
 // microsDuration converts microseconds as PostgreSQL computes them (NULL:
 // none) to a duration.
 func microsDuration(us *float64) time.Duration {
@@ -478,19 +467,17 @@ func (s *pg) Stats(ctx context.Context) (sink.Stats, error) {
 			return err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		byState := map[string]int64{}
-		for q, into := range map[string]map[string]int64{
-			`SELECT state, count(*) FROM gemrecon_keys GROUP BY state`:               byState,
-			`SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`: st.FirstSource,
-			`SELECT CASE WHEN dead_reason = '' THEN '` + sink.DeadEffect + `' ELSE dead_reason END, count(*)
-			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`: st.DeadByReason,
-		} {
-			if err := countBy(ctx, tx, q, into); err != nil {
-				return err
-			}
+		rows, err := tx.Query(ctx, `SELECT state, first_source, dead_reason, count(*) FROM gemrecon_keys GROUP BY 1, 2, 3`)
+		if err != nil {
+			return err
 		}
-		for state, n := range byState {
-			st.ByState[sink.State(state)] = n
+		var state, source, dead string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&state, &source, &dead, &n}, func() error {
+			st.AddKeys(sink.State(state), source, dead, n)
+			return nil
+		}); err != nil {
+			return err
 		}
 		var oldest, p50, p99, max *float64
 		err = tx.QueryRow(ctx, `SELECT
