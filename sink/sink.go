@@ -563,10 +563,7 @@ func (o Options) WithDefaults() Options {
 // Backoff is the delay before the next attempt after attempt number attempt
 // (1-based) failed: full jitter, uniform in [0, min(max, base·2^(attempt-1))].
 func Backoff(attempt int, base, max time.Duration, rnd func() float64) time.Duration {
-	if attempt < 1 {
-		attempt = 1
-	}
-	ceiling := base
+	ceiling := base // also for an attempt below 1
 	for i := 1; i < attempt && ceiling < max; i++ {
 		ceiling *= 2
 	}
