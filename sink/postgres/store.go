@@ -550,19 +550,15 @@ func (s *pg) MaxLookback(ctx context.Context) (d time.Duration, forever bool, ok
 // Ping checks that the database answers and, unless read-only, accepts
 // writes (not a standby, not a read-only transaction default).
 func (s *pg) Ping(ctx context.Context) error {
-	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		var recovery bool
+	_, err := read(ctx, s, "ping", false, func(q querier) (recovery bool, err error) {
 		var ro string
-		if err := c.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&recovery, &ro); err != nil {
-			return err
+		if err := q.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&recovery, &ro); err != nil {
+			return recovery, err
 		}
 		if !s.opt.ReadOnly && (recovery || ro == "on") {
-			return errors.New("database is read-only")
+			return recovery, errors.New("database is read-only")
 		}
-		return nil
+		return recovery, nil
 	})
-	if err != nil {
-		return fmt.Errorf("postgres: ping: %w", err)
-	}
-	return nil
+	return err
 }
