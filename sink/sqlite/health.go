@@ -325,46 +325,18 @@ func schemaObjects(ctx context.Context, db *sql.Tx) ([]schemaObject, error) {
 	rows, err := db.QueryContext(ctx, `SELECT s.type, s.name, s.tbl_name, s.rootpage, coalesce(l.wr, 0)
 		FROM sqlite_schema s LEFT JOIN pragma_table_list l ON l.schema = 'main' AND l.name = s.name
 		WHERE s.type IN ('table', 'index') AND s.rootpage > 0 ORDER BY s.rootpage`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var objs []schemaObject
-	for rows.Next() {
-		var o schemaObject
-		if err := rows.Scan(&o.typ, &o.name, &o.table, &o.root, &o.withoutRowid); err != nil {
-			return nil, err
-		}
-		objs = append(objs, o)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	objs, err := collect(rows, err, func(sc scanner) (o schemaObject, err error) {
+		return o, sc.Scan(&o.typ, &o.name, &o.table, &o.root, &o.withoutRowid)
+	})
 	for i, o := range objs {
-		if o.typ != "table" || !o.withoutRowid {
-			continue
+		// The primary key's order is the table's own b-tree: its columns,
+		// quoted, are what firstEntryQuery orders by.
+		if err == nil && o.typ == "table" && o.withoutRowid {
+			err = db.QueryRowContext(ctx, `SELECT group_concat('"' || replace(name, '"', '""') || '"', ', ' ORDER BY pk)
+				FROM pragma_table_info(?) WHERE pk > 0`, o.name).Scan(&objs[i].table)
 		}
-		// The primary key's order is the table's own b-tree.
-		pk, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk`, o.name)
-		if err != nil {
-			return nil, err
-		}
-		var cols []string
-		for pk.Next() {
-			var c string
-			if err := pk.Scan(&c); err != nil {
-				pk.Close()
-				return nil, err
-			}
-			cols = append(cols, quoteIdent(c))
-		}
-		pk.Close()
-		if err := pk.Err(); err != nil {
-			return nil, err
-		}
-		objs[i].table = strings.Join(cols, ", ") // used by firstEntryQuery
 	}
-	return objs, nil
+	return objs, err
 }
 
 // firstEntryQuery reads the first entry of o's own b-tree.
