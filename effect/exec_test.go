@@ -371,15 +371,14 @@ func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			t.Chdir(dir) // the command runs where gemrecon does
-			err := NewExec(talk+`touch finished; exit 0`, ExecOutput(out())).Run(context.Background(), testEvent())
+			err := NewExec(inDir(dir, talk+`touch finished; exit 0`), ExecOutput(out())).Run(context.Background(), testEvent())
 			if err != nil {
 				t.Errorf("Run() = %v, want nil: the command exited 0 on its own", err)
 			}
 			if _, err := os.Stat(filepath.Join(dir, "finished")); err != nil {
 				t.Errorf("the command did not run to its end: %v", err)
 			}
-			err = NewExec(talk+`echo LAST >&2; exit 3`, ExecOutput(out())).Run(context.Background(), testEvent())
+			err = NewExec(inDir(dir, talk+`echo LAST >&2; exit 3`), ExecOutput(out())).Run(context.Background(), testEvent())
 			if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "LAST") {
 				t.Errorf("Run() = %v, want exit status 3 with the stderr tail", err)
 			}
@@ -417,3 +416,7 @@ func shQuote(s string) string {
 	}
 	return `"` + s + `"`
 }
+
+// inDir runs the shell command cmd in dir (an effect runs where gemrecon does,
+// and a parallel test cannot change that directory).
+func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 99; " + cmd }
