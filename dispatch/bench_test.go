@@ -56,7 +56,7 @@ func benchDispatch(b *testing.B, pg bool, conc int) {
 	}
 	defer s.Close()
 	recordMany(b, s, keys(b.N))
-	d, err := New(Config{Sink: s, Effect: effect.NewPrint(io.Discard), Concurrency: conc, Logger: quietLogger()})
+	d, err := New(Config{Sink: s, Effect: effect.NewPrint(io.Discard, nil), Concurrency: conc, Logger: quietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -54,7 +54,7 @@ const (
 // written leaves the key claimed until its lease runs out.
 const writeTimeout = 30 * time.Second
 
-// Outcome is how one attempt (or one RunKey) ended.
+// Outcome is how one attempt (or one RunKeyWithin) ended.
 type Outcome string
 
 // Outcomes.
@@ -68,10 +68,10 @@ const (
 	// OutcomeFenced: another attempt took the key over; this outcome was
 	// discarded.
 	OutcomeFenced Outcome = "fenced"
-	// OutcomeBusy: another live holder has the key claimed (RunKey only).
+	// OutcomeBusy: another live holder has the key claimed (RunKeyWithin only).
 	OutcomeBusy Outcome = "busy"
 	// OutcomeSkipped: nothing to run: the key is done, dead, not due yet, or
-	// unknown (RunKey only).
+	// unknown (RunKeyWithin only).
 	OutcomeSkipped Outcome = "skipped"
 )
 
@@ -286,7 +286,7 @@ func DefaultOwner() string {
 	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
 }
 
-// ErrEffectBroken is wrapped by the errors of Drain, Run and RunKey once an
+// ErrEffectBroken is wrapped by the errors of Drain, Run and RunKeyWithin once an
 // attempt's effect said it cannot run in this process any more
 // (effect.Broken: the NDJSON stdout went away or stalled). From then on the
 // Dispatcher claims nothing; the keys it held are pending again, without an
@@ -382,7 +382,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 var errShutdown = errors.New("interrupted by shutdown")
 
 // EndGrace ends the grace of a shutdown now (the CLI's second SIGINT or
-// SIGTERM): the effects of every Drain, Run and RunKey whose context is
+// SIGTERM): the effects of every Drain, Run and RunKeyWithin whose context is
 // done are cancelled at once, exactly as when Grace runs out — an exec's
 // process group is killed, the attempt is recorded as a retryable failure
 // (the outcome write is still made, bounded as after Grace), a claim not
@@ -427,17 +427,13 @@ func writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 }
 
-// RunKey claims key and runs its effect now (serve --sync). It returns
-// OutcomeBusy when another live holder has the key, and OutcomeSkipped when
-// the key is done, dead, not due or unknown, OutcomeUnconfirmed when the API
-// has not confirmed it yet (it was handed back). ctx bounds the effect as
-// the context of Drain does (Grace applies).
-func (d *Dispatcher) RunKey(ctx context.Context, key string) (Outcome, error) {
-	return d.RunKeyWithin(ctx, key, 0)
-}
-
-// RunKeyWithin is RunKey whose confirmation, if the key needs one, is
-// bounded by confirmWait (serve --sync: --sync-wait; 0: ConfirmTimeout).
+// RunKeyWithin claims key and runs its effect now (serve --sync). It
+// returns OutcomeBusy when another live holder has the key, and
+// OutcomeSkipped when the key is done, dead, not due or unknown,
+// OutcomeUnconfirmed when the API has not confirmed it yet (it was handed
+// back). ctx bounds the effect as the context of Drain does (Grace applies).
+// confirmWait bounds the confirmation, if the key needs one (serve --sync:
+// --sync-wait; 0: ConfirmTimeout).
 func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, err)

@@ -88,7 +88,7 @@ func (l *lockedBuffer) events(t *testing.T) []effect.Event {
 
 func TestNewValidates(t *testing.T) {
 	s := sqlitetest.OpenTemp(t, sink.Options{})
-	eff := effect.NewPrint(io.Discard)
+	eff := effect.NewPrint(io.Discard, nil)
 	tests := []struct {
 		name string
 		cfg  Config
@@ -128,7 +128,7 @@ func TestDrainRunsEveryDueKeyOnceWithTheEventDocument(t *testing.T) {
 	}
 	var out lockedBuffer
 	var obs observerLog
-	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out), Concurrency: 4, Observer: &obs})
+	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out, nil), Concurrency: 4, Observer: &obs})
 	sum, err := d.Drain(context.Background())
 	if err != nil {
 		t.Fatalf("Drain: %v", err)
@@ -411,7 +411,7 @@ func TestRunKeyOutcomes(t *testing.T) {
 	s := sqlitetest.OpenTemp(t, sink.Options{Now: clock.Now, Rand: sinktest.FixedRand(1)})
 	record(t, s, "gemini:batches/a", "gemini:batches/busy", "gemini:batches/fails")
 	var out lockedBuffer
-	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out), Now: clock.Now})
+	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out, nil), Now: clock.Now})
 	ctx := context.Background()
 	if _, err := s.Claim(ctx, "gemini:batches/busy", "someone-else", time.Minute); err != nil {
 		t.Fatal(err)
@@ -426,17 +426,17 @@ func TestRunKeyOutcomes(t *testing.T) {
 		{"gemini:batches/unknown", OutcomeSkipped},
 	}
 	for _, tt := range tests {
-		got, err := d.RunKey(ctx, tt.key)
+		got, err := d.RunKeyWithin(ctx, tt.key, 0)
 		if got != tt.want || err != nil {
-			t.Errorf("RunKey(%q) = %v, %v, want %v, nil", tt.key, got, err, tt.want)
+			t.Errorf("RunKeyWithin(%q) = %v, %v, want %v, nil", tt.key, got, err, tt.want)
 		}
 	}
 	fd := newDispatcher(t, Config{Sink: s, Effect: effectFunc(func(context.Context, effect.Event) error { return errors.New("nope") }), Now: clock.Now})
-	if got, err := fd.RunKey(ctx, "gemini:batches/fails"); got != OutcomeRetry || err != nil {
-		t.Errorf("RunKey(failing) = %v, %v, want retry", got, err)
+	if got, err := fd.RunKeyWithin(ctx, "gemini:batches/fails", 0); got != OutcomeRetry || err != nil {
+		t.Errorf("RunKeyWithin(failing) = %v, %v, want retry", got, err)
 	}
-	if got, err := fd.RunKey(ctx, "gemini:batches/fails"); got != OutcomeSkipped || err != nil {
-		t.Errorf("RunKey(not due) = %v, %v, want skipped", got, err)
+	if got, err := fd.RunKeyWithin(ctx, "gemini:batches/fails", 0); got != OutcomeSkipped || err != nil {
+		t.Errorf("RunKeyWithin(not due) = %v, %v, want skipped", got, err)
 	}
 	if n := len(out.events(t)); n != 1 {
 		t.Errorf("effect ran %d times, want 1", n)
@@ -538,7 +538,7 @@ func TestFenced(t *testing.T) {
 func TestRunKicks(t *testing.T) {
 	s := sqlitetest.OpenTemp(t, sink.Options{})
 	var out lockedBuffer
-	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out), Interval: time.Hour})
+	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out, nil), Interval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()

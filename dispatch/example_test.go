@@ -29,7 +29,7 @@ func ExampleDispatcher_Drain() {
 	op := []byte(`{"name":"batches/abc","metadata":{"state":"BATCH_STATE_SUCCEEDED"},"done":true}`)
 	s.Record(ctx, sink.Sighting{Key: "gemini:batches/abc", Source: sink.SourceWebhook, Payload: hook, State: "SUCCEEDED"})
 	s.Record(ctx, sink.Sighting{Key: "gemini:batches/abc", Source: sink.SourcePoll, Payload: op, State: "SUCCEEDED", FromAPI: true})
-	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: effect.NewPrint(os.Stdout), Concurrency: 1})
+	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: effect.NewPrint(os.Stdout, nil), Concurrency: 1})
 	if err != nil {
 		fmt.Println(err)
 		return

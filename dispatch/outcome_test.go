@@ -131,9 +131,9 @@ func TestDoneSurvivesAShortOutage(t *testing.T) {
 		}
 	}
 	d := newDispatcher(t, o.config(30*time.Second))
-	out, err := d.RunKey(context.Background(), "gemini:batches/outage")
+	out, err := d.RunKeyWithin(context.Background(), "gemini:batches/outage", 0)
 	if out != OutcomeDone || err != nil {
-		t.Errorf("RunKey = %s, %v; want done once the outage ended", out, err)
+		t.Errorf("RunKeyWithin = %s, %v; want done once the outage ended", out, err)
 	}
 	if o.holder != nil {
 		o.holder()
@@ -164,8 +164,8 @@ func TestFailureSurvivesAShortOutage(t *testing.T) {
 		}
 	}
 	d := newDispatcher(t, o.config(30*time.Second))
-	if out, err := d.RunKey(context.Background(), "gemini:batches/outage"); out != OutcomeDead || err != nil {
-		t.Errorf("RunKey = %s, %v; want dead once the outage ended", out, err)
+	if out, err := d.RunKeyWithin(context.Background(), "gemini:batches/outage", 0); out != OutcomeDead || err != nil {
+		t.Errorf("RunKeyWithin = %s, %v; want dead once the outage ended", out, err)
 	}
 	if o.holder != nil {
 		o.holder()
@@ -185,10 +185,10 @@ func TestDoneGivesUpWhenTheLeaseRunsShort(t *testing.T) {
 	o := newOutage(t)
 	lease := 20 * time.Second
 	d := newDispatcher(t, o.config(lease))
-	out, err := d.RunKey(context.Background(), "gemini:batches/outage")
+	out, err := d.RunKeyWithin(context.Background(), "gemini:batches/outage", 0)
 	gaveUp := o.clock.Now()
 	if out != OutcomeRetry || err == nil || !strings.Contains(err.Error(), "until the lease ran short") {
-		t.Errorf("RunKey = %s, %v; want a retry outcome and an error saying the lease ran short", out, err)
+		t.Errorf("RunKeyWithin = %s, %v; want a retry outcome and an error saying the lease ran short", out, err)
 	}
 	if want := t0.Add(lease - OutcomeMargin(lease)); !gaveUp.Equal(want) {
 		t.Errorf("gave up at claim+%v, want claim+%v (lease %v − margin %v)", gaveUp.Sub(t0), want.Sub(t0), lease, OutcomeMargin(lease))
@@ -222,8 +222,8 @@ func TestDoneRetriesOnShutdownForAtMostGrace(t *testing.T) {
 		cfg := o.config(time.Minute)
 		cfg.Grace = time.Hour // real time: never runs out in this test
 		d := newDispatcher(t, cfg)
-		if out, err := d.RunKey(ctx, "gemini:batches/outage"); out != OutcomeDone || err != nil {
-			t.Errorf("RunKey = %s, %v; want done: the outage ended within the grace", out, err)
+		if out, err := d.RunKeyWithin(ctx, "gemini:batches/outage", 0); out != OutcomeDone || err != nil {
+			t.Errorf("RunKeyWithin = %s, %v; want done: the outage ended within the grace", out, err)
 		}
 	})
 	t.Run("outage outlasts the grace", func(t *testing.T) {
@@ -241,12 +241,12 @@ func TestDoneRetriesOnShutdownForAtMostGrace(t *testing.T) {
 		cfg := o.config(time.Minute)
 		cfg.Grace = 100 * time.Millisecond
 		d := newDispatcher(t, cfg)
-		out, err := d.RunKey(ctx, "gemini:batches/outage")
+		out, err := d.RunKeyWithin(ctx, "gemini:batches/outage", 0)
 		if out != OutcomeRetry || err == nil || !strings.Contains(err.Error(), "grace ran out") {
-			t.Errorf("RunKey = %s, %v; want a retry outcome and an error saying the grace ran out", out, err)
+			t.Errorf("RunKeyWithin = %s, %v; want a retry outcome and an error saying the grace ran out", out, err)
 		}
 		if el := time.Since(stopped); el > 10*time.Second {
-			t.Errorf("RunKey returned %v after the shutdown, want about the 100ms grace", el)
+			t.Errorf("RunKeyWithin returned %v after the shutdown, want about the 100ms grace", el)
 		}
 		if o.clock.Now().Sub(t0) >= time.Minute-OutcomeMargin(time.Minute) {
 			t.Errorf("the tries went on to claim+%v: the lease, not the grace, ended them", o.clock.Now().Sub(t0))
@@ -286,8 +286,8 @@ func TestDoneRetriesRenewTheLease(t *testing.T) {
 		return o.clock.Now().Sub(t0) < 40*time.Second
 	}}
 	d := newDispatcher(t, cfg)
-	if out, err := d.RunKey(context.Background(), key); out != OutcomeDone || err != nil {
-		t.Errorf("RunKey = %s, %v; want done", out, err)
+	if out, err := d.RunKeyWithin(context.Background(), key, 0); out != OutcomeDone || err != nil {
+		t.Errorf("RunKeyWithin = %s, %v; want done", out, err)
 	}
 	if e := mustGet(t, o.s, key); e.State != sink.StateDone || e.Token != 1 || refusals < 2 || o.runs.Load() != 1 {
 		t.Errorf("key is %s with token %d after %d refusals and %d runs, want done with token 1, once", e.State, e.Token, refusals, o.runs.Load())
@@ -297,7 +297,7 @@ func TestDoneRetriesRenewTheLease(t *testing.T) {
 // TestBrokenEffectStopsClaiming (issue 12 item 6): once the print effect's
 // pipe has no reader, the attempt fails without using an attempt, nothing
 // more is claimed, the claims granted ahead are handed back the same way,
-// and Drain, Run and RunKey say the effect broke.
+// and Drain, Run and RunKeyWithin say the effect broke.
 func TestBrokenEffectStopsClaiming(t *testing.T) {
 	s := sqlitetest.OpenTemp(t, sink.Options{})
 	ks := keys(10)
@@ -308,7 +308,7 @@ func TestBrokenEffectStopsClaiming(t *testing.T) {
 	}
 	defer w.Close()
 	r.Close() // the reader went away
-	d := newDispatcher(t, Config{Sink: s, Concurrency: 2, Effect: effect.NewPrint(w)})
+	d := newDispatcher(t, Config{Sink: s, Concurrency: 2, Effect: effect.NewPrint(w, nil)})
 	sum, err := d.Drain(context.Background())
 	if !errors.Is(err, ErrEffectBroken) || !strings.Contains(err.Error(), "broken pipe") {
 		t.Fatalf("Drain() = %+v, %v; want an error wrapping ErrEffectBroken that says broken pipe", sum, err)
@@ -329,8 +329,8 @@ func TestBrokenEffectStopsClaiming(t *testing.T) {
 	if err := d.Run(context.Background()); !errors.Is(err, ErrEffectBroken) {
 		t.Errorf("Run() = %v, want ErrEffectBroken at once", err)
 	}
-	if out, err := d.RunKey(context.Background(), ks[0]); out != OutcomeSkipped || !errors.Is(err, ErrEffectBroken) {
-		t.Errorf("RunKey() = %s, %v; want skipped with ErrEffectBroken", out, err)
+	if out, err := d.RunKeyWithin(context.Background(), ks[0], 0); out != OutcomeSkipped || !errors.Is(err, ErrEffectBroken) {
+		t.Errorf("RunKeyWithin() = %s, %v; want skipped with ErrEffectBroken", out, err)
 	}
 }
 
@@ -358,8 +358,8 @@ func TestSQLCommitThatReportedAnErrorIsDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := newDispatcher(t, Config{Sink: lostCommitAnswer{s}, SQL: q})
-	if out, err := d.RunKey(context.Background(), key); out != OutcomeDone || err != nil {
-		t.Errorf("RunKey = %s, %v; want done", out, err)
+	if out, err := d.RunKeyWithin(context.Background(), key, 0); out != OutcomeDone || err != nil {
+		t.Errorf("RunKeyWithin = %s, %v; want done", out, err)
 	}
 	if e := mustGet(t, s, key); e.State != sink.StateDone || e.Token != 1 {
 		t.Errorf("key is %s with token %d, want done with token 1", e.State, e.Token)

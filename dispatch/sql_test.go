@@ -251,7 +251,7 @@ func TestSQLNeedsCompleter(t *testing.T) {
 	if _, err := New(Config{Sink: plain{sqlitetest.OpenTemp(t, sink.Options{})}, SQL: q}); err == nil || !strings.Contains(err.Error(), "sink.SQLCompleter") {
 		t.Fatalf("New(SQL with a sink without CompleteSQL) error = %v, want one naming sink.SQLCompleter", err)
 	}
-	if _, err := New(Config{Sink: sqlitetest.OpenTemp(t, sink.Options{}), SQL: q, Effect: effect.NewPrint(nil)}); err == nil || !strings.Contains(err.Error(), "exclusive") {
+	if _, err := New(Config{Sink: sqlitetest.OpenTemp(t, sink.Options{}), SQL: q, Effect: effect.NewPrint(nil, nil)}); err == nil || !strings.Contains(err.Error(), "exclusive") {
 		t.Fatalf("New(SQL and Effect) error = %v, want exclusive", err)
 	}
 	if _, err := New(Config{Sink: sqlitetest.OpenTemp(t, sink.Options{}), SQL: q}); err != nil {
@@ -300,7 +300,7 @@ func TestSQLConcurrentDeliveriesBookOnce(t *testing.T) {
 							errs <- err
 							return
 						}
-						if _, err := ds[j].RunKey(ctx, key); err != nil {
+						if _, err := ds[j].RunKeyWithin(ctx, key, 0); err != nil {
 							errs <- err
 						}
 					})
@@ -314,7 +314,7 @@ func TestSQLConcurrentDeliveriesBookOnce(t *testing.T) {
 			}
 		}
 		deliver(0)
-		for _, d := range ds { // whatever a busy RunKey left
+		for _, d := range ds { // whatever a busy RunKeyWithin left
 			if _, err := d.Drain(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -565,8 +565,8 @@ func TestSQLStaleHolderIsFenced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if out, err := b.RunKey(ctx, key); err != nil || out != OutcomeDone {
-			t.Fatalf("B.RunKey = %s, %v; want done (a takeover)", out, err)
+		if out, err := b.RunKeyWithin(ctx, key, 0); err != nil || out != OutcomeDone {
+			t.Fatalf("B.RunKeyWithin = %s, %v; want done (a takeover)", out, err)
 		}
 		if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)

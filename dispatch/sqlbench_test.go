@@ -84,7 +84,7 @@ func benchSQLEffect(b *testing.B, pg, useSQL bool, conc int) {
 			b.Fatal(err)
 		}
 	} else {
-		cfg.Effect = effect.NewPrint(io.Discard)
+		cfg.Effect = effect.NewPrint(io.Discard, nil)
 	}
 	d, err := New(cfg)
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 
 // sqlChildEnv is what a --sql child is told (its argument).
 type sqlChildEnv struct {
-	Role    string        // "drain": drain until no key is pending or claimed; "stale": RunKey(Key), stopping itself before CompleteSQL
+	Role    string        // "drain": drain until no key is pending or claimed; "stale": RunKeyWithin(Key), stopping itself before CompleteSQL
 	DB      string        // sink/dial DSN or path
 	File    string        // the --sql file
 	Lease   time.Duration // lease
@@ -80,7 +80,7 @@ func sqlChildMain(e sqlChildEnv) int {
 			time.Sleep(50 * time.Millisecond) // waiting for leases of killed children to run out
 		}
 	case "stale":
-		out, err := d.RunKey(ctx, e.Key)
+		out, err := d.RunKeyWithin(ctx, e.Key, 0)
 		say("OUTCOME %s %v", out, err)
 		return 0
 	}

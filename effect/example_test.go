@@ -13,7 +13,7 @@ import (
 
 // The default effect prints each event document as one NDJSON line.
 func ExampleNewPrint() {
-	p := effect.NewPrint(os.Stdout)
+	p := effect.NewPrint(os.Stdout, nil)
 	_ = p.Run(context.Background(), effect.Event{
 		Key:        "gemini:batches/abc",
 		Name:       "batches/abc",

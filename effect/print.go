@@ -36,7 +36,7 @@ import (
 // regular file whose byte before the next write's position (its end when it
 // was opened O_APPEND, as the shell's >> does; its offset otherwise) is not
 // '\n': the fragment ends as a malformed line of its own and every new line
-// is whole. Print logs nothing; PrintOnPartialLine says when it happened. To
+// is whole. Print logs nothing; NewPrint's onPartial says when it happened. To
 // read that byte from a file opened write-only, Print reopens it read-only
 // through /proc/self/fd (Linux); where it can read the byte neither way
 // (another system, a file it may not read), it skips the check. Pipes,
@@ -45,7 +45,7 @@ import (
 type Print struct {
 	w         io.Writer
 	turn      chan struct{} // one token: whose line is being written
-	onPartial func()        // PrintOnPartialLine's, or nil
+	onPartial func()        // NewPrint's, or nil
 	started   bool          // the first line's check was made; guarded by turn
 
 	breakOnce sync.Once
@@ -59,24 +59,13 @@ type Print struct {
 	beforeWait func(done <-chan error)
 }
 
-// PrintOption configures a Print effect.
-type PrintOption func(*Print)
-
-// PrintOnPartialLine makes Print call fn when the file it writes to ended in
-// a partial line and Print has just ended it with a '\n' (see Print), at
-// most once per Print, before its first line is written. fn runs on the
-// goroutine that writes; the caller logs it (cmd/gemrecon: a warning).
-func PrintOnPartialLine(fn func()) PrintOption {
-	return func(p *Print) { p.onPartial = fn }
-}
-
 // NewPrint returns a Print effect writing to w (usually os.Stdout).
-func NewPrint(w io.Writer, opts ...PrintOption) *Print {
-	p := &Print{w: w, turn: make(chan struct{}, 1), gone: make(chan struct{})}
-	for _, o := range opts {
-		o(p)
-	}
-	return p
+// onPartial, unless nil, is called when the file w writes to ended in a
+// partial line and Print has just ended it with a '\n' (see Print), at most
+// once per Print, before its first line is written. It runs on the
+// goroutine that writes; the caller logs it (cmd/gemrecon: a warning).
+func NewPrint(w io.Writer, onPartial func()) *Print {
+	return &Print{w: w, turn: make(chan struct{}, 1), gone: make(chan struct{}), onPartial: onPartial}
 }
 
 // Run writes ev as one line.

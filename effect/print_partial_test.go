@@ -48,7 +48,7 @@ func appendTo(t *testing.T, before string) (*os.File, string) {
 func printTwice(t *testing.T, w io.Writer) int {
 	t.Helper()
 	var ended int
-	p := NewPrint(w, PrintOnPartialLine(func() { ended++ }))
+	p := NewPrint(w, func() { ended++ })
 	for range 2 {
 		if err := p.Run(context.Background(), testEvent()); err != nil {
 			t.Fatalf("Run: %v", err)
@@ -73,7 +73,7 @@ func TestPrintEndsAPartialLineFirst(t *testing.T) {
 	earlier := testLine(t)
 	f, path := appendTo(t, earlier+fragment)
 	if n := printTwice(t, f); n != 1 {
-		t.Errorf("PrintOnPartialLine's function ran %d times, want once", n)
+		t.Errorf("NewPrint's onPartial ran %d times, want once", n)
 	}
 	line := testLine(t)
 	if got, want := readFile(t, path), earlier+fragment+"\n"+line+line; got != want {
@@ -89,7 +89,7 @@ func TestPrintLeavesWholeLinesAlone(t *testing.T) {
 	for _, before := range []string{line, ""} {
 		f, path := appendTo(t, before)
 		if n := printTwice(t, f); n != 0 {
-			t.Errorf("file holding %q: PrintOnPartialLine's function ran %d times, want never", before, n)
+			t.Errorf("file holding %q: NewPrint's onPartial ran %d times, want never", before, n)
 		}
 		if got, want := readFile(t, path), before+line+line; got != want {
 			t.Errorf("file holding %q now holds\n%q\nwant\n%q", before, got, want)
@@ -109,7 +109,7 @@ func TestPrintLeavesWholeLinesAlone(t *testing.T) {
 	n := printTwice(t, w)
 	w.Close()
 	if n != 0 {
-		t.Errorf("pipe: PrintOnPartialLine's function ran %d times, want never", n)
+		t.Errorf("pipe: NewPrint's onPartial ran %d times, want never", n)
 	}
 	if s, want := <-got, fragment+line+line; s != want {
 		t.Errorf("pipe's reader got\n%q\nwant\n%q", s, want)
@@ -117,7 +117,7 @@ func TestPrintLeavesWholeLinesAlone(t *testing.T) {
 
 	buf := bytes.NewBufferString(fragment)
 	if n := printTwice(t, buf); n != 0 || buf.String() != fragment+line+line {
-		t.Errorf("buffer: PrintOnPartialLine's function ran %d times, buffer holds %q; want never and the lines", n, buf.String())
+		t.Errorf("buffer: NewPrint's onPartial ran %d times, buffer holds %q; want never and the lines", n, buf.String())
 	}
 }
 
@@ -150,7 +150,7 @@ func TestPrintWithoutAppendLooksBeforeItsOffset(t *testing.T) {
 		n := printTwice(t, f)
 		f.Close()
 		if n != tc.ended {
-			t.Errorf("%s: PrintOnPartialLine's function ran %d times, want %d", tc.name, n, tc.ended)
+			t.Errorf("%s: NewPrint's onPartial ran %d times, want %d", tc.name, n, tc.ended)
 		}
 		if got := readFile(t, path); got != tc.want {
 			t.Errorf("%s: file holds\n%q\nwant\n%q", tc.name, got, tc.want)
@@ -164,7 +164,7 @@ func TestPrintWithoutAppendLooksBeforeItsOffset(t *testing.T) {
 func TestPrintChecksWithTheFirstLineWritten(t *testing.T) {
 	f, path := appendTo(t, fragment)
 	var ended int
-	p := NewPrint(f, PrintOnPartialLine(func() { ended++ }))
+	p := NewPrint(f, func() { ended++ })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := p.Run(ctx, testEvent()); err == nil || IsBroken(err) {
@@ -199,13 +199,13 @@ func TestPrintFailingToEndThePartialLineBreaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ended int
-	p := NewPrint(f, PrintOnPartialLine(func() { ended++ }))
+	p := NewPrint(f, func() { ended++ })
 	err = p.Run(context.Background(), testEvent())
 	if !IsBroken(err) || !errors.Is(err, syscall.EBADF) || !strings.Contains(err.Error(), "partial line") {
 		t.Fatalf("Run() = %v, want a Broken error about the partial line wrapping EBADF", err)
 	}
 	if ended != 0 {
-		t.Errorf("PrintOnPartialLine's function ran %d times, want never: no '\\n' was written", ended)
+		t.Errorf("NewPrint's onPartial ran %d times, want never: no '\\n' was written", ended)
 	}
 	if err := p.Run(context.Background(), testEvent()); !IsBroken(err) {
 		t.Errorf("second Run() = %v, want Broken at once", err)
@@ -244,7 +244,7 @@ func (c *cutOffWriter) Write(p []byte) (int, error) {
 // process's Print: TestPrintEndsAPartialLineFirst.)
 func TestPrintCutOffLineBreaksBeforeTheNextLine(t *testing.T) {
 	f, path := appendTo(t, "")
-	p := NewPrint(&cutOffWriter{f: f, room: len(fragment)})
+	p := NewPrint(&cutOffWriter{f: f, room: len(fragment)}, nil)
 	next := make(chan error, 1)
 	p.beforeWait = func(done <-chan error) {
 		for deadline := time.Now().Add(10 * time.Second); len(done) == 0; time.Sleep(100 * time.Microsecond) {

@@ -33,7 +33,7 @@ func (c *chunkWriter) Write(p []byte) (int, error) {
 
 func TestPrintConcurrentLinesDoNotInterleave(t *testing.T) {
 	var w chunkWriter
-	p := NewPrint(&w)
+	p := NewPrint(&w, nil)
 	const n = 200
 	var wg sync.WaitGroup
 	for i := range n {
@@ -72,7 +72,7 @@ func TestPrintFlushesBeforeReturning(t *testing.T) {
 	var f flushRecorder
 	ev := testEvent()
 	ev.Operation = nil
-	if err := NewPrint(&f).Run(context.Background(), ev); err != nil {
+	if err := NewPrint(&f, nil).Run(context.Background(), ev); err != nil {
 		t.Fatal(err)
 	}
 	want := `{"key":"gemini:batches/abc-123","name":"batches/abc-123","state":"SUCCEEDED","source":"webhook","attempt":3,"token":42,"operation":null,"confirmed":false,"batch_state":"","rerun":false}` + "\n"
@@ -100,7 +100,7 @@ func TestPrintBrokenPipeBreaksTheEffect(t *testing.T) {
 	}
 	defer w.Close()
 	r.Close()
-	p := NewPrint(w)
+	p := NewPrint(w, nil)
 	err = p.Run(context.Background(), testEvent())
 	if !IsBroken(err) || !errors.Is(err, syscall.EPIPE) {
 		t.Fatalf("Run() = %v, want a Broken error wrapping EPIPE", err)
@@ -122,7 +122,7 @@ func TestPrintFullDiskSaysSo(t *testing.T) {
 		t.Skipf("no /dev/full here: %v", err)
 	}
 	defer f.Close()
-	err = NewPrint(f).Run(context.Background(), testEvent())
+	err = NewPrint(f, nil).Run(context.Background(), testEvent())
 	if !IsBroken(err) || !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("Run() = %v, want a Broken error wrapping ENOSPC", err)
 	}
@@ -141,7 +141,7 @@ func TestPrintStalledReaderIsBoundedByTheContext(t *testing.T) {
 	}
 	defer w.Close()
 	defer r.Close() // lets the abandoned write end
-	p := NewPrint(w)
+	p := NewPrint(w, nil)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	queued := make(chan error, 1)
 	first := make(chan error, 1)
@@ -184,7 +184,7 @@ func TestPrintStalledReaderIsBoundedByTheContext(t *testing.T) {
 func TestPrintLineWrittenBeforeTheDeadlineIsSuccess(t *testing.T) {
 	for i := 0; i < 64; i++ {
 		var out bytes.Buffer
-		p := NewPrint(&out)
+		p := NewPrint(&out, nil)
 		ctx, cancel := context.WithCancelCause(context.Background())
 		p.beforeWait = func(done <-chan error) {
 			for deadline := time.Now().Add(10 * time.Second); len(done) == 0; time.Sleep(100 * time.Microsecond) {

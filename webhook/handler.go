@@ -109,7 +109,7 @@ type Config struct {
 	// environment, never their values — for the line that logs refused
 	// signatures.
 	SecretSource string
-	// Sync runs the effect inside the request through Dispatcher.RunKey.
+	// Sync runs the effect inside the request through Dispatcher.RunKeyWithin.
 	Sync bool
 	// SyncWait is how long a Sync request waits for a key that another live
 	// holder has claimed before answering 202 (default DefaultSyncWait).

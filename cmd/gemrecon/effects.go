@@ -213,9 +213,9 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 		handleSIGPIPE()
 		// Appended to a file whose last line an earlier run's cut-off
 		// write left partial, the first line starts a new one.
-		return effect.NewPrint(a.stdout, effect.PrintOnPartialLine(func() {
+		return effect.NewPrint(a.stdout, func() {
 			a.logger.Warn("stdout ended in a partial line (an earlier write was cut off); started a new line")
-		})), nil
+		}), nil
 	}
 }
 

@@ -58,7 +58,7 @@ func ProductPath(ctx context.Context, dir string, n, senders int) (Completions, 
 	defer s.Close()
 	m := metrics.New(s)
 	outcomes := make(chan string, n+1)
-	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: effect.NewPrint(io.Discard), Concurrency: max(senders, dispatch.DefaultConcurrency),
+	d, err := dispatch.New(dispatch.Config{Sink: s, Effect: effect.NewPrint(io.Discard, nil), Concurrency: max(senders, dispatch.DefaultConcurrency),
 		Logger: quiet, Observer: observer{m: m, done: outcomes}})
 	if err != nil {
 		return Completions{}, err
