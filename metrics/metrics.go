@@ -13,7 +13,6 @@ package metrics
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -22,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/common/expfmt"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -51,23 +49,6 @@ const (
 
 // DefaultStatsTTL is how long one sink.Stats result serves scrapes.
 const DefaultStatsTTL = 2 * time.Second
-
-// MinStatsTTL is the shortest cache allowed: Stats scans the database, and a
-// scrape storm must not turn into a query storm.
-const MinStatsTTL = time.Second
-
-// Options tune NewWithOptions.
-type Options struct {
-	// StatsTTL is how long a Stats result is reused (default DefaultStatsTTL,
-	// at least MinStatsTTL).
-	StatsTTL time.Duration
-	// StatsTimeout bounds one Stats query (default 5s).
-	StatsTimeout time.Duration
-	// Now is the clock for the cache; nil means time.Now.
-	Now func() time.Time
-	// NoRuntime leaves out the go_* and process_* metrics.
-	NoRuntime bool
-}
 
 // Metrics is one registry of gemrecon metrics. Its methods are safe for
 // concurrent use; a nil *Metrics accepts every Observe call and does nothing,
@@ -100,11 +81,6 @@ type StatsReader interface {
 // New returns Metrics with a collector that reads s's Stats on scrape (none
 // when s is nil), plus Go runtime and process metrics.
 func New(s StatsReader) *Metrics {
-	return NewWithOptions(s, Options{})
-}
-
-// NewWithOptions is New with tuning.
-func NewWithOptions(s StatsReader, opt Options) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	r := promauto.With(m.reg)
 	m.deliveries = r.NewCounterVec(prometheus.CounterOpts{
@@ -141,15 +117,13 @@ func NewWithOptions(s StatsReader, opt Options) *Metrics {
 	}, []string{"scope", "outcome"})
 	m.webhook = newWebhookCounters(r)
 	if s != nil {
-		m.stats = newStatsCollector(s, opt)
+		m.stats = newStatsCollector(s)
 		m.reg.MustRegister(m.stats)
 	}
-	if !opt.NoRuntime {
-		m.reg.MustRegister(
-			collectors.NewGoCollector(),
-			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		)
-	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
 	return m
 }
 
@@ -166,22 +140,6 @@ func (m *Metrics) Handler() http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
-}
-
-// WriteTo writes every metric in the text exposition format (version
-// 0.0.4). If gathering fails partly, what was gathered is still written and
-// the error is returned.
-func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
-	mfs, gatherErr := m.reg.Gather()
-	var n int64
-	for _, mf := range mfs {
-		k, err := expfmt.MetricFamilyToText(w, mf)
-		n += int64(k)
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, gatherErr
 }
 
 // WriteTextfile writes every metric to path atomically (a temporary file in

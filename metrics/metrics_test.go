@@ -286,19 +286,12 @@ func TestLabelEscaping(t *testing.T) {
 	m := NewWithOptions(nil, Options{NoRuntime: true})
 	src := "we\"ird\\src\n"
 	m.ObserveDelivery(src, OutcomeAccepted)
-	var b bytes.Buffer
-	n, err := m.WriteTo(&b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != int64(b.Len()) {
-		t.Errorf("WriteTo = %d bytes, but wrote %d", n, b.Len())
-	}
+	e := scrape(t, m)
 	want := `gemrecon_deliveries_total{outcome="accepted",source="we\"ird\\src\n"} 1`
-	if !strings.Contains(b.String(), want) {
-		t.Errorf("WriteTo = %s, want a line %s", b.String(), want)
+	if !strings.Contains(e.raw, want) {
+		t.Errorf("scrape = %s, want a line %s", e.raw, want)
 	}
-	parse(t, b.Bytes()).expect(t, []check{{"gemrecon_deliveries_total", []string{"source=" + src, "outcome=accepted"}, 1}})
+	e.expect(t, []check{{"gemrecon_deliveries_total", []string{"source=" + src, "outcome=accepted"}, 1}})
 }
 
 func TestConcurrentObserve(t *testing.T) {

@@ -32,17 +32,8 @@ type statsCollector struct {
 	descs                                                                []*prometheus.Desc // all of the above
 }
 
-func newStatsCollector(s StatsReader, opt Options) *statsCollector {
-	if opt.StatsTTL <= 0 {
-		opt.StatsTTL = DefaultStatsTTL
-	}
-	if opt.StatsTimeout <= 0 {
-		opt.StatsTimeout = 5 * time.Second
-	}
-	if opt.Now == nil {
-		opt.Now = time.Now
-	}
-	c := &statsCollector{s: s, ttl: max(opt.StatsTTL, MinStatsTTL), timeout: opt.StatsTimeout, now: opt.Now}
+func newStatsCollector(s StatsReader) *statsCollector {
+	c := &statsCollector{s: s, ttl: DefaultStatsTTL, timeout: 5 * time.Second, now: time.Now}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		d := prometheus.NewDesc(name, help, labels, nil)
 		c.descs = append(c.descs, d)

@@ -41,11 +41,7 @@ func TestWebhookCounters(t *testing.T) {
 	m.ObserveIgnored("", false)
 	m.ObserveInvalid(InvalidName)
 	m.ObserveInvalid("a reason nobody listed")
-	var b strings.Builder
-	if _, err := m.WriteTo(&b); err != nil {
-		t.Fatal(err)
-	}
-	e := parse(t, []byte(b.String()))
+	e := scrape(t, m)
 	e.expect(t, []check{
 		{"gemrecon_webhook_ignored_total", []string{"type=other"}, 50},
 		{"gemrecon_webhook_ignored_total", []string{"type=interaction.completed"}, 1},

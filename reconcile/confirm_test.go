@@ -127,7 +127,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 	if w.disp, err = dispatch.New(dc); err != nil {
 		t.Fatal(err)
 	}
-	w.metrics = metrics.NewWithOptions(nil, metrics.Options{NoRuntime: true})
+	w.metrics = metrics.New(nil)
 	if w.hooks, err = ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: w.metrics}); err != nil {
 		t.Fatal(err)
 	}

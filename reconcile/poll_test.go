@@ -1,11 +1,12 @@
 package reconcile
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -142,7 +143,7 @@ func (e *env) newPollOn(t *testing.T, api *geminifake.Server, o envOptions) (*Po
 		t.Fatal(err)
 	}
 	if e.metrics == nil {
-		e.metrics = metrics.NewWithOptions(nil, metrics.Options{NoRuntime: true})
+		e.metrics = metrics.New(nil)
 	}
 	every := o.fullScanEvery
 	if every == 0 {
@@ -512,11 +513,12 @@ func TestDeliveriesCountPollSightings(t *testing.T) {
 
 func metricsText(t *testing.T, m *metrics.Metrics) string {
 	t.Helper()
-	var b bytes.Buffer
-	if _, err := m.WriteTo(&b); err != nil {
-		t.Fatal(err)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /metrics = %d: %s", rec.Code, rec.Body)
 	}
-	return b.String()
+	return rec.Body.String()
 }
 
 func grep(s, sub string) string {

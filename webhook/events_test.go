@@ -45,7 +45,7 @@ func (l *logBuffer) lines(t *testing.T) []map[string]any {
 func eventServer(t *testing.T) (base string, s sink.Sink, m *metrics.Metrics, logs *logBuffer, send func(body []byte) reply) {
 	t.Helper()
 	s = sqlitetest.Open(t, sqlitetest.Path(t), sink.Options{})
-	m = metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
+	m = metrics.New(s)
 	logs = &logBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, Logger: log})

@@ -90,7 +90,7 @@ func trickle(t *testing.T, addr string) (answer string, held time.Duration) {
 func TestBadInput(t *testing.T) {
 	path := sqlitetest.Path(t)
 	s := sqlitetest.Open(t, path, sink.Options{BusyTimeout: 200 * time.Millisecond})
-	m := metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
+	m := metrics.New(s)
 	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, RetryAfter: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

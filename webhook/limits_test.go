@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
@@ -143,7 +144,7 @@ func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 // has room is recorded.
 func TestUnverifiedBytesCapped(t *testing.T) {
 	s := sqlitetest.OpenTemp(t, sink.Options{})
-	m := metrics.NewWithOptions(s, metrics.Options{NoRuntime: true})
+	m := metrics.New(s)
 	var logs testkit.Buffer
 	h, err := newHandler(webhook.Config{Sink: s, Secrets: []string{testSecret}, Metrics: m, MaxBody: 1000, MaxUnverified: 3000,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -195,14 +196,15 @@ func TestUnverifiedBytesCapped(t *testing.T) {
 	}
 }
 
-// metricsText scrapes m.
+// metricsText scrapes m through its Handler.
 func metricsText(t *testing.T, m *metrics.Metrics) string {
 	t.Helper()
-	var b strings.Builder
-	if _, err := m.WriteTo(&b); err != nil {
-		t.Fatal(err)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /metrics = %d: %s", rec.Code, rec.Body)
 	}
-	return b.String()
+	return rec.Body.String()
 }
 
 // At the cap on connections the probes still answer, on a spare
