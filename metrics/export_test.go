@@ -1,9 +1,13 @@
 package metrics
 
 import (
+	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/gemrecon/gemrecon/sink"
 )
 
 // Options are the test hooks of NewWithOptions.
@@ -13,9 +17,13 @@ type Options struct {
 	NoRuntime bool             // leave out the go_* and process_* metrics
 }
 
-// NewWithOptions is New with the stats cache's TTL and clock replaced and,
-// with NoRuntime, the runtime collectors unregistered.
+// NewWithOptions is New with the Stats calls counted (queries), the stats
+// cache's TTL and clock replaced and, with NoRuntime, the runtime
+// collectors unregistered.
 func NewWithOptions(s StatsReader, opt Options) *Metrics {
+	if s != nil {
+		s = &countingStats{StatsReader: s}
+	}
 	m := New(s)
 	if m.stats != nil {
 		if opt.StatsTTL > 0 {
@@ -30,4 +38,15 @@ func NewWithOptions(s StatsReader, opt Options) *Metrics {
 		m.reg.Unregister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
+}
+
+// countingStats counts the Stats calls made through it.
+type countingStats struct {
+	StatsReader
+	n atomic.Int32
+}
+
+func (c *countingStats) Stats(ctx context.Context) (sink.Stats, error) {
+	c.n.Add(1)
+	return c.StatsReader.Stats(ctx)
 }
