@@ -194,26 +194,20 @@ var ErrNoAPIKey = errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY)
 
 // CheckCredentials says what c lacks to reach the API: ErrNoAPIKey for the
 // Gemini API without a key, a field.Error for Vertex AI without a project
-// and a location; nil when HasCredentials.
+// and a location (whose Application Default Credentials the SDK looks up);
+// nil when it names them.
 func (c Config) CheckCredentials() error {
 	switch {
-	case c.HasCredentials():
-		return nil
-	case c.Backend == BackendVertex:
+	case c.Backend != BackendVertex && c.APIKey == "":
+		return ErrNoAPIKey
+	case c.Backend == BackendVertex && (c.Project == "" || c.Location == ""):
 		return field.Errorf("poller: ", "{Backend} vertex needs {Project} and {Location} (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
 	}
-	return ErrNoAPIKey
+	return nil
 }
 
-// HasCredentials reports whether c names API credentials: an API key for
-// the Gemini API; a project and a location for Vertex AI (whose Application
-// Default Credentials the SDK looks up).
-func (c Config) HasCredentials() bool {
-	if c.Backend == BackendVertex {
-		return c.Project != "" && c.Location != ""
-	}
-	return c.APIKey != ""
-}
+// HasCredentials reports whether c names API credentials (CheckCredentials).
+func (c Config) HasCredentials() bool { return c.CheckCredentials() == nil }
 
 // Operation is one listed batch operation in a terminal state.
 type Operation struct {
