@@ -431,12 +431,10 @@ func (p *Poller) checkSize(ctx context.Context, op, id string, n int64) error {
 	var f struct {
 		SizeBytes json.RawMessage `json:"sizeBytes"`
 	}
-	size, perr := int64(-1), json.Unmarshal(body, &f)
-	if perr == nil {
-		// An int64: a JSON string, or a number.
-		size, perr = strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
-	}
-	if perr != nil || size < 0 {
+	_ = json.Unmarshal(body, &f) // a body that does not decode has no sizeBytes
+	// An int64: a JSON string, or a number.
+	size, err := strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
+	if err != nil || size < 0 {
 		return fmt.Errorf("poller: %s: %w after %d bytes without a length: files.get has no sizeBytes", op, ErrSizeUnknown, n)
 	}
 	if size != n {

@@ -86,16 +86,13 @@ func (v *Verifier) Verify(body []byte, h http.Header) error {
 	}
 	// Try every secret even after a match, so the time taken does not say
 	// which secret (old or new) signed the request.
-	ok := false
+	err = ErrBadSignature
 	for _, wh := range v.hooks {
 		if wh.VerifyIgnoringTimestamp(body, signed) == nil {
-			ok = true
+			err = nil
 		}
 	}
-	if !ok {
-		return ErrBadSignature
-	}
-	return nil
+	return err
 }
 
 // Check judges the headers alone, as Verify does before it looks at the
