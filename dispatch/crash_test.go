@@ -45,6 +45,7 @@ func writeLockFree(t *testing.T, path string) bool {
 // same 200 keys through an exec effect; each key's effect runs exactly once.
 // It runs on SQLite and on PostgreSQL.
 func TestR1EightProcessesOneEffectPerKey(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-process")
 	}
@@ -59,9 +60,10 @@ func testR1(t *testing.T, db, dir string) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := childConfig{DB: db, Effect: "exec", Exec: `echo "$GEMRECON_KEY $GEMRECON_TOKEN" >> "$R1_LOG"`,
+	// The log's path is in the command itself, not in the environment
+	// (t.Setenv), so that the test can run in parallel.
+	cfg := childConfig{DB: db, Effect: "exec", Exec: `echo "$GEMRECON_KEY $GEMRECON_TOKEN" >> '` + strings.ReplaceAll(logPath, "'", `'\''`) + `'`,
 		Concurrency: 4, Mode: "until-done"}
-	t.Setenv("R1_LOG", logPath)
 	start := time.Now()
 	var children []*child
 	for range 8 {
@@ -113,6 +115,7 @@ func testR1(t *testing.T, db, dir string) {
 // over when their lease expires); a process has at most Concurrency attempts
 // running, so one kill leaves at most Concurrency of them.
 func TestR2KillNemesis(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-process")
 	}
@@ -220,6 +223,7 @@ func TestR2KillNemesis(t *testing.T) {
 // is taken over; the new holder finishes; after SIGCONT the stale holder's
 // outcome is rejected as fenced. It runs on SQLite and on PostgreSQL.
 func TestR3StoppedHolderIsFenced(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("multi-process")
 	}

@@ -194,6 +194,7 @@ func (o *observerLog) count(out Outcome) int {
 // TestDrainDoesNotLoop: failures whose retry is due at once are not run
 // again in the same Drain.
 func TestDrainDoesNotLoop(t *testing.T) {
+	t.Parallel()
 	s := sqlitetest.OpenTemp(t, sink.Options{RetryBase: time.Nanosecond, RetryMax: time.Nanosecond, Rand: sinktest.FixedRand(0), MaxAttempts: 100})
 	ks := keys(40)
 	record(t, s, ks...)
@@ -255,6 +256,7 @@ func TestDrainConcurrencyBound(t *testing.T) {
 // Grace completes; one that does not is killed (its exec process group with
 // it) and recorded as a retryable failure.
 func TestDrainShutdownGrace(t *testing.T) {
+	t.Parallel()
 	t.Run("finishes within grace", func(t *testing.T) {
 		s := sqlitetest.OpenTemp(t, sink.Options{})
 		record(t, s, "gemini:batches/slow")
@@ -287,9 +289,10 @@ func TestDrainShutdownGrace(t *testing.T) {
 		// Concurrency 1: one key runs, one is claimed ahead, one waits.
 		record(t, s, "gemini:batches/stuck1", "gemini:batches/stuck2", "gemini:batches/stuck3")
 		dir := t.TempDir()
+		t.Chdir(dir) // the command runs where gemrecon does
 		ctx, cancel := context.WithCancel(context.Background())
 		d := newDispatcher(t, Config{Sink: s, Grace: 200 * time.Millisecond, Concurrency: 1,
-			Effect: effect.NewExec(`touch started; sleep 30`, effect.ExecDir(dir), effect.ExecOutput(nil))})
+			Effect: effect.NewExec(`touch started; sleep 30`, effect.ExecOutput(nil))})
 		go func() {
 			deadline := time.Now().Add(20 * time.Second)
 			for time.Now().Before(deadline) {
@@ -340,14 +343,16 @@ func TestDrainShutdownGrace(t *testing.T) {
 // comes after the cancellation or before it; without a cancellation it
 // stops nothing.
 func TestEndGrace(t *testing.T) {
+	t.Parallel()
 	for _, first := range []string{"cancel", "EndGrace"} {
 		t.Run(first+" first", func(t *testing.T) {
 			s := sqlitetest.OpenTemp(t, sink.Options{})
 			record(t, s, "gemini:batches/stuck")
 			dir := t.TempDir()
+			t.Chdir(dir) // the command runs where gemrecon does
 			ctx, cancel := context.WithCancel(context.Background())
 			d := newDispatcher(t, Config{Sink: s, Grace: time.Hour, Concurrency: 1,
-				Effect: effect.NewExec(`trap '' TERM; touch started; sleep 30`, effect.ExecDir(dir), effect.ExecOutput(nil))})
+				Effect: effect.NewExec(`trap '' TERM; touch started; sleep 30`, effect.ExecOutput(nil))})
 			go func() {
 				deadline := time.Now().Add(20 * time.Second)
 				for time.Now().Before(deadline) {
@@ -442,6 +447,7 @@ func TestRunKeyOutcomes(t *testing.T) {
 
 // TestRenewExtendsLease: the lease is renewed while the effect runs.
 func TestRenewExtendsLease(t *testing.T) {
+	t.Parallel()
 	s := sqlitetest.OpenTemp(t, sink.Options{})
 	record(t, s, "gemini:batches/long")
 	const lease = 3 * time.Second // renewed every second
@@ -474,6 +480,7 @@ func TestRenewExtendsLease(t *testing.T) {
 // outcome, whether the renewal or the completion notices it; the backend
 // counts exactly one fenced write.
 func TestFenced(t *testing.T) {
+	t.Parallel()
 	for _, viaRenew := range []bool{false, true} {
 		t.Run(fmt.Sprintf("via renew %v", viaRenew), func(t *testing.T) {
 			clock := sinktest.NewClock(t0)

@@ -23,6 +23,7 @@ import (
 // the clock has passed every lease (the old dispatcher gave up after ~0.6s
 // and the takeovers ran those effects again).
 func TestNoSecondRunAfterAPostgresReset(t *testing.T) {
+	t.Parallel()
 	proxy, dsn := tcpproxy.ForDSN(t, pgtest.Schema(t))
 	clock := sinktest.NewClock(t0)
 	ctx := context.Background()

@@ -35,6 +35,7 @@ func mustGet(t *testing.T, s sink.Sink, key string) sink.Entry {
 // is done; a failure of its own is recorded as itself, not as a timeout; a
 // failure that says the context stopped it is recorded as a timeout.
 func TestOutcomeIsTheEffectsNotTheTimers(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		result  func(ctx context.Context) error
@@ -122,6 +123,7 @@ func (o *outage) config(lease time.Duration) Config {
 // finds the key to run again. (The old dispatcher gave up after ~0.6s, and
 // the takeover after the lease ran the effect a second time.)
 func TestDoneSurvivesAShortOutage(t *testing.T) {
+	t.Parallel()
 	o := newOutage(t)
 	o.onPause = func(o *outage, _ context.Context) {
 		if o.clock.Now().Sub(t0) >= 12*time.Second {
@@ -153,6 +155,7 @@ func TestDoneSurvivesAShortOutage(t *testing.T) {
 // matters: a permanent one, whose key must go dead rather than stay claimed
 // for the rest of its lease and be run again by the takeover.
 func TestFailureSurvivesAShortOutage(t *testing.T) {
+	t.Parallel()
 	o := newOutage(t)
 	o.result = effect.Permanent(errors.New("HTTP 400: unknown batch"))
 	o.onPause = func(o *outage, _ context.Context) {
@@ -178,6 +181,7 @@ func TestFailureSurvivesAShortOutage(t *testing.T) {
 // claimed until the lease expires (the documented case in which the effect
 // runs again).
 func TestDoneGivesUpWhenTheLeaseRunsShort(t *testing.T) {
+	t.Parallel()
 	o := newOutage(t)
 	lease := 20 * time.Second
 	d := newDispatcher(t, o.config(lease))
@@ -200,6 +204,7 @@ func TestDoneGivesUpWhenTheLeaseRunsShort(t *testing.T) {
 // outlasts it ends the tries (one last try when the grace runs out), long
 // before the lease would have.
 func TestDoneRetriesOnShutdownForAtMostGrace(t *testing.T) {
+	t.Parallel()
 	t.Run("outage ends within the grace", func(t *testing.T) {
 		o := newOutage(t)
 		ctx, shutdown := context.WithCancel(context.Background())
@@ -267,6 +272,7 @@ func (c *completeRefuser) Complete(ctx context.Context, key string, token int64)
 // lease is renewed, so the tries go on past the first lease's end and the
 // lease never lapses; done is recorded 40s after the claim of a 20s lease.
 func TestDoneRetriesRenewTheLease(t *testing.T) {
+	t.Parallel()
 	o := newOutage(t)
 	key := "gemini:batches/outage"
 	refusals := 0

@@ -265,6 +265,7 @@ func TestSQLNeedsCompleter(t *testing.T) {
 // both paths redeliver everything. Each invoice is booked once: one ledger
 // row, one outbox row, paid once.
 func TestSQLConcurrentDeliveriesBookOnce(t *testing.T) {
+	t.Parallel()
 	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
 		const invoices, deliveries = 5, 8
 		for i := range invoices {
@@ -355,6 +356,7 @@ func TestSQLConcurrentDeliveriesBookOnce(t *testing.T) {
 // redelivery into a duplicate, the payment is never booked) does not happen.
 // Once the data is fixed, the retry books it.
 func TestSQLFailureRollsBackAndRetries(t *testing.T) {
+	t.Parallel()
 	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
 		ctx := context.Background()
 		var clock atomic.Int64
@@ -427,6 +429,7 @@ func TestSQLFailureRollsBackAndRetries(t *testing.T) {
 // a child's time instead (≈ 6.5 ms of ≈ 12 ms per key under -race): ten
 // kills all missing a transaction has odds of about 2^-10.
 func TestSQLKillNemesis(t *testing.T) {
+	t.Parallel()
 	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
 		const n, kills = 1000, 10
 		ctx := context.Background()
@@ -532,6 +535,7 @@ func TestSQLKillNemesis(t *testing.T) {
 // transaction begins: on SQLite a stopped process holding the write lock
 // would block everyone, the takeover included.
 func TestSQLStaleHolderIsFenced(t *testing.T) {
+	t.Parallel()
 	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
 		ctx := context.Background()
 		key, name, payload := invoiceKey(7)

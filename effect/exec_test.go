@@ -31,11 +31,12 @@ func testEvent() Event {
 
 func TestExecEnvironmentAndStdin(t *testing.T) {
 	dir := t.TempDir()
+	t.Chdir(dir) // the command runs where gemrecon does
 	t.Setenv("GEMRECON_TEST_INHERITED", "yes")
 	cmd := `cat > stdin.json; env | grep -E '^GEMRECON_' | sort > env.txt`
 	ev := testEvent()
 	ev.Confirmed, ev.BatchState, ev.ResultsFile = true, "SUCCEEDED", "/var/lib/gemrecon/results/abc-123.jsonl"
-	if err := NewExec(cmd, ExecDir(dir), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
+	if err := NewExec(cmd, ExecOutput(nil)).Run(context.Background(), ev); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	stdin, err := os.ReadFile(filepath.Join(dir, "stdin.json"))
@@ -199,8 +200,8 @@ func TestExecLines(t *testing.T) {
 func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 	dir := t.TempDir()
 	late := filepath.Join(dir, "late")
-	cmd := `sh -c 'sleep 2; echo late > "$LATE"' & echo started >&2; sleep 30`
-	t.Setenv("LATE", late)
+	t.Parallel()
+	cmd := `sh -c 'sleep 2; echo late > ` + shQuote(late) + `' & echo started >&2; sleep 30`
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -248,9 +249,10 @@ func TestExecBackgroundChildDoesNotHang(t *testing.T) {
 
 func TestExecCancelledBeforeStart(t *testing.T) {
 	dir := t.TempDir()
+	t.Chdir(dir) // the command runs where gemrecon does
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := NewExec("touch ran", ExecDir(dir), ExecOutput(nil)).Run(ctx, testEvent())
+	err := NewExec("touch ran", ExecOutput(nil)).Run(ctx, testEvent())
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Run(cancelled) = %v, want context.Canceled", err)
 	}
@@ -364,10 +366,13 @@ func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
 	// Writes spread over time, so that the copy has failed (and, today,
 	// closed the pipe) before the later writes.
 	const talk = `i=0; while [ $i -lt 20 ]; do echo out$i; echo err$i >&2; sleep 0.02; i=$((i+1)); done; `
+	t.Parallel()
 	for name, out := range outputs {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
-			err := NewExec(talk+`touch finished; exit 0`, ExecDir(dir), ExecOutput(out())).Run(context.Background(), testEvent())
+			t.Chdir(dir) // the command runs where gemrecon does
+			err := NewExec(talk+`touch finished; exit 0`, ExecOutput(out())).Run(context.Background(), testEvent())
 			if err != nil {
 				t.Errorf("Run() = %v, want nil: the command exited 0 on its own", err)
 			}
@@ -402,4 +407,13 @@ func TestExecStdinNotReadIsNoFailure(t *testing.T) {
 			t.Errorf("Exec(%q).Run() = %v, want only %q", cmd, err, want)
 		}
 	}
+}
+
+// shQuote quotes s for sh inside a command already in single quotes
+// ('…'"…"'…' would not do): s must hold no quote of either kind.
+func shQuote(s string) string {
+	if strings.ContainsAny(s, `'"\$`+"`") {
+		panic("shQuote: " + s)
+	}
+	return `"` + s + `"`
 }

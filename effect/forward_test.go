@@ -294,40 +294,48 @@ func TestForward2xxBeforeTheDeadlineIsSuccess(t *testing.T) {
 // timeout: the body is read for the error's snippet and for connection
 // reuse only, within a short bound.
 func TestForwardAnswerWithAStalledBody(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{http.StatusOK, http.StatusServiceUnavailable} {
-		release := make(chan struct{})
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(status)
-			_, _ = io.WriteString(w, "start of the body")
-			w.(http.Flusher).Flush()
-			select { // the rest never comes
-			case <-release:
-			case <-r.Context().Done():
-			}
-		}))
-		f, err := NewForward(srv.URL, "", srv.Client())
-		if err != nil {
-			t.Fatal(err)
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			forwardAnswerWithAStalledBody(t, status)
+		})
+	}
+}
+
+func forwardAnswerWithAStalledBody(t *testing.T, status int) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, "start of the body")
+		w.(http.Flusher).Flush()
+		select { // the rest never comes
+		case <-release:
+		case <-r.Context().Done():
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		start := time.Now()
-		err = f.Run(ctx, testEvent())
-		elapsed := time.Since(start)
-		cancel()
-		close(release)
-		srv.Close()
-		if status == http.StatusOK && err != nil {
-			t.Errorf("Run(200, stalled body) = %v, want nil", err)
+	}))
+	f, err := NewForward(srv.URL, "", srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	start := time.Now()
+	err = f.Run(ctx, testEvent())
+	elapsed := time.Since(start)
+	cancel()
+	close(release)
+	srv.Close()
+	if status == http.StatusOK && err != nil {
+		t.Errorf("Run(200, stalled body) = %v, want nil", err)
+	}
+	if status != http.StatusOK {
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != status || !strings.Contains(se.Body, "start of the body") {
+			t.Errorf("Run(%d, stalled body) = %v, want a StatusError %d with the body's start", status, err, status)
 		}
-		if status != http.StatusOK {
-			var se *StatusError
-			if !errors.As(err, &se) || se.Code != status || !strings.Contains(se.Body, "start of the body") {
-				t.Errorf("Run(%d, stalled body) = %v, want a StatusError %d with the body's start", status, err, status)
-			}
-		}
-		if elapsed > 8*time.Second {
-			t.Errorf("Run(%d, stalled body) took %v: held until the effect timeout", status, elapsed)
-		}
+	}
+	if elapsed > 8*time.Second {
+		t.Errorf("Run(%d, stalled body) took %v: held until the effect timeout", status, elapsed)
 	}
 }
 

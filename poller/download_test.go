@@ -201,6 +201,7 @@ func TestDownloadRetriesAndErrors(t *testing.T) {
 // body (the timer runs only while waiting for data); a write error comes
 // back as it is, not as transient.
 func TestDownloadStallsAndWriteErrors(t *testing.T) {
+	t.Parallel()
 	s := startFake(t, geminifake.Options{}, getBatches()...)
 	s.AddFile(geminifake.File{Name: "files/stuck", Size: 100_000, Seed: 1, StallAfter: 10_000})
 	cfg := testConfig(s, &sleeps{})

@@ -196,6 +196,7 @@ func TestGetAuth(t *testing.T) {
 // *TransientError carrying the server's delay; transport errors and
 // timeouts are transient too.
 func TestGetTransient(t *testing.T) {
+	t.Parallel()
 	s := startFake(t, geminifake.Options{}, getBatches()...)
 	sl := &sleeps{}
 	cfg := testConfig(s, sl)

@@ -213,6 +213,7 @@ func TestCompletionBetweenPasses(t *testing.T) {
 // sound measure: a request delayed on its way shortens the next gap, and a
 // loaded machine did exactly that.)
 func TestRateLimit(t *testing.T) {
+	t.Parallel()
 	bs := load(t, "batches-mixed.json")
 	s := startFake(t, geminifake.Options{}, bs...)
 	cfg := testConfig(s, &sleeps{})
@@ -258,6 +259,7 @@ func (s *sendTimes) all() []time.Time {
 // (4) A 429 whose RetryInfo says 2s (or whose Retry-After says so): the
 // next request comes ≥ 2 s later and the pass completes. Real time, bounded.
 func TestRetryHonoursServerDelay(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		fault geminifake.Fault
@@ -269,6 +271,7 @@ func TestRetryHonoursServerDelay(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			bs := load(t, "batches-mixed.json")
 			s := startFake(t, geminifake.Options{}, bs...)
 			s.InjectFault(geminifake.Fault{}, tc.fault)

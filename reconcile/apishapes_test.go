@@ -101,6 +101,7 @@ func TestPoisonedConfirmationIsAFailedAttempt(t *testing.T) {
 // written. An operation of an unknown @type is recorded with its raw
 // operation and counted (unknown_types=).
 func TestEmbeddingAndUnknownBatchesAreCompletions(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "results")
 	w := newWorld(t, worldOptions{resultsDir: dir})
 	c := genaitest.Client(t, w.api.URL(), testKey)
@@ -193,6 +194,7 @@ func filesAnswer(api *geminifake.Server, file string, download, get *geminifake.
 // 48 h ago makes the key dead at once as results_expired. The same answer
 // for a batch that ended an hour ago is an ordinary failed attempt.
 func TestResultsExpired(t *testing.T) {
+	t.Parallel()
 	notFound := &geminifake.Fault{Status: http.StatusNotFound, Message: "Requested entity was not found."}
 	for _, tc := range []struct {
 		name          string

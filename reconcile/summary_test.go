@@ -99,6 +99,7 @@ func TestSummaryJSON(t *testing.T) {
 
 // A real pass: terminal = skipped_old + new + duplicates + invalid.
 func TestSummaryAddsUp(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{pageSize: 5})
 	bs, _ := issueBatches(t0)
 	e.api.Add(bs...)
@@ -184,7 +185,7 @@ func testTextfile(t *testing.T, pg bool) {
 		}
 	}
 	if !strings.Contains(text, "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge\n") ||
-		!strings.Contains(text, `gemrecon_poll_last_success_timestamp_seconds{scope="`+e.poll.Scope()+`"} `) {
+		!strings.Contains(text, `gemrecon_poll_last_success_timestamp_seconds{scope="`+e.poll.scope+`"} `) {
 		t.Errorf("no TYPE line or no scope label:\n%s", text)
 	}
 
@@ -243,7 +244,7 @@ func testTextfile(t *testing.T, pg bool) {
 	// 5: another process holds the lease: the pass skips its listing,
 	// succeeds, and the scope's last success stays the database's.
 	e.clock.Set(t0.Add(4 * time.Hour))
-	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.Scope(), "other-host:1:a", time.Minute, 0); err != nil {
+	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.scope, "other-host:1:a", time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
 	r = e.pass(t)

@@ -14,6 +14,7 @@ import (
 // or running for over a day is warned of at most once per hour of its
 // age, whichever pass lists it; the pass's figures replace the last ones.
 func TestUnfinishedBatchesCountedAndWarned(t *testing.T) {
+	t.Parallel()
 	backends(t, func(t *testing.T, pg bool) {
 		e := newEnv(t, envOptions{postgres: pg})
 		stuck := t0.Add(-30 * time.Hour)

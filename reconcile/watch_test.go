@@ -16,6 +16,7 @@ import (
 // counted as an error). With an interval of 1 ns every pass outlasts it, so
 // each run below meets that moment.
 func TestWatchRunsNoPassAfterItsContextEnds(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{interval: time.Nanosecond})
 	for i := range 20 {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -33,11 +34,7 @@ const (
 
 // Valid reports whether s is one of the four states.
 func (s State) Valid() bool {
-	switch s {
-	case StatePending, StateClaimed, StateDone, StateDead:
-		return true
-	}
-	return false
+	return slices.Contains([]State{StatePending, StateClaimed, StateDone, StateDead}, s)
 }
 
 // Sources of a sighting. Other strings are allowed (they are stored as given).

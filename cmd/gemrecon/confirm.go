@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -10,27 +9,6 @@ import (
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/results"
 )
-
-// confirmFlags are the flags of spec §9.2 and §9.5, shared by poll, serve
-// and drain: --confirm, --results-dir, --download-timeout. Their rules are
-// dispatch's (ParseConfirmMode, ConfirmMode.Confirms, Config.Validate).
-type confirmFlags struct {
-	mode            string
-	resultsDir      string
-	downloadTimeout time.Duration
-}
-
-func (f *confirmFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.mode, "confirm", string(dispatch.ConfirmAuto), "confirm keys first seen by webhook with the API (Batches.Get) before their effect runs: auto (when API credentials are set), always (exit 2 without them), never")
-	fs.StringVar(&f.resultsDir, "results-dir", "", "write a succeeded Gemini API batch's results to DIR/<id>.jsonl before its effect runs (needs API credentials); the path is results_file in the event document and GEMRECON_RESULTS_FILE")
-	fs.DurationVar(&f.downloadTimeout, "download-timeout", dispatch.DefaultDownloadTimeout, "bound one results download; it runs under the key's claim, whose lease is renewed meanwhile, so it may exceed --lease")
-}
-
-// parse reads --confirm (exit 2 when it is no mode).
-func (f *confirmFlags) parse() (dispatch.ConfirmMode, error) {
-	m, err := dispatch.ParseConfirmMode(f.mode)
-	return m, usage(err)
-}
 
 // registerAPI registers the API flags of pollFlags alone (backend, base URL,
 // Vertex project and location, rate limit), for a command that talks to the
@@ -64,29 +42,20 @@ func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
 	return cfg
 }
 
-// warn says once, at start, that webhook-first keys run unconfirmed. It
-// is called once the database is open, so that a command that cannot start
-// says only why.
-func (a *app) warn(api apiSetup) {
-	if api.unconfirmed {
-		a.logger.Warn(`no API credentials: keys first seen by webhook run unconfirmed ("confirmed": false, their operation is the webhook's body); keys seen only through a dynamic signature wait for a process that can confirm them. Set GEMINI_API_KEY to confirm, or --confirm never to silence this`)
-	}
-}
-
 // setupAPI decides, for --confirm and --results-dir, whether this process
 // confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
 // Config.Validate, checked against dcfg), and builds its one poller when it
 // needs one (p, when the command already has a poller for listing: one
 // rate limiter per process for list, get and downloads).
-func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, cf *confirmFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
-	pcfg := a.pollerConfig(pf, poller.EnvAPIKey())
+func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
+	pcfg := a.pollerConfig(pf)
 	creds := p != nil || pcfg.HasCredentials()
 	var out apiSetup
 	var err error
 	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
 		return out, usage(err)
 	}
-	if creds && (out.confirm || cf.resultsDir != "") && p == nil {
+	if creds && (out.confirm || ef.resultsDir != "") && p == nil {
 		if err := usage(pcfg.Validate()); err != nil {
 			return out, err
 		}
@@ -95,7 +64,7 @@ func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.Confirm
 		}
 	}
 	out.poller = p // the listing poller, the one just built, or nil
-	if cf.resultsDir != "" {
+	if ef.resultsDir != "" {
 		// Checked before the directory is made: a refused command
 		// leaves nothing behind.
 		check := out
@@ -103,7 +72,7 @@ func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.Confirm
 		if err := usage(check.apply(dcfg).Validate()); err != nil {
 			return out, err
 		}
-		if out.results, err = results.Open(cf.resultsDir); err != nil {
+		if out.results, err = results.Open(ef.resultsDir); err != nil {
 			return out, withCode(exitUsage, err)
 		}
 	}

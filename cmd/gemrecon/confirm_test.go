@@ -278,6 +278,7 @@ func TestKillDuringDownloadThenRestart(t *testing.T) {
 // API says is finished is answered 200 done; one it says is running 202
 // (the key goes on as in inbox mode), in about --sync-wait, not longer.
 func TestServeSyncConfirmsWithinSyncWait(t *testing.T) {
+	parallel(t)
 	api := fakeAPI(t, "SUCCEEDED", "RUNNING")
 	dir := t.TempDir()
 	addr := freeAddr(t)

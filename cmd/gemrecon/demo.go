@@ -14,21 +14,17 @@ func (a *app) demoCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "A self-contained run on loopback: each completion seen up to three times, its effect run once",
-		Long: `Start the emulator (the Gemini API stand-in of 'gemrecon emulator', with its
-WebhookService and key set) and serve's webhook receiver on free loopback
-ports with a temporary database; five batches finish over about a second and a
-half (one fails, one expires). Their completions arrive by signed webhook —
-four through a static webhook (HMAC), one through a per-job webhookConfig
-(signed with the emulator's published keys) — each delivered twice, except one
-that is "lost"; then a poll pass sees them all again. Every key first seen by
-webhook is confirmed with the API (Batches.Get) before its effect runs, and a
-succeeded batch's results are written to a results directory first. The
-effect appends a line per run to a file. Ends with a table — one effect per
-completion — and what one webhook-first key's effect received. Needs no
-credentials and reaches no network.
+		Long: `Start the emulator and serve's receiver on free loopback ports with a
+temporary database; five batches finish over about a second and a half. Their
+completions arrive by signed webhook (static HMAC and per-job dynamic), each
+delivered twice except one that is "lost"; then a poll pass sees them all
+again. Keys first seen by webhook are confirmed with the API, and a succeeded
+batch's results are written first. Ends with a table — one effect per
+completion — and what one effect received. Needs no credentials and reaches
+no network.
 
-The story goes to stdout; logs go to stderr in --log-format, warnings and
-errors only unless --log-level (or GEMRECON_LOG_LEVEL) is given.`,
+The story goes to stdout; logs go to stderr, warnings and errors only unless
+--log-level (or GEMRECON_LOG_LEVEL) is given.`,
 		Example: `  gemrecon demo
   gemrecon demo --keep /tmp/gemrecon-demo && gemrecon --db /tmp/gemrecon-demo/gemrecon.db status batches/demo-nightly`,
 		Args: exactArgs(0),

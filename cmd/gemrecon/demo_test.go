@@ -15,6 +15,7 @@ import (
 // wiring's debug records; without --log-level the demo stays quiet (warnings
 // and errors only), so that logs do not drown its story.
 func TestDemoHonoursLogFlags(t *testing.T) {
+	parallel(t)
 	if testing.Short() {
 		t.Skip("runs the demo twice")
 	}

@@ -269,6 +269,7 @@ func TestKubernetesManifests(t *testing.T) {
 // in GEMINI_API_KEY_FILE (systemd's LoadCredential=): poll then lists with
 // it. An empty or missing file is refused at start.
 func TestAPIKeyFile(t *testing.T) {
+	parallel(t)
 	api := fakeAPI(t, "SUCCEEDED")
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))

@@ -58,6 +58,7 @@ func fileSize(t *testing.T, path string) int64 {
 // a restart. Every key answered 202, before the limit and after, is in the
 // database afterwards.
 func TestServeDiskFull(t *testing.T) {
+	parallel(t)
 	db := newDB(t)
 	addr := freeAddr(t)
 	base := "http://" + addr
@@ -166,6 +167,7 @@ func TestServeDiskFull(t *testing.T) {
 // again and records it done — the honest consequence, which the README's
 // troubleshooting section states.
 func TestDrainDiskFullBeforeDone(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))
 	started, proceed, runs := filepath.Join(dir, "started"), filepath.Join(dir, "go"), filepath.Join(dir, "runs")
@@ -242,6 +244,7 @@ func TestDrainDiskFullBeforeDone(t *testing.T) {
 // database; every completion it recorded is in the database, and the next
 // poll, with room, records the rest and runs every effect once.
 func TestPollDiskFullRecording(t *testing.T) {
+	parallel(t)
 	states := make([]string, 60)
 	for i := range states {
 		states[i] = "SUCCEEDED"

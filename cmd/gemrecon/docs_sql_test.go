@@ -30,6 +30,7 @@ import (
 // instead of public; the API is the stand-in (GOOGLE_GEMINI_BASE_URL);
 // sqlite3 and psql are replaced by running the schema file here.
 func TestDocsSQLExample(t *testing.T) {
+	parallel(t)
 	for _, backend := range []string{"sqlite", "postgres"} {
 		t.Run(backend, func(t *testing.T) {
 			var db, appDB string

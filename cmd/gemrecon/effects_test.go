@@ -66,6 +66,7 @@ func TestFencedOutcomeExits4(t *testing.T) {
 // "effect output" record with the key and the stream. In text format the
 // lines come as they are.
 func TestExecOutputUnderJSONLogs(t *testing.T) {
+	parallel(t)
 	effect := `echo "out line"; printf 'err ' >&2; sleep 0.05; echo 'line {not json' >&2`
 	t.Run("json", func(t *testing.T) {
 		db, key := fencedDB(t)
@@ -206,6 +207,7 @@ func waitExit(t *testing.T, cmd *exec.Cmd, max time.Duration, stderr fmt.Stringe
 // claims nothing more, and every key is pending again with no attempt used
 // (no key waits for its lease).
 func TestDrainIntoHeadExits1(t *testing.T) {
+	parallel(t)
 	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	ks := []string{"gemini:batches/h1", "gemini:batches/h2", "gemini:batches/h3"}
 	recordBig(t, db, ks...)
@@ -255,6 +257,7 @@ func stalledPipe(t *testing.T) *os.File {
 // longer than --effect-timeout; drain then exits 1 with a message, and the
 // key is pending with no attempt used.
 func TestDrainStalledStdoutEndsWithinTheEffectTimeout(t *testing.T) {
+	parallel(t)
 	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	key := "gemini:batches/stalled"
 	recordBig(t, db, key)
@@ -282,6 +285,7 @@ func TestDrainStalledStdoutEndsWithinTheEffectTimeout(t *testing.T) {
 // reader stopped reading mid-line still stops within --grace (+ a bound)
 // of SIGTERM, says why, and leaves the key pending with no attempt used.
 func TestServeSIGTERMWithStalledStdout(t *testing.T) {
+	parallel(t)
 	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	key := "gemini:batches/stalled"
 	recordBig(t, db, key)

@@ -266,6 +266,7 @@ func (rc *dynReceiver) all() []dynDelivery {
 // webhook/dynamic verifies v1a and JWT against the JWKS the emulator
 // serves on its own listener.
 func TestEmulatorCreateDeliversDynamically(t *testing.T) {
+	parallel(t)
 	for _, tc := range []struct {
 		mode string
 		want []dynamic.Scheme
@@ -363,6 +364,7 @@ func TestEmulatorStaticWebhookFromCLI(t *testing.T) {
 // matching the counts the emulator logs at exit; the same seed drops the
 // same batches.
 func TestEmulatorDropsAndDuplicates(t *testing.T) {
+	parallel(t)
 	run := func() (dropped []string) {
 		rc := newHookReceiver(t)
 		p := startEmulator(t, "--batches", "24", "--finish-within", "0", "--seed", "11", "--drop", "0.25", "--duplicate", "0.25",
@@ -411,6 +413,7 @@ func TestEmulatorDropsAndDuplicates(t *testing.T) {
 // SDK's Files.Download and through the poller's streaming download (what
 // results directories use), both equal to emulator.Responses.
 func TestEmulatorResultsDownloadByteForByte(t *testing.T) {
+	parallel(t)
 	p := startEmulator(t, "--batches", "8", "--finish-within", "0", "--seed", "5")
 	c := p.client(t)
 	ctx := context.Background()

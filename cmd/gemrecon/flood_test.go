@@ -127,6 +127,7 @@ func floodServe(t *testing.T, db string) (string, fmt.Stringer, int) {
 // flood keeps serve's memory small, and a signed delivery sent meanwhile
 // is accepted. (Before, every body was read first: 1.7 GB.)
 func TestServeUnsignedFloodStaysSmall(t *testing.T) {
+	parallel(t)
 	db := newDB(t)
 	addr, stderr, pid := floodServe(t, db)
 	f := startFlood(t, addr, func(int) http.Header { return http.Header{} })
@@ -149,6 +150,7 @@ func TestServeUnsignedFloodStaysSmall(t *testing.T) {
 // its body is read, and so does a signed delivery sent while the cap is
 // full. The sender retries and nothing is lost.
 func TestServePlausibleFloodDeliveryRetried(t *testing.T) {
+	parallel(t)
 	db := newDB(t)
 	addr, stderr, pid := floodServe(t, db)
 	f := startFlood(t, addr, func(i int) http.Header {

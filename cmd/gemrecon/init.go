@@ -15,17 +15,12 @@ import (
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
 
-const initLong = `Create the database gemrecon records in — the SQLite file, or gemrecon's
-tables in the PostgreSQL schema the search_path names first (the schema too) —
-or upgrade an older one to this gemrecon's schema, and say what it found and
-what it did. Run it once, as an install step: every other command opens only
-a database that holds gemrecon's schema already, so that a mistyped --db (or
-search_path) is refused instead of starting afresh and running every
-completion in the window again. Running it again does nothing; several
-processes may run it at once (on PostgreSQL the migrations take an advisory
-lock). Do not run it before every start: that would create a mistyped
-database again. (Commands that write still upgrade an older schema when they
-open it.)
+const initLong = `Create the database — the SQLite file, or gemrecon's tables in the first
+schema of the PostgreSQL search_path — or upgrade an older one, and say what
+it found and did. Run it once, as an install step: every other command opens
+only a database that holds gemrecon's schema already, so that a mistyped --db
+is refused instead of starting afresh and running every completion in the
+window again. Running it again, or from several processes at once, is safe.
 
 Exit status: 0 the database holds this gemrecon's schema (or a newer one it
 may use), 1 it could not (the message says why), 2 a --db that names no
@@ -46,10 +41,7 @@ func (a *app) initCommand() *cobra.Command {
 // runInit is init: open --db creating what is missing, then say what was
 // found and done.
 func (a *app) runInit(ctx context.Context) error {
-	t, err := dial.Parse(a.db) // setup has refused what it cannot parse
-	if err != nil {
-		return withCode(exitUsage, fmt.Errorf("--db: %w", err))
-	}
+	t, _ := dial.Parse(a.db) // setup has refused what it cannot parse
 	where, latest, noFile := dial.Describe(a.db), postgres.SchemaVersion(), false
 	if t.Backend == dial.SQLite {
 		latest = sqlite.SchemaVersion()

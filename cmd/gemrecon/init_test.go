@@ -88,6 +88,7 @@ func runChild(t *testing.T, env []string, args ...string) result {
 // poll with no effect flag, an empty effect, and an --exec program that
 // does not exist; init creates once and then does nothing.
 func TestIssue24SafeDefaults(t *testing.T) {
+	parallel(t)
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			api := fakeAPI(t, "SUCCEEDED", "FAILED")
@@ -171,6 +172,7 @@ func TestIssue24SafeDefaults(t *testing.T) {
 // path that is not executable is refused at start, one with shell syntax is
 // not checked.
 func TestIssue24EmptyFileAndExecPaths(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	db := filepath.Join(dir, "empty.db")
 	if err := os.WriteFile(db, nil, 0o600); err != nil {
@@ -215,6 +217,7 @@ func TestIssue24EmptyFileAndExecPaths(t *testing.T) {
 // Kubernetes Job with parallelism, hosts provisioned together): every one
 // succeeds, and the database is usable.
 func TestInitConcurrent(t *testing.T) {
+	parallel(t)
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			const n = 4

@@ -28,12 +28,8 @@ type interrupts struct {
 	ds  []*dispatch.Dispatcher
 }
 
-// setLogger gives the handler the command's logger. A nil handler (an app
-// built by a test) ignores it, as add does.
+// setLogger gives the handler the command's logger.
 func (in *interrupts) setLogger(l *slog.Logger) {
-	if in == nil {
-		return
-	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.log = l
@@ -42,9 +38,6 @@ func (in *interrupts) setLogger(l *slog.Logger) {
 // add registers a dispatcher whose effects a second signal stops; one
 // created after the second signal starts with its grace ended.
 func (in *interrupts) add(d *dispatch.Dispatcher) {
-	if in == nil {
-		return
-	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.ds = append(in.ds, d)

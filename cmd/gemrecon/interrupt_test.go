@@ -25,6 +25,7 @@ import (
 // twice: once with a second signal, once (the reference) with --grace 1s
 // and one signal.
 func TestSecondInterruptStopsEffectsNow(t *testing.T) {
+	parallel(t)
 	api := fakeAPI(t, "SUCCEEDED")
 	for _, tc := range []struct {
 		name string
@@ -119,6 +120,7 @@ func TestSecondInterruptStopsEffectsNow(t *testing.T) {
 // does once the grace runs out, TestServeSyncSIGTERMLeavesNoClaim) and the
 // key is pending, interrupted by shutdown.
 func TestServeSecondSIGTERMStopsSyncEffectNow(t *testing.T) {
+	parallel(t)
 	cmd, stderr, db, answered, pgid := serveSyncEffect(t, "slow", "--grace", "1m", "--drain-timeout", "2m")
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -154,6 +156,7 @@ func TestServeSecondSIGTERMStopsSyncEffectNow(t *testing.T) {
 // group is gone within seconds, and the key is pending, interrupted by
 // shutdown. Before, the effect ran on until the drain was over.
 func TestServeSecondSIGTERMStopsBackgroundEffectsDuringADrain(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))
 	pidFile := filepath.Join(dir, "effect.pid")

@@ -39,19 +39,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	done := make(chan struct{})
-	defer close(done)
 	go func() {
-		for {
-			select {
-			case <-sigs:
-				in.signal()
-			case <-done:
-				return
-			}
+		for range sigs { // never closed: the process ends when run returns
+			in.signal()
 		}
 	}()
-	return executeWith(ctx, in, args, stdin, stdout, stderr)
+	return execute(ctx, in, args, stdin, stdout, stderr)
 }
 
 // apiKeyFile names the file that holds the Gemini API key, for services

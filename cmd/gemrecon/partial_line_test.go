@@ -51,6 +51,7 @@ func openAppend(t *testing.T, path string) *os.File {
 // a line of their own and warns once: the fragment is one malformed line,
 // and every event, the cut-off one included, is one whole JSON line.
 func TestDrainAppendedAfterACutOffLine(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	db, out := initDB(t, filepath.Join(dir, "s.db")), filepath.Join(dir, "events.ndjson")
 	keys := []string{"gemini:batches/cut1", "gemini:batches/cut2"}

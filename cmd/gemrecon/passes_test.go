@@ -52,6 +52,7 @@ func arrangePasses(t *testing.T, db string) (t0 time.Time) {
 // (start, end, holder), last success, last full scan and lease; --json has
 // them under "passes" with the struct's field names.
 func TestStatsShowsPassRecords(t *testing.T) {
+	parallel(t)
 	db := newDB(t)
 	r := gemrecon(t, "--db", db, "stats")
 	wantCode(t, r, exitOK)
@@ -164,6 +165,7 @@ func TestStatsEscapesStoredStrings(t *testing.T) {
 // TestServeMetricsShowPassRecords: serve's /metrics carries the pass
 // records of the database per scope, absent where a time never happened.
 func TestServeMetricsShowPassRecords(t *testing.T) {
+	parallel(t)
 	db := newDB(t)
 	t0 := arrangePasses(t, db)
 	addr := freeAddr(t)

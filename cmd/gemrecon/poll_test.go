@@ -44,6 +44,7 @@ func pollArgs(db string, api *geminifake.Server, extra ...string) []string {
 // --watch stopped by SIGTERM mid-effect exits within the grace period and
 // leaves no key claimed (issue 4, test 11).
 func TestPollWatchSIGTERMLeavesNoClaim(t *testing.T) {
+	parallel(t)
 	api := fakeAPI(t, "SUCCEEDED")
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))

@@ -66,6 +66,7 @@ func gemreconOnPath(t *testing.T) string {
 // `go run ./cmd/gemrecon` standing for this very binary and the kept
 // directory moved into a temporary one, so the README cannot silently rot.
 func TestReadmeCommands(t *testing.T) {
+	parallel(t)
 	if testing.Short() {
 		t.Skip("runs the demo twice")
 	}
@@ -152,6 +153,7 @@ func TestReadmeCommands(t *testing.T) {
 // Every completion must run its effect once, per-job deliveries must have
 // reached serve --dynamic and been accepted.
 func TestReadmeTryLocally(t *testing.T) {
+	parallel(t)
 	if testing.Short() {
 		t.Skip("runs the emulator, serve and poll as processes")
 	}

@@ -346,14 +346,14 @@ func testServeReplicas(t *testing.T, db string) {
 // Issue 14, "Done when" 1 and 3, PostgreSQL.
 func TestReplicasServePostgres(t *testing.T) {
 	dsn := pgtest.Schema(t)
-	t.Parallel()
+	parallelTimed(t)
 	initDB(t, dsn)
 	testServeReplicas(t, dsn)
 }
 
 // Issue 14, "Done when" 1 and 3, SQLite.
 func TestReplicasServeSQLite(t *testing.T) {
-	t.Parallel()
+	parallelTimed(t)
 	testServeReplicas(t, newDB(t))
 }
 
@@ -362,7 +362,7 @@ func TestReplicasServeSQLite(t *testing.T) {
 // overlapping (the stand-in answers each list request after 100 ms) — and a
 // plain `poll` of another scope every second, on one SQLite file.
 func TestReplicasOverlappingPolls(t *testing.T) {
-	t.Parallel()
+	parallelTimed(t)
 	db := newDB(t)
 	log := filepath.Join(t.TempDir(), "effects.log")
 	apiA, apiB := fakeAPI(t), fakeAPI(t)
@@ -453,7 +453,7 @@ func TestReplicasOverlappingPolls(t *testing.T) {
 // lease + interval of the kill (plus 1 s for scheduling) and completes it,
 // and no completion is missed.
 func TestReplicasKillHolderMidPass(t *testing.T) {
-	t.Parallel()
+	parallelTimed(t)
 	const lease, interval = 2 * time.Second, time.Second
 	db := newDB(t)
 	log := filepath.Join(t.TempDir(), "effects.log")

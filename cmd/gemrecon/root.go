@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,14 +40,10 @@ type app struct {
 	sinks   []sink.Sink // every sink the command opened
 }
 
-// execute builds the command tree, runs args and returns the exit status
-// (no signal handling: in-process tests).
-func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return executeWith(ctx, &interrupts{}, args, stdin, stdout, stderr)
-}
-
-// executeWith is execute whose signals go to in (run).
-func executeWith(ctx context.Context, in *interrupts, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// execute builds the command tree, runs args and returns the exit status;
+// SIGINT and SIGTERM reach the command through in (run; in-process tests
+// pass an interrupts that no signal feeds).
+func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// Effects, workers and the logger write to stderr concurrently. (stdout
 	// is left as it is: only the print effect writes there, under its own
 	// lock, and it must see an *os.File to sync each line.)
@@ -57,23 +54,20 @@ func executeWith(ctx context.Context, in *interrupts, args []string, stdin io.Re
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	err = a.withBrokenSink(err)
-	if err != nil {
-		if isCobraUsageError(err) {
-			err = withCode(exitUsage, err)
-		}
-		var ee *exitError
-		if !errors.As(err, &ee) || ee.err != nil {
-			code := exitCode(err)
-			if code == exitUsage {
-				a.errorLine(err.Error(), "exit", code, "hint", usageHint)
-			} else {
-				a.errorLine(err.Error(), "exit", code)
-			}
-		}
+	err := a.withBrokenSink(root.ExecuteContext(ctx))
+	if err != nil && isCobraUsageError(err) {
+		err = withCode(exitUsage, err)
 	}
-	return exitCode(err)
+	code := exitCode(err)
+	var ee *exitError // a nil err in it: the command said what it had to
+	if err != nil && (!errors.As(err, &ee) || ee.err != nil) {
+		attrs := []any{"exit", code}
+		if code == exitUsage {
+			attrs = append(attrs, "hint", usageHint)
+		}
+		a.errorLine(err.Error(), attrs...)
+	}
+	return code
 }
 
 const usageHint = "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage."
@@ -124,12 +118,12 @@ func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "gemrecon",
 		Short: "Run each Gemini batch completion's downstream work once",
-		Long: `gemrecon hears about every Gemini batch completion several times — webhook
-deliveries (at least once) and reconciliation poll passes — and turns each
-sighting into an idempotency key ("gemini:batches/…") in one durable
-claim/lease sink (SQLite by default, PostgreSQL for many machines). Each
-completion's effect (a command, an HTTP forward, an SQL script or an NDJSON
-line) runs until it succeeds, and never again once it is done.`,
+		Long: `gemrecon turns every sighting of a Gemini batch completion — webhook
+deliveries (at least once) and reconciliation poll passes — into an
+idempotency key ("gemini:batches/…") in one durable claim/lease sink (SQLite,
+or PostgreSQL for many machines), and runs each completion's effect (a
+command, an HTTP forward, an SQL script or an NDJSON line) until it succeeds,
+and never again once it is done.`,
 		Example: `  gemrecon demo                         # a self-contained run, no credentials
   gemrecon --db /var/lib/gemrecon/sink.db init   # once: create the database
   GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec ./publish.sh
@@ -149,10 +143,10 @@ line) runs until it succeeds, and never again once it is done.`,
 		return withCode(exitUsage, err)
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.db, "db", envOr("GEMRECON_DB", "gemrecon.db"),
+	pf.StringVar(&a.db, "db", cmp.Or(os.Getenv("GEMRECON_DB"), "gemrecon.db"),
 		"sink database: a SQLite file path, or PostgreSQL as postgres://… or host=… dbname=… (env GEMRECON_DB)")
-	pf.StringVar(&a.logFormat, "log-format", envOr("GEMRECON_LOG_FORMAT", "text"), "log format on stderr: text or json (env GEMRECON_LOG_FORMAT)")
-	pf.StringVar(&a.logLevel, "log-level", envOr("GEMRECON_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env GEMRECON_LOG_LEVEL)")
+	pf.StringVar(&a.logFormat, "log-format", cmp.Or(os.Getenv("GEMRECON_LOG_FORMAT"), "text"), "log format on stderr: text or json (env GEMRECON_LOG_FORMAT)")
+	pf.StringVar(&a.logLevel, "log-level", cmp.Or(os.Getenv("GEMRECON_LOG_LEVEL"), "info"), "log level: debug, info, warn, error (env GEMRECON_LOG_LEVEL)")
 
 	root.AddCommand(
 		a.statusCommand(),
@@ -183,13 +177,6 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // opensDB names the commands that open the --db database; the others
@@ -284,11 +271,6 @@ func (a *app) withBrokenSink(err error) error {
 		}
 	}
 	return err
-}
-
-// openReadOnly opens the database for the inspection commands.
-func (a *app) openReadOnly(ctx context.Context) (sink.Sink, error) {
-	return a.openSink(ctx, sink.Options{ReadOnly: true})
 }
 
 // durationFlagCheck rejects negative durations with a usage error.

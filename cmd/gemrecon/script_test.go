@@ -61,6 +61,9 @@ func TestMain(m *testing.M) {
 // no script reaches the network. The commands beyond testscript's own are
 // in scriptCmds.
 func TestScripts(t *testing.T) {
+	// Not parallel(t): a test that holds a group must have no parallel
+	// subtests (they would wait for slots that tests waiting on the group hold).
+	t.Parallel()
 	testscript.Run(t, testscript.Params{
 		Dir:                 "../../testdata/script",
 		RequireExplicitExec: true,

@@ -21,6 +21,7 @@ import (
 // default, and the request was answered 500 once the effect's --grace ran
 // out.
 func TestServeDrainTimeoutZeroClosesAtOnce(t *testing.T) {
+	parallel(t)
 	cmd, stderr, db, answered, pgid := serveSyncEffect(t, "cut", "--grace", "2s", "--drain-timeout", "0")
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -67,6 +68,7 @@ func serveStderr(t *testing.T, db string, args ...string) string {
 // warning, not exit 2, as poll's --interval without --watch). Before, it
 // was silently ignored.
 func TestServeSyncWaitWithoutSyncWarns(t *testing.T) {
+	parallel(t)
 	db := initDB(t, filepath.Join(t.TempDir(), "s.db"))
 	const warning = "--sync-wait has no effect without --sync"
 	if out := serveStderr(t, db, "--insecure-no-verify", "--sync-wait", "3s"); !strings.Contains(out, `level=WARN msg="`+warning) {
@@ -86,6 +88,7 @@ func TestServeSyncWaitWithoutSyncWarns(t *testing.T) {
 // others, as `webhooks rotate` does (same check, same words); a 0600 file
 // gets no warning. Before, serve said nothing.
 func TestServeWarnsOfALooseSecretFile(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))
 	for _, tc := range []struct {

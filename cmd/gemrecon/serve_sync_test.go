@@ -27,6 +27,7 @@ import (
 // exited 1 and left the key claimed for a whole --lease with the effect
 // still running on its own; after the lease the takeover ran it again.
 func TestServeSyncSIGTERMLeavesNoClaim(t *testing.T) {
+	parallel(t)
 	cmd, stderr, db, answered, pgid := serveSyncEffect(t, "slow", "--grace", "1s", "--drain-timeout", "8s")
 
 	sent := time.Now()

@@ -40,6 +40,7 @@ func TestServeRefusesToStartWithoutSecret(t *testing.T) {
 // completion whose webhook never came is found and its effect run; SIGTERM
 // then stops the process cleanly with nothing left claimed.
 func TestServePollEvery(t *testing.T) {
+	parallel(t)
 	api := fakeAPI(t, "SUCCEEDED", "RUNNING", "FAILED")
 	dir := t.TempDir()
 	db := initDB(t, filepath.Join(dir, "s.db"))

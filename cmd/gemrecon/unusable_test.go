@@ -53,6 +53,7 @@ func getStatus(t *testing.T, url string) int {
 // that gets 503 (its record went to a file no one can see), /readyz 503,
 // one loud error in the log, and exit status 1 at shutdown naming the file.
 func TestServeDatabaseDeletedOrReplaced(t *testing.T) {
+	parallel(t)
 	for _, tt := range []struct {
 		name string
 		do   func(t *testing.T, db string)
@@ -195,6 +196,7 @@ func wantDamaged(t *testing.T, r result, db string) {
 // effect runs; a damaged data page found by a later write fails the run.
 // Both exit 1 with a message naming the file and what to do.
 func TestDrainDamagedDatabase(t *testing.T) {
+	parallel(t)
 	t.Run("index root", func(t *testing.T) {
 		db := damagedDB(t, 2000, dueIndexRoot)
 		log := filepath.Join(t.TempDir(), "effects.log")

@@ -19,12 +19,14 @@ package testkit
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,7 +78,8 @@ func (b *Buffer) Bytes() []byte {
 // (testscript.Main), so that a shell command an effect runs can call them by
 // name.
 //
-// Before the tests run it sets GORACE for every child they start (RaceEnv).
+// Before the tests run it sets GORACE for every child they start (RaceEnv),
+// and -parallel to at least ParallelTests.
 //
 // m is the package's *testing.M, or something that runs it and more (work
 // to do after every test of the binary has run).
@@ -97,7 +100,32 @@ func Main(m testscript.TestingM, commands map[string]func() int) {
 	for name, fn := range commands {
 		cmds[name] = func() { os.Exit(fn()) }
 	}
-	testscript.Main(m, cmds)
+	testscript.Main(waitingTests{m}, cmds)
+}
+
+// ParallelTests is how many parallel tests (t.Parallel) of a package whose
+// TestMain is Main run at once, unless go test's -parallel says otherwise.
+// Such tests spend their time waiting (on children, on their sleeps and
+// timeouts, on the disk), not computing, so go test's default, GOMAXPROCS,
+// would leave a two-core machine idle while they wait.
+const ParallelTests = 6
+
+// waitingTests runs m with -parallel at least ParallelTests when go test's
+// command line did not set it.
+type waitingTests struct{ m testscript.TestingM }
+
+func (w waitingTests) Run() int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if f := flag.Lookup("test.parallel"); f != nil && !set {
+		if n, err := strconv.Atoi(f.Value.String()); err == nil && n < ParallelTests {
+			_ = f.Value.Set(strconv.Itoa(ParallelTests))
+		}
+	}
+	return w.m.Run()
 }
 
 // envCommand names the command Command started, so that Main can refuse a

@@ -387,16 +387,13 @@ func (s *pg) Entry(ctx context.Context, key string) (sink.Entry, error) {
 		if err != nil {
 			return err
 		}
-		e.History, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sink.Attempt, error) {
+		e.History, err = pgx.AppendRows(e.History, rows, func(r pgx.CollectableRow) (sink.Attempt, error) {
 			var a sink.Attempt
 			var end *time.Time
 			err := r.Scan(&a.Kind, &a.Token, &a.Command, &a.Holder, &a.Start, &end, &a.Outcome, &a.Error)
 			a.Start, a.End = a.Start.UTC(), at(end)
 			return a, err
 		})
-		if len(e.History) == 0 {
-			e.History = nil
-		}
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

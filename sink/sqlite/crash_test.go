@@ -50,6 +50,7 @@ func crashChild(path string) int {
 // reported recorded, claimed or done is at least that far along, and the file
 // passes integrity_check.
 func TestCrashLosesNothingAcknowledged(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "crash.db")
 	cmd := child(t, "crash", path)
 	stdout, err := cmd.StdoutPipe()
@@ -111,8 +112,10 @@ func TestCrashLosesNothingAcknowledged(t *testing.T) {
 // makes the next open refuse, naming it; removed, as the refusal says, the
 // database opens with every acknowledged key.
 func TestSideFileDeletedUnderLoadThenKilled(t *testing.T) {
+	t.Parallel()
 	for _, side := range []string{"-wal", "-shm"} {
 		t.Run(side, func(t *testing.T) {
+			t.Parallel()
 			path := filepath.Join(t.TempDir(), "side.db")
 			cmd := child(t, "crash", path)
 			stdout, err := cmd.StdoutPipe()

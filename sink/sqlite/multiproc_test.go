@@ -97,6 +97,7 @@ func raceChild(path string) int {
 // before the race: every key ends done, completed exactly once, no busy error
 // surfaces, and the file passes integrity_check.
 func TestMultiProcess(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("short")
 	}

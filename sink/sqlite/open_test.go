@@ -309,6 +309,7 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 // Another process holding the write lock beyond the busy timeout is reported
 // as such, at Open and on a later write; once it lets go, writes work again.
 func TestLockedByAnotherProcess(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "locked.db")
 	opt := sink.Options{BusyTimeout: 200 * time.Millisecond}

@@ -12,5 +12,6 @@ import (
 var quiet = sqlitetest.Quiet
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	sinktest.Run(t, func(t *testing.T, opt sink.Options) sink.Sink { return sqlitetest.OpenTemp(t, opt) })
 }

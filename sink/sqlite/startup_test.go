@@ -109,17 +109,29 @@ func TestStartTogether(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("GEMRECON_STARTUP_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
-	var fails []string
-	for i := range rounds {
-		path := filepath.Join(t.TempDir(), "new.db")
-		for j, a := range startTogether(t, path, 4) {
-			if !strings.HasPrefix(a, "ok") {
-				fails = append(fails, fmt.Sprintf("round %d process %d: %s", i, j, a))
+	// The rounds are independent (each its own new file), so they run as
+	// startGroups parallel subtests: most of a round is waiting for its
+	// children to start and sync.
+	t.Parallel()
+	const startGroups = 3
+	for g := range startGroups {
+		t.Run(fmt.Sprintf("rounds%d", g), func(t *testing.T) {
+			t.Parallel()
+			var fails []string
+			n := 0
+			for i := g; i < rounds; i += startGroups {
+				n++
+				path := filepath.Join(t.TempDir(), "new.db")
+				for j, a := range startTogether(t, path, 4) {
+					if !strings.HasPrefix(a, "ok") {
+						fails = append(fails, fmt.Sprintf("round %d process %d: %s", i, j, a))
+					}
+				}
 			}
-		}
-	}
-	if len(fails) > 0 {
-		t.Fatalf("%d of %d starts failed:\n%s", len(fails), 4*rounds, strings.Join(fails, "\n"))
+			if len(fails) > 0 {
+				t.Fatalf("%d of %d starts failed:\n%s", len(fails), 4*n, strings.Join(fails, "\n"))
+			}
+		})
 	}
 }
 

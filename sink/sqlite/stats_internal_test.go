@@ -17,6 +17,7 @@ import (
 // computed here, for small and uneven counts of done keys with many ties,
 // and with pending keys that must not count.
 func TestStatsLatencyRanks(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, n := range []int{1, 2, 3, 7, 100, 101, 250} {
 		s, err := Open(ctx, filepath.Join(t.TempDir(), "gemrecon.db"), sink.Options{})
