@@ -76,21 +76,6 @@ func (e *TransientError) Error() string {
 // context.DeadlineExceeded).
 func (e *TransientError) Unwrap() []error { return []error{ErrTransient, e.Err} }
 
-// RequestCounts counts the HTTP requests a Poller has sent by purpose,
-// retries included.
-type RequestCounts struct {
-	List     int64 // list pages (Pass)
-	Get      int64 // Batches.Get (Get)
-	Probe    int64 // credential probes after a 403 (Get, Download)
-	Download int64 // file downloads (Download)
-}
-
-// RequestCounts returns how many requests of each kind this Poller sent.
-func (p *Poller) RequestCounts() RequestCounts {
-	n := &p.transport.byKind
-	return RequestCounts{List: n[kindList].Load(), Get: n[kindGet].Load(), Probe: n[kindProbe].Load(), Download: n[kindDownload].Load()}
-}
-
 // Get fetches one batch — the request the SDK's Batches.Get sends, GET
 // {base}/{apiVersion}/batches/<id> — through the same HTTP client, rate
 // limiter and retry rules as Pass (spec §9, confirmation: one rate limit

@@ -303,10 +303,9 @@ type PassOptions struct {
 // Poller lists batch operations. One Poller may run passes one after the
 // other or concurrently; they share its rate limiter.
 type Poller struct {
-	cfg       Config
-	client    *genai.Client // resolves the key, base URL and version; sends nothing
-	httpc     *http.Client  // the client's HTTP client: list, get and probe
-	transport *transport
+	cfg    Config
+	client *genai.Client // resolves the key, base URL and version; sends nothing
+	httpc  *http.Client  // the client's HTTP client: list, get and probe
 }
 
 // New builds a Poller and its genai client. It sends no request.
@@ -360,7 +359,7 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	// The SDK's client is kept for what it resolves (key, base URL and
 	// version from the config or the environment; on Vertex the
 	// credentials around the transport); the requests are gemrecon's own.
-	p.client, p.transport = client, t
+	p.client = client
 	p.httpc = &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
 	return p, nil
 }
