@@ -163,16 +163,11 @@ func DefaultConfig() Config {
 // Burst with their defaults first).
 func (c Config) Validate() error {
 	const p = "poller: "
-	switch c.Backend {
-	case BackendGemini:
-		if c.Project != "" || c.Location != "" {
-			return field.Errorf(p, "{Project} and {Location} apply to the vertex backend only")
-		}
-	case BackendVertex:
-	default:
-		return field.Errorf(p, "{Backend} %q: want %s or %s", c.Backend, BackendGemini, BackendVertex)
-	}
 	switch {
+	case c.Backend != BackendGemini && c.Backend != BackendVertex:
+		return field.Errorf(p, "{Backend} %q: want %s or %s", c.Backend, BackendGemini, BackendVertex)
+	case c.Backend == BackendGemini && (c.Project != "" || c.Location != ""):
+		return field.Errorf(p, "{Project} and {Location} apply to the vertex backend only")
 	case c.PageSize < 1 || c.PageSize > MaxPageSize:
 		return field.Errorf(p, "{PageSize} %d: want 1..%d", c.PageSize, MaxPageSize)
 	case c.Lookback < 0:
@@ -383,12 +378,9 @@ func (p *Poller) Scope() string {
 		u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
 		base = u.String()
 	}
-	parts := []string{BackendGemini, base}
-	if cc.Backend == genai.BackendVertexAI {
-		parts[0] = BackendVertex
-		if cc.Project != "" || cc.Location != "" {
-			parts = append(parts, "project="+cc.Project, "location="+cc.Location)
-		}
+	parts := []string{p.cfg.Backend, base}
+	if cc.Backend == genai.BackendVertexAI && (cc.Project != "" || cc.Location != "") {
+		parts = append(parts, "project="+cc.Project, "location="+cc.Location)
 	}
 	if cc.APIKey != "" && (cc.Backend != genai.BackendVertexAI || cc.Project == "") {
 		sum := sha256.Sum256([]byte(cc.APIKey))
