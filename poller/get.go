@@ -251,8 +251,11 @@ func keyInvalid(e genai.APIError) bool {
 		(strings.Contains(e.Message, "API key not valid") || strings.Contains(fmt.Sprint(e.Details), "API_KEY_INVALID"))
 }
 
+// describe is e for a message: its code, its status without the code that
+// an HTTP status line repeats ("NOT_FOUND", or "Not Found"), its message.
 func describe(e genai.APIError) string {
-	return fmt.Sprintf("HTTP %d %s: %s", e.Code, statusWord(e), truncate(e.Message, 200))
+	status := cmp.Or(strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" "), http.StatusText(e.Code))
+	return fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
 }
 
 // fromAPI reports whether e was read from the API's own error document
@@ -262,12 +265,6 @@ func describe(e genai.APIError) string {
 // "404 Not Found".
 func fromAPI(e genai.APIError) bool {
 	return !strings.HasPrefix(e.Status, strconv.Itoa(e.Code)+" ")
-}
-
-// statusWord is e's status for a message, without the code that an HTTP
-// status line repeats: "NOT_FOUND", or "Not Found".
-func statusWord(e genai.APIError) string {
-	return cmp.Or(strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" "), http.StatusText(e.Code))
 }
 
 // downloadBuffer is the one buffer a download copies through: memory stays
@@ -352,9 +349,12 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 		return n, fail(fmt.Errorf("after %d bytes: %w", n, body.err))
 	case err != nil:
 		return n, fmt.Errorf("poller: %s: after %d bytes: %w", op, n, err)
-	case unframed(resp):
-		// The end of this body is only the connection closing: a dropped
-		// connection looks the same. Ask the API how long the file is.
+	case resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed:
+		// An HTTP/1 body delimited only by the end of the connection: no
+		// Content-Length, no chunked encoding (whose last chunk marks the
+		// end), and not decompressed by the transport (gzip has its own
+		// end); HTTP/2 and later frame every body. A dropped connection
+		// looks the same: ask the API how long the file is.
 		return n, p.checkSize(ctx, op, id, n)
 	}
 	return n, nil
@@ -379,14 +379,6 @@ func (ir *idleReader) Read(p []byte) (int, error) {
 		ir.err = err
 	}
 	return n, err
-}
-
-// unframed reports an HTTP/1 response body delimited only by the end of
-// the connection: no Content-Length, no chunked encoding (whose last chunk
-// marks the end), and not decompressed by the transport (gzip has its own
-// end). HTTP/2 and later frame every body.
-func unframed(resp *http.Response) bool {
-	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed
 }
 
 // ErrSizeUnknown: a download's body had no length of its own (no
