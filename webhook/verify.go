@@ -138,9 +138,7 @@ func (v *Verifier) headers(h http.Header) (http.Header, error) {
 	}
 	// The library reads only the first webhook-signature line (Get): hand
 	// it every entry of every line as one line, which it splits on spaces.
-	signed := http.Header{}
-	signed.Set(standardwebhooks.HeaderWebhookID, id)
-	signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
+	signed := h.Clone()
 	signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
 	return signed, nil
 }
