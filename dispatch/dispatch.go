@@ -264,9 +264,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	if cfg.Owner == "" {
-		cfg.Owner = DefaultOwner()
-	}
+	cfg.Owner = cmp.Or(cfg.Owner, DefaultOwner())
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
@@ -489,11 +487,11 @@ type attempt struct {
 	log         *slog.Logger
 	c           sink.Claim
 
-	// leaseMu guards leaseAt: when the claim's lease was last granted or
-	// renewed, by Config.Now read just before the request was sent. The
-	// lease cannot have started earlier, so the holder may count on it
-	// until leaseAt + Lease.
-	leaseMu sync.Mutex
+	// leaseAt is when the claim's lease was last granted or renewed, by
+	// Config.Now read just before the request was sent. The lease cannot
+	// have started earlier, so the holder may count on it until leaseAt +
+	// Lease. Only one goroutine renews at a time (keepRenewed's, until it
+	// is stopped), so it needs no lock.
 	leaseAt time.Time
 }
 
@@ -504,15 +502,9 @@ func (d *Dispatcher) newAttempt(ctx, runCtx context.Context, c sink.Claim, lease
 	return &attempt{d: d, ctx: ctx, runCtx: runCtx, log: log, c: c, leaseAt: leaseFrom}
 }
 
-func (a *attempt) leasedAt() time.Time {
-	a.leaseMu.Lock()
-	defer a.leaseMu.Unlock()
-	return a.leaseAt
-}
-
 // stale reports whether the lease was last granted or renewed Lease/3 ago
 // or more.
-func (a *attempt) stale() bool { return a.d.cfg.Now().Sub(a.leasedAt()) >= a.d.cfg.Lease/3 }
+func (a *attempt) stale() bool { return a.d.cfg.Now().Sub(a.leaseAt) >= a.d.cfg.Lease/3 }
 
 // renew renews the lease once, the request bounded by timeout, and notes a
 // success.
@@ -521,12 +513,8 @@ func (a *attempt) renew(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), timeout)
 	defer cancel()
 	err := a.d.cfg.Sink.Renew(ctx, a.c.Key, a.c.Token, a.d.cfg.Lease)
-	if err == nil {
-		a.leaseMu.Lock()
-		defer a.leaseMu.Unlock()
-		if asked.After(a.leaseAt) {
-			a.leaseAt = asked
-		}
+	if err == nil && asked.After(a.leaseAt) {
+		a.leaseAt = asked
 	}
 	return err
 }
@@ -731,7 +719,7 @@ func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
 			return nil, err
 		}
 		now := d.cfg.Now()
-		deadline := a.leasedAt().Add(d.cfg.Lease - OutcomeMargin(d.cfg.Lease))
+		deadline := a.leaseAt.Add(d.cfg.Lease - OutcomeMargin(d.cfg.Lease))
 		switch {
 		case a.runCtx.Err() != nil:
 			return nil, fmt.Errorf("%w (tried %d times; shutdown's grace ran out)", err, try)

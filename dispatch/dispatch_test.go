@@ -289,10 +289,9 @@ func TestDrainShutdownGrace(t *testing.T) {
 		// Concurrency 1: one key runs, one is claimed ahead, one waits.
 		record(t, s, "gemini:batches/stuck1", "gemini:batches/stuck2", "gemini:batches/stuck3")
 		dir := t.TempDir()
-		t.Chdir(dir) // the command runs where gemrecon does
 		ctx, cancel := context.WithCancel(context.Background())
 		d := newDispatcher(t, Config{Sink: s, Grace: 200 * time.Millisecond, Concurrency: 1,
-			Effect: effect.NewExec(`touch started; sleep 30`, effect.ExecOutput(nil))})
+			Effect: effect.NewExec(inDir(dir, `touch started; sleep 30`), effect.ExecOutput(nil))})
 		go func() {
 			deadline := time.Now().Add(20 * time.Second)
 			for time.Now().Before(deadline) {
@@ -349,10 +348,9 @@ func TestEndGrace(t *testing.T) {
 			s := sqlitetest.OpenTemp(t, sink.Options{})
 			record(t, s, "gemini:batches/stuck")
 			dir := t.TempDir()
-			t.Chdir(dir) // the command runs where gemrecon does
 			ctx, cancel := context.WithCancel(context.Background())
 			d := newDispatcher(t, Config{Sink: s, Grace: time.Hour, Concurrency: 1,
-				Effect: effect.NewExec(`trap '' TERM; touch started; sleep 30`, effect.ExecOutput(nil))})
+				Effect: effect.NewExec(inDir(dir, `trap '' TERM; touch started; sleep 30`), effect.ExecOutput(nil))})
 			go func() {
 				deadline := time.Now().Add(20 * time.Second)
 				for time.Now().Before(deadline) {
@@ -565,3 +563,7 @@ func TestRunKicks(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// inDir makes cmd run in dir: an exec command runs where gemrecon does, and
+// the tests that look at the files a command leaves run in parallel.
+func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 1\n" + cmd }

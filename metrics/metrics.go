@@ -208,12 +208,6 @@ func (m *Metrics) ObserveDelivery(source, outcome string) {
 	}
 }
 
-// ObserveRecord counts the result of one sink.Record by source: accepted for
-// a new key, done for a done one, duplicate otherwise.
-func (m *Metrics) ObserveRecord(source string, r sink.RecordResult) {
-	m.ObserveDelivery(source, RecordOutcome(r))
-}
-
 // RecordOutcome names what a Record found: accepted, duplicate or done.
 func RecordOutcome(r sink.RecordResult) string {
 	switch {

@@ -5,6 +5,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -562,10 +563,7 @@ func (o Options) WithDefaults() Options {
 // Backoff is the delay before the next attempt after attempt number attempt
 // (1-based) failed: full jitter, uniform in [0, min(max, base·2^(attempt-1))].
 func Backoff(attempt int, base, max time.Duration, rnd func() float64) time.Duration {
-	if attempt < 1 {
-		attempt = 1
-	}
-	ceiling := base
+	ceiling := base // also for an attempt below 1
 	for i := 1; i < attempt && ceiling < max; i++ {
 		ceiling *= 2
 	}
@@ -602,6 +600,16 @@ func NewStats() Stats {
 		ByState:      map[State]int64{StatePending: 0, StateClaimed: 0, StateDone: 0, StateDead: 0},
 		FirstSource:  map[string]int64{},
 		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0, DeadResultsExpired: 0},
+	}
+}
+
+// AddKeys counts n keys of one state, first source and dead reason (one
+// group of a backend's GROUP BY of the three) into st.
+func (st *Stats) AddKeys(state State, firstSource, deadReason string, n int64) {
+	st.ByState[state] += n
+	st.FirstSource[firstSource] += n
+	if state == StateDead {
+		st.DeadByReason[cmp.Or(deadReason, DeadEffect)] += n
 	}
 }
 

@@ -21,6 +21,8 @@ import (
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/effect/sqlscript"
+	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -238,6 +240,64 @@ func (a *app) execOutput() effect.ExecOption {
 // does not fit.
 var handleSIGPIPE = sync.OnceFunc(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 
+// apiSetup is what a command's dispatcher gets of the API: the process's one
+// poller (nil when it has none) and whether it confirms.
+type apiSetup struct {
+	poller  *poller.Poller
+	confirm bool
+	results *results.Dir
+	// unconfirmed: --confirm auto without credentials (warn, once the
+	// command is under way).
+	unconfirmed bool
+}
+
+// apply puts what the process has of the API into a dispatcher's
+// configuration.
+func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
+	cfg.Confirm, cfg.Results = api.confirm, api.results
+	if api.poller != nil { // a nil *Poller must not become a non-nil API
+		cfg.API = api.poller
+	}
+	return cfg
+}
+
+// setupAPI decides, for --confirm and --results-dir, whether this process
+// confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
+// Config.Validate, checked against dcfg), and builds its one poller when it
+// needs one (p, when the command already has a poller for listing: one
+// rate limiter per process for list, get and downloads).
+func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
+	pcfg := a.pollerConfig(pf)
+	creds := p != nil || pcfg.HasCredentials()
+	var out apiSetup
+	var err error
+	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
+		return out, usage(err)
+	}
+	if creds && (out.confirm || ef.resultsDir != "") && p == nil {
+		if err := usage(pcfg.Validate()); err != nil {
+			return out, err
+		}
+		if p, err = poller.New(ctx, pcfg); err != nil {
+			return out, err
+		}
+	}
+	out.poller = p // the listing poller, the one just built, or nil
+	if ef.resultsDir != "" {
+		// Checked before the directory is made: a refused command
+		// leaves nothing behind.
+		check := out
+		check.results = new(results.Dir)
+		if err := usage(check.apply(dcfg).Validate()); err != nil {
+			return out, err
+		}
+		if out.results, err = results.Open(ef.resultsDir); err != nil {
+			return out, withCode(exitUsage, err)
+		}
+	}
+	return out, usage(out.apply(dcfg).Validate())
+}
+
 // startDispatcher opens the sink with the retry policy and starts the
 // command's dispatcher on it: cfg (dispatchConfig) with the API (setupAPI)
 // and the observer newObs builds on the sink (nil: none); a second SIGINT or
@@ -340,7 +400,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 }
 
 // printDrainSummary writes drain's summary line on stderr, as one JSON
-// object under --log-format json (as poll's, printSummary), and when an
+// object under --log-format json (as poll's, reportPass), and when an
 // outcome was fenced a second line (a warning record in JSON) saying an
 // effect may have run twice.
 func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {

@@ -41,6 +41,17 @@ func (f *pollFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.loop.PassLease, "pass-lease", reconcile.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
 }
 
+// registerAPI registers the API flags of pollFlags alone (backend, base URL,
+// Vertex project and location, rate limit), for a command that talks to the
+// API without listing (drain). The listing's flags keep their defaults.
+func (f *pollFlags) registerAPI(fs *pflag.FlagSet) {
+	all := pflag.NewFlagSet("api", pflag.ContinueOnError)
+	f.register(all)
+	for _, name := range []string{"backend", "base-url", "project", "location", "qps", "burst"} {
+		fs.AddFlag(all.Lookup(name))
+	}
+}
+
 // pollerConfig is the poller's configuration from the flags and the
 // environment's API key.
 func (a *app) pollerConfig(f *pollFlags) poller.Config {
@@ -85,14 +96,6 @@ func (a *app) pollConfig(f *pollFlags, interval time.Duration, intervalFlag stri
 func pollLoop(cfg reconcile.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*reconcile.Poll, error) {
 	cfg.Sink, cfg.Poller, cfg.Dispatcher, cfg.Metrics = s, p, d, m
 	return reconcile.NewPoll(cfg)
-}
-
-// printSummary writes a pass's summary line (spec §5.4) on stderr, as JSON
-// under --log-format json.
-func (a *app) printSummary(r reconcile.Result) {
-	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
-		a.logger.Error("writing the poll summary", "err", err)
-	}
 }
 
 // passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
@@ -202,9 +205,12 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	return a.watch(ctx, loop, o.metricsFile)
 }
 
-// reportPass prints a pass's summary and writes --metrics-textfile.
+// reportPass writes a pass's summary line (spec §5.4) on stderr, as JSON
+// under --log-format json, and --metrics-textfile.
 func (a *app) reportPass(r reconcile.Result, metricsFile string) {
-	a.printSummary(r)
+	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
+		a.logger.Error("writing the poll summary", "err", err)
+	}
 	if metricsFile == "" {
 		return
 	}

@@ -202,7 +202,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 			return err
 		}
 		sc.OnPass = func(r reconcile.Result) {
-			a.printSummary(r)
+			a.reportPass(r, "")
 			if err := r.Err(); err != nil && ctx.Err() == nil {
 				a.logger.Error("poll pass failed; the next pass retries", "err", err)
 			}

@@ -128,9 +128,9 @@ func retryKeys(args []string) (keys []string, exact map[string]string, err error
 
 // runRetry does the work of retry and rerun.
 func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) error {
-	verb, byList := "retried", o.allDead
+	verb, byList, listFlag := "retried", o.allDead, "--all-dead"
 	if o.Rerun {
-		verb, byList = "rerun", o.since != ""
+		verb, byList, listFlag = "rerun", o.since != "", "--done-since"
 		if o.since == "" && (o.until != "" || o.src != "") {
 			return usageError("--done-until and --source go with --done-since")
 		}
@@ -139,10 +139,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 		}
 	}
 	if byList == (len(args) > 0) {
-		if o.Rerun {
-			return usageError("give one or more keys, or --done-since (not both)")
-		}
-		return usageError("give one or more keys, or --all-dead (not both)")
+		return usageError("give one or more keys, or %s (not both)", listFlag)
 	}
 	keys, exact, err := retryKeys(args)
 	if err != nil {

@@ -490,7 +490,7 @@ func (a *app) runWebhooksList(ctx context.Context, f *webhooksFlags, asJSON bool
 	if err != nil {
 		return err
 	}
-	var all []webhookJSON
+	all := []webhookJSON{} // [] in JSON when there are none
 	var token *string
 	seen := map[string]bool{}
 	for page := 0; ; page++ {
@@ -514,9 +514,6 @@ func (a *app) runWebhooksList(ctx context.Context, f *webhooksFlags, asJSON bool
 		seen[*token] = true
 	}
 	if asJSON {
-		if all == nil {
-			all = []webhookJSON{}
-		}
 		return writeJSON(a.stdout, all)
 	}
 	if len(all) == 0 {

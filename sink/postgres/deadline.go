@@ -77,8 +77,6 @@ type deadlineConn struct {
 // runs (own).
 type half struct{ ext, own time.Time }
 
-func newDeadlineConn(c net.Conn, d time.Duration) *deadlineConn { return &deadlineConn{Conn: c, d: d} }
-
 // earlier is the earlier of two deadlines, zero meaning none.
 func earlier(a, b time.Time) time.Time {
 	switch {

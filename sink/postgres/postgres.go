@@ -189,7 +189,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		if err != nil {
 			return nil, err
 		}
-		return newDeadlineConn(nc, rt), nil
+		return &deadlineConn{Conn: nc, d: rt}, nil
 	}
 	// Ask the server to cancel a statement whose context ends, so that most
 	// cancellations get a definite answer; the deadline is the fallback,

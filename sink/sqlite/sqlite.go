@@ -85,7 +85,7 @@ type db struct {
 	schemaFound, schemaNow int
 	ident                  *identity // the opened file; nil when read-only
 	dsnParams              string    // see config
-	broken                 atomic.Pointer[brokenErr]
+	broken                 atomic.Pointer[error]
 	opened                 atomic.Bool // Open has returned the sink (checkConn)
 
 	rdb *sql.DB // reader pool

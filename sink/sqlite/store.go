@@ -434,15 +434,15 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 		return st, s.fail(err)
 	}
 	defer tx.Rollback()
-	for q, into := range map[string]func(string, int64){
-		`SELECT state, count(*) FROM gemrecon_keys GROUP BY state`:               func(k string, n int64) { st.ByState[sink.State(k)] = n },
-		`SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`: func(k string, n int64) { st.FirstSource[k] = n },
-		`SELECT CASE WHEN dead_reason = '' THEN '` + sink.DeadEffect + `' ELSE dead_reason END, count(*)
-			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`: func(k string, n int64) { st.DeadByReason[k] = n },
-	} {
-		if err := groupCount(ctx, tx, q, into); err != nil {
-			return st, s.fail(err)
+	rows, err := tx.QueryContext(ctx, `SELECT state, first_source, dead_reason, count(*) FROM gemrecon_keys GROUP BY 1, 2, 3`)
+	if _, err := collect(rows, err, func(sc scanner) (n int64, err error) {
+		var state, source, dead string
+		if err = sc.Scan(&state, &source, &dead, &n); err == nil {
+			st.AddKeys(sink.State(state), source, dead, n)
 		}
+		return n, err
+	}); err != nil {
+		return st, s.fail(err)
 	}
 	var oldest sql.NullInt64
 	if err := tx.QueryRowContext(ctx, `SELECT coalesce(sum(seen_count - 1), 0), coalesce(sum(conflicts), 0),
@@ -498,19 +498,6 @@ func latencies(ctx context.Context, q querier, done int64, st *sink.Stats) error
 			}
 		}
 		return rn, err
-	})
-	return err
-}
-
-// groupCount runs query, whose rows are a name and a count, and hands f each.
-func groupCount(ctx context.Context, q querier, query string, f func(string, int64)) error {
-	rows, err := q.QueryContext(ctx, query)
-	_, err = collect(rows, err, func(sc scanner) (k string, err error) {
-		var n int64
-		if err = sc.Scan(&k, &n); err == nil {
-			f(k, n)
-		}
-		return k, err
 	})
 	return err
 }
