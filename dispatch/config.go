@@ -16,7 +16,6 @@ func DefaultConfig() Config {
 		Concurrency:     DefaultConcurrency,
 		Grace:           DefaultGrace,
 		Interval:        DefaultInterval,
-		ConfirmTimeout:  DefaultConfirmTimeout,
 		DownloadTimeout: DefaultDownloadTimeout,
 		RecheckBase:     DefaultRecheckBase,
 		RecheckMax:      DefaultRecheckMax,
@@ -56,8 +55,6 @@ func (c Config) Validate() error {
 		return field.Errorf(p, "{confirmation|Confirm} %w", ErrNoAPI)
 	case c.Results != nil && c.API == nil:
 		return field.Errorf(p, "{a results directory|Results} %w to download results", ErrNoAPI)
-	case c.ConfirmTimeout <= 0:
-		return field.Errorf(p, "{ConfirmTimeout} must be positive")
 	case c.DownloadTimeout <= 0:
 		return field.Errorf(p, "{DownloadTimeout} must be positive")
 	case c.RecheckBase <= 0 || c.RecheckMax < c.RecheckBase:

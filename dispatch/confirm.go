@@ -65,7 +65,9 @@ type API interface {
 	Download(ctx context.Context, file string, w io.Writer) (int64, error)
 }
 
-// Defaults of the confirmation and results settings.
+// Defaults of the confirmation and results settings. DefaultConfirmTimeout
+// bounds one confirmation request, retries included (RunKeyWithin can ask
+// for less).
 const (
 	DefaultConfirmTimeout  = 5 * time.Minute
 	DefaultDownloadTimeout = 30 * time.Minute
@@ -116,7 +118,7 @@ func (d *Dispatcher) needsPrep(c sink.Claim) bool {
 
 // prepare confirms the claim when it must be, fills in what the document
 // says of the batch, and writes its results. ev is the document built from
-// the claim; confirmWait bounds the Get (0: ConfirmTimeout). It returns the
+// the claim; confirmWait bounds the Get (0: DefaultConfirmTimeout). It returns the
 // document to run, or the verdict when the effect must not run.
 func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim, ev effect.Event, confirmWait time.Duration) (effect.Event, *verdict) {
 	if !c.Confirmed && c.NeedsConfirm && !d.cfg.Confirm {
@@ -161,7 +163,7 @@ func apiName(key string) string {
 // comment at the top of this file).
 func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim, ev effect.Event, wait time.Duration) (effect.Event, *verdict) {
 	if wait <= 0 {
-		wait = d.cfg.ConfirmTimeout
+		wait = DefaultConfirmTimeout
 	}
 	gctx, cancel := context.WithTimeout(ctx, wait)
 	op, err := d.cfg.API.Get(gctx, apiName(c.Key))

@@ -137,9 +137,6 @@ type Config struct {
 	// process's one poller, so that list, get and downloads share one rate
 	// limiter.
 	API API
-	// ConfirmTimeout bounds one confirmation request, retries included
-	// (default DefaultConfirmTimeout); RunKeyWithin can ask for less.
-	ConfirmTimeout time.Duration
 	// RecheckBase and RecheckMax bound recheckDelay (defaults
 	// DefaultRecheckBase, DefaultRecheckMax).
 	RecheckBase, RecheckMax time.Duration
@@ -233,15 +230,14 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
 		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
 	}
-	if cfg.ConfirmTimeout < 0 || cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
-		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
+	if cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
+		return nil, errors.New("dispatch: download timeout and recheck delays must not be negative")
 	}
 	def := DefaultConfig()
 	cfg.Lease = cmp.Or(cfg.Lease, def.Lease)
 	cfg.EffectTimeout = cmp.Or(cfg.EffectTimeout, def.EffectTimeout)
 	cfg.Grace = cmp.Or(cfg.Grace, def.Grace)
 	cfg.Interval = cmp.Or(cfg.Interval, def.Interval)
-	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, def.ConfirmTimeout)
 	cfg.DownloadTimeout = cmp.Or(cfg.DownloadTimeout, def.DownloadTimeout)
 	cfg.RecheckBase = cmp.Or(cfg.RecheckBase, def.RecheckBase)
 	cfg.RecheckMax = cmp.Or(cfg.RecheckMax, def.RecheckMax)
@@ -433,7 +429,7 @@ func writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // OutcomeUnconfirmed when the API has not confirmed it yet (it was handed
 // back). ctx bounds the effect as the context of Drain does (Grace applies).
 // confirmWait bounds the confirmation, if the key needs one (serve --sync:
-// --sync-wait; 0: ConfirmTimeout).
+// --sync-wait; 0: DefaultConfirmTimeout).
 func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait time.Duration) (Outcome, error) {
 	if err := ctx.Err(); err != nil {
 		return OutcomeSkipped, fmt.Errorf("dispatch: %s: %w", key, err)
@@ -547,7 +543,7 @@ func (a *attempt) keepRenewed(fenced func()) (stop func()) {
 }
 
 // run prepares the claim when it needs it (confirmation, results; a
-// confirmation bounded by confirmWait, 0: ConfirmTimeout), runs its effect
+// confirmation bounded by confirmWait, 0: DefaultConfirmTimeout), runs its effect
 // while renewing the lease, and records the outcome with the claim's token.
 // mark, when set, sees the outcome while outcomeMu is still held.
 func (a *attempt) run(mark func(Outcome), confirmWait time.Duration) (out Outcome, err error) {
