@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -88,14 +89,10 @@ func plainField(f string) bool {
 // "JOB_STATE_SUCCEEDED", "succeeded" and "batch.succeeded" all become
 // "SUCCEEDED"; "" stays "".
 func NormalizeState(s string) string {
-	for {
-		prev := s
-		s = strings.TrimSpace(s)
-		s = trimPrefixFold(s, "batch.")
-		s = trimPrefixFold(s, "BATCH_STATE_")
-		s = trimPrefixFold(s, "JOB_STATE_")
-		if s == prev {
-			break
+	for prev := ""; s != prev; {
+		prev, s = s, strings.TrimSpace(s)
+		for _, p := range [...]string{"batch.", "BATCH_STATE_", "JOB_STATE_"} {
+			s = trimPrefixFold(s, p)
 		}
 	}
 	if s = strings.ToUpper(s); s == "CANCELED" {
@@ -116,11 +113,7 @@ func trimPrefixFold(s, prefix string) string {
 // is one an operation never leaves: SUCCEEDED, FAILED, CANCELLED, EXPIRED or
 // PARTIALLY_SUCCEEDED. Pending, running, paused and unknown states are not.
 func IsTerminal(state string) bool {
-	switch NormalizeState(state) {
-	case "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED"}, NormalizeState(state))
 }
 
 // IsBatchType reports whether an event type is a Gemini webhook batch event
@@ -133,14 +126,7 @@ func IsBatchType(t string) bool {
 // finished: batch.succeeded, batch.failed, batch.cancelled (or canceled),
 // batch.expired, batch.completed or batch.partially_succeeded.
 func IsCompletionType(t string) bool {
-	if !IsBatchType(t) {
-		return false
-	}
-	switch NormalizeState(t) {
-	case "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "COMPLETED", "PARTIALLY_SUCCEEDED":
-		return true
-	}
-	return false
+	return IsBatchType(t) && (IsTerminal(t) || NormalizeState(t) == "COMPLETED")
 }
 
 // StateFromType returns the state a webhook event type announces
@@ -148,12 +134,8 @@ func IsCompletionType(t string) bool {
 // the type is not a batch.* type or names no particular state
 // ("batch.completed" says the batch ended, not how).
 func StateFromType(t string) string {
-	if !IsBatchType(t) {
-		return ""
+	if s := NormalizeState(t); IsBatchType(t) && s != "COMPLETED" {
+		return s
 	}
-	s := NormalizeState(t)
-	if s == "COMPLETED" {
-		return ""
-	}
-	return s
+	return ""
 }

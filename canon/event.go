@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -78,7 +79,8 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		return Event{}, classed(ErrNotJSON, "empty event body")
 	}
 	if !json.Valid(raw) {
-		return Event{}, classed(ErrNotJSON, "parsing event: %v", syntaxError(raw))
+		// Unmarshal says where: json.Valid does not.
+		return Event{}, classed(ErrNotJSON, "parsing event: %v", json.Unmarshal(raw, new(any)))
 	}
 	if raw[0] != '{' {
 		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
@@ -120,15 +122,13 @@ func fromDoc(body []byte, depth int) (Event, error) {
 		return ev, fmt.Errorf("%w: %s names a collection, not an operation", ErrInvalidKey, Quote(name))
 	}
 	if batch && !strings.Contains(name, "/") {
-		// The Gemini webhook names a batch by its bare id.
-		ev.Key = Prefix + "batches/" + name
-	} else {
-		ev.Key = Prefix + name
+		name = "batches/" + name // the Gemini webhook names a batch by its bare id
 	}
+	ev.Key = Prefix + name
 	if err := checkBytes(ev.Key); err != nil {
 		return ev, err
 	}
-	ev.Name = ev.Key[len(Prefix):]
+	ev.Name = name
 
 	// The state is the first one found in "state" or "metadata.state" (at
 	// the top, in data, in the candidate object). Any non-terminal signal,
@@ -245,10 +245,7 @@ func pubSubData(top object) (data []byte, ok bool, err error) {
 // fieldNames lists the field names of top and those of data as "data.x",
 // sorted. Only the error path calls it.
 func fieldNames(top, data object) []string {
-	var names []string
-	for k := range top {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(top))
 	for k := range data {
 		names = append(names, "data."+k)
 	}
@@ -322,13 +319,4 @@ func kind(raw json.RawMessage) string {
 		return [...]string{"an object", "an array", "a string", "a boolean", "a boolean", "null"}[i]
 	}
 	return "a number"
-}
-
-// syntaxError returns the error json.Unmarshal gives for invalid raw.
-func syntaxError(raw []byte) error {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return err
-	}
-	return errors.New("invalid JSON")
 }

@@ -52,15 +52,18 @@ func BareIDKeys(key string) []string {
 // whose "<collection>/<id>" pair ends a canonical name, or "" for any other
 // segment. Matching ignores case; batchJobs is an alias of batches.
 func collection(seg string) string {
-	for _, c := range [...]string{"operations", "batches", "batchPredictionJobs"} {
-		if strings.EqualFold(seg, c) {
-			return c
+	for _, c := range collections {
+		if strings.EqualFold(seg, c.spelling) {
+			return c.canonical
 		}
 	}
-	if strings.EqualFold(seg, "batchJobs") {
-		return "batches"
-	}
 	return ""
+}
+
+// collections are the spellings collection knows, each with its canonical
+// one.
+var collections = [...]struct{ spelling, canonical string }{
+	{"operations", "operations"}, {"batches", "batches"}, {"batchPredictionJobs", "batchPredictionJobs"}, {"batchJobs", "batches"},
 }
 
 // canonName normalises s. It runs in time linear in len(s): each step either

@@ -55,7 +55,7 @@ func refFromDoc(body []byte, depth int) (Event, error) {
 	}
 	if raw[0] != '{' {
 		if !json.Valid(raw) {
-			return Event{}, fmt.Errorf("parsing event: %w", syntaxError(raw))
+			return Event{}, fmt.Errorf("parsing event: %w", json.Unmarshal(raw, new(any)))
 		}
 		return Event{}, fmt.Errorf("%w: got %s", ErrNotObject, kind(raw))
 	}

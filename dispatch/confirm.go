@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,11 +99,13 @@ func (d *Dispatcher) claimOpts() []sink.ClaimOption {
 	return opts
 }
 
-// verdict is what preparing a claim decided when the effect must not run
-// (yet): a failure to record, with the outcome to report for it.
+// verdict is how an attempt ends when it is not a success to record: a
+// failure to record, with the outcome to report for it; or nothing to
+// record, the claim taken over (fenced) or completed by the effect itself
+// (OutcomeDone, sql.go).
 type verdict struct {
 	failure sink.Failure
-	outcome Outcome // OutcomeUnconfirmed, or "" to let the recorded state decide
+	outcome Outcome // OutcomeUnconfirmed, OutcomeDone, or "" to let the recorded state decide
 	fenced  bool    // the claim was taken over: nothing is recorded
 }
 
@@ -194,13 +197,13 @@ func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim
 		}
 		if now.Before(created.Add(BatchExpiry)) {
 			v := recheck(fmt.Sprintf("not confirmed yet: the API says the batch is %s (the webhook said %s); rechecked later without using an attempt",
-				orUnknown(op.State), orUnknown(c.BatchState)), 0)
+				cmp.Or(op.State, "unknown"), cmp.Or(c.BatchState, "unknown")), 0)
 			log.Info("dispatch: the API says the batch is not finished; rechecked later", "batch_state", op.State, "next", v.failure.NotBefore)
 			return ev, v
 		}
 		return ev, &verdict{failure: sink.Failure{Cause: fmt.Sprintf(
 			"the API still says the batch is %s %v after it was created (%s), when it should have expired: counted as an attempt",
-			orUnknown(op.State), now.Sub(created).Round(time.Minute), created.Format(time.RFC3339))}}
+			cmp.Or(op.State, "unknown"), now.Sub(created).Round(time.Minute), created.Format(time.RFC3339))}}
 	case errors.Is(err, poller.ErrNotFound):
 		log.Warn("dispatch: the API does not know this batch; the key is dead as unknown to the API", "err", err)
 		return ev, &verdict{failure: sink.Failure{Permanent: true, DeadReason: sink.DeadUnknownToAPI,
@@ -223,13 +226,6 @@ func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim
 		return ev, v
 	}
 	return ev, &verdict{failure: sink.Failure{Cause: "confirming with the API: " + err.Error()}}
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "unknown"
-	}
-	return s
 }
 
 // recheckDelay is how long a key that the API has not confirmed waits for
@@ -341,33 +337,24 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 // Lease/3 old or more (renewals failed meanwhile), it is renewed once more,
 // and the attempt is handed back, using none of its budget, if that fails —
 // an effect never starts on a lease that may already have run out.
-func (d *Dispatcher) prepareUnderLease(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, ev effect.Event, confirmWait time.Duration) (effect.Event, *verdict) {
-	pctx, cancel := context.WithCancelCause(runCtx)
+func (a *attempt) prepareUnderLease(ev effect.Event, confirmWait time.Duration) (effect.Event, *verdict) {
+	pctx, cancel := context.WithCancelCause(a.runCtx)
 	defer cancel(nil)
-	stop := make(chan struct{})
-	done := d.renewLease(runCtx, log, c, lm, stop, func() { cancel(sink.ErrFenced) })
-	ev, v := d.prepare(pctx, log, c, ev, confirmWait)
-	close(stop)
-	<-done
+	stopRenewing := a.keepRenewed(func() { cancel(sink.ErrFenced) })
+	ev, v := a.d.prepare(pctx, a.log, a.c, ev, confirmWait)
+	stopRenewing()
 	if errors.Is(context.Cause(pctx), sink.ErrFenced) {
-		log.Error("dispatch: FENCED: the key was taken over before its effect started; nothing runs")
+		a.log.Error("dispatch: FENCED: the key was taken over before its effect started; nothing runs")
 		return ev, &verdict{fenced: true}
 	}
-	if v != nil {
+	if v != nil || !a.stale() {
 		return ev, v
 	}
-	if asked := d.cfg.Now(); asked.Sub(lm.get()) >= d.cfg.Lease/3 {
-		wctx, wcancel := writeContext(ctx)
-		err := d.cfg.Sink.Renew(wctx, c.Key, c.Token, d.cfg.Lease)
-		wcancel()
-		switch {
-		case err == nil:
-			lm.set(asked)
-		case errors.Is(err, sink.ErrFenced):
-			return ev, &verdict{fenced: true}
-		default:
-			return ev, &verdict{failure: sink.Failure{NoAttempt: true, Cause: "could not renew the lease before the effect: " + err.Error()}}
-		}
+	switch err := a.renew(writeTimeout); {
+	case errors.Is(err, sink.ErrFenced):
+		return ev, &verdict{fenced: true}
+	case err != nil:
+		return ev, &verdict{failure: sink.Failure{NoAttempt: true, Cause: "could not renew the lease before the effect: " + err.Error()}}
 	}
 	return ev, nil
 }

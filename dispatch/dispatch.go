@@ -8,6 +8,7 @@ package dispatch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -151,21 +153,22 @@ type Config struct {
 	Rand func() float64
 }
 
-// Summary counts what one Drain did.
+// Summary counts what one Drain did. Its JSON field names are those of
+// drain's summary line (DrainLine).
 type Summary struct {
-	Claimed int // attempts started
-	OK      int // attempts that completed the key
-	Failed  int // attempts that failed with a retry scheduled
-	Dead    int // attempts that sent the key to dead
-	Fenced  int // attempts whose outcome was discarded (another took over)
+	Claimed int `json:"claimed"` // attempts started
+	OK      int `json:"ok"`      // attempts that completed the key
+	Failed  int `json:"failed"`  // attempts that failed with a retry scheduled
+	Dead    int `json:"dead"`    // attempts that sent the key to dead
+	Fenced  int `json:"fenced"`  // attempts whose outcome was discarded (another took over)
 	// Unconfirmed counts claims handed back without using an attempt
 	// because the API has not confirmed the key yet (not terminal, or no
 	// answer): not a failure.
-	Unconfirmed int
+	Unconfirmed int `json:"unconfirmed"`
 	// HandedBack counts claims granted ahead and handed back before their
 	// effect started (shutdown, or an effect that broke), without using an
 	// attempt: not a failure, the key is due again at once.
-	HandedBack int
+	HandedBack int `json:"handed_back"`
 }
 
 func (s *Summary) add(o Outcome) {
@@ -189,9 +192,9 @@ type Dispatcher struct {
 	cfg  Config
 	log  *slog.Logger
 	kick chan struct{}
-	// completer, when set, is the effect that completes its own claim
-	// (Config.SQL): it replaces Effect and Complete (sql.go).
-	completer claimCompleter
+	// completer, when set, is the sink that runs Config.SQL and completes
+	// the claim in one transaction: it replaces Effect and Complete (sql.go).
+	completer sink.SQLCompleter
 
 	// brokenMu guards broken: the first effect.Broken error an attempt
 	// returned. Once set, nothing more is claimed.
@@ -217,8 +220,7 @@ type Dispatcher struct {
 	freed chan struct{}
 	// live is the session of Run, where TakeSlot's claims run; nil
 	// while Run is not running.
-	liveMu sync.Mutex
-	live   *Session
+	live atomic.Pointer[session]
 }
 
 // New fills cfg's zero fields with their defaults, checks it (Validate, and
@@ -235,42 +237,34 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatch: confirm timeout, download timeout and recheck delays must not be negative")
 	}
 	def := DefaultConfig()
-	for _, f := range []struct{ v, d *time.Duration }{
-		{&cfg.Lease, &def.Lease}, {&cfg.EffectTimeout, &def.EffectTimeout}, {&cfg.Grace, &def.Grace},
-		{&cfg.Interval, &def.Interval}, {&cfg.ConfirmTimeout, &def.ConfirmTimeout},
-		{&cfg.DownloadTimeout, &def.DownloadTimeout}, {&cfg.RecheckBase, &def.RecheckBase},
-		{&cfg.RecheckMax, &def.RecheckMax},
-	} {
-		if *f.v == 0 {
-			*f.v = *f.d
-		}
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = def.Concurrency
-	}
+	cfg.Lease = cmp.Or(cfg.Lease, def.Lease)
+	cfg.EffectTimeout = cmp.Or(cfg.EffectTimeout, def.EffectTimeout)
+	cfg.Grace = cmp.Or(cfg.Grace, def.Grace)
+	cfg.Interval = cmp.Or(cfg.Interval, def.Interval)
+	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, def.ConfirmTimeout)
+	cfg.DownloadTimeout = cmp.Or(cfg.DownloadTimeout, def.DownloadTimeout)
+	cfg.RecheckBase = cmp.Or(cfg.RecheckBase, def.RecheckBase)
+	cfg.RecheckMax = cmp.Or(cfg.RecheckMax, def.RecheckMax)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, def.Concurrency)
 	cfg.RecheckMax = max(cfg.RecheckMax, cfg.RecheckBase)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var completer claimCompleter
+	var completer sink.SQLCompleter
 	if cfg.SQL != nil {
 		var err error
-		if completer, err = newSQLEffect(cfg); err != nil {
+		if completer, err = sqlCompleter(cfg); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	if cfg.Owner == "" {
-		cfg.Owner = DefaultOwner()
-	}
+	cfg.Owner = cmp.Or(cfg.Owner, DefaultOwner())
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
@@ -343,15 +337,12 @@ func (d *Dispatcher) Kick() {
 func (d *Dispatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
-	s := d.Session(ctx)
-	d.liveMu.Lock()
-	d.live = s
-	d.liveMu.Unlock()
+	runCtx, release := d.graceContext(ctx)
+	s := &session{d: d, ctx: ctx, runCtx: runCtx, release: release}
+	d.live.Store(s)
 	defer func() {
-		d.liveMu.Lock()
-		d.live = nil
-		d.liveMu.Unlock()
-		_, _ = s.Stop() // the workers' outcomes are logged, not summed
+		d.live.Store(nil)
+		s.stop()
 	}()
 	failures := 0
 	for {
@@ -409,38 +400,25 @@ func (d *Dispatcher) GraceEnded() <-chan struct{} { return d.hurry.Done() }
 // release function.
 func (d *Dispatcher) graceContext(ctx context.Context) (context.Context, func()) {
 	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	var mu sync.Mutex
-	var timer *time.Timer
-	released := false
-	// Each callback runs once its own context is done and then looks at the
-	// other's: whichever of ctx and hurry is done last sees both.
-	stop := context.AfterFunc(ctx, func() {
-		if d.cfg.Grace < 0 || d.hurry.Err() != nil {
-			cancel(errShutdown)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-runCtx.Done(): // released
 			return
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !released {
-			timer = time.AfterFunc(d.cfg.Grace, func() { cancel(errShutdown) })
+		if d.cfg.Grace >= 0 {
+			t := time.NewTimer(d.cfg.Grace)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-d.hurry.Done():
+			case <-runCtx.Done():
+				return
+			}
 		}
-	})
-	stopHurry := context.AfterFunc(d.hurry, func() {
-		if ctx.Err() != nil {
-			cancel(errShutdown)
-		}
-	})
-	return runCtx, func() {
-		stop()
-		stopHurry()
-		mu.Lock()
-		released = true
-		if timer != nil {
-			timer.Stop()
-		}
-		mu.Unlock()
-		cancel(nil)
-	}
+		cancel(errShutdown)
+	}()
+	return runCtx, func() { cancel(nil) }
 }
 
 // writeContext is for sink writes on behalf of an attempt: not cancelled
@@ -488,7 +466,7 @@ func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait t
 	}
 	runCtx, release := d.graceContext(ctx)
 	defer release()
-	return d.runClaim(ctx, runCtx, c, asked, nil, confirmWait)
+	return d.newAttempt(ctx, runCtx, c, asked).run(nil, confirmWait)
 }
 
 // OutcomeMargin is how long before the end of a lease its holder stops
@@ -499,119 +477,123 @@ func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait t
 // lease (the database's, or another process's).
 func OutcomeMargin(lease time.Duration) time.Duration { return max(lease/10, 5*time.Second) }
 
-// leaseMark is when the claim's lease was last granted or renewed, by
-// Config.Now read just before the request was sent: the lease cannot have
-// started earlier, so the holder may count on it until at + Lease.
-type leaseMark struct {
-	mu sync.Mutex
-	at time.Time
+// attempt carries one granted claim, and its fencing token, from its
+// preparation and effect to the write of its outcome. ctx is the caller's
+// (values only: writes outlive its cancellation); runCtx bounds the effect
+// and, once done, the retries of the outcome write.
+type attempt struct {
+	d           *Dispatcher
+	ctx, runCtx context.Context
+	log         *slog.Logger
+	c           sink.Claim
+
+	// leaseAt is when the claim's lease was last granted or renewed, by
+	// Config.Now read just before the request was sent. The lease cannot
+	// have started earlier, so the holder may count on it until leaseAt +
+	// Lease. Only one goroutine renews at a time (keepRenewed's, until it
+	// is stopped), so it needs no lock.
+	leaseAt time.Time
 }
 
-func (m *leaseMark) get() time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.at
-}
-
-func (m *leaseMark) set(t time.Time) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if t.After(m.at) {
-		m.at = t
-	}
-}
-
-// runClaim runs the effect for a granted claim, renewing its lease, and
-// records the outcome with the claim's token. ctx is the caller's (values
-// only: writes outlive its cancellation); runCtx bounds the effect and,
-// once done, the retries of the outcome write. leaseFrom is when the claim
-// (or its last renewal) was asked for, by Config.Now. mark, when set, sees
-// the outcome while outcomeMu is still held.
-func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFrom time.Time, mark func(Outcome), confirmWait time.Duration) (out Outcome, err error) {
+// newAttempt starts an attempt of c, whose claim (or last renewal) was
+// asked for at leaseFrom, by Config.Now.
+func (d *Dispatcher) newAttempt(ctx, runCtx context.Context, c sink.Claim, leaseFrom time.Time) *attempt {
 	log := d.log.With("key", c.Key, "token", c.Token, "attempt", c.Attempt)
-	if c.Takeover {
-		log.Warn("dispatch: took over a claim whose lease expired")
+	return &attempt{d: d, ctx: ctx, runCtx: runCtx, log: log, c: c, leaseAt: leaseFrom}
+}
+
+// stale reports whether the lease was last granted or renewed Lease/3 ago
+// or more.
+func (a *attempt) stale() bool { return a.d.cfg.Now().Sub(a.leaseAt) >= a.d.cfg.Lease/3 }
+
+// renew renews the lease once, the request bounded by timeout, and notes a
+// success.
+func (a *attempt) renew(timeout time.Duration) error {
+	asked := a.d.cfg.Now()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), timeout)
+	defer cancel()
+	err := a.d.cfg.Sink.Renew(ctx, a.c.Key, a.c.Token, a.d.cfg.Lease)
+	if err == nil && asked.After(a.leaseAt) {
+		a.leaseAt = asked
 	}
-	ev := eventFor(c)
-	lm := &leaseMark{at: leaseFrom}
-	if d.needsPrep(c) {
-		start := d.cfg.Now()
-		var v *verdict
-		ev, v = d.prepareUnderLease(ctx, runCtx, log, c, lm, ev, confirmWait)
-		if v != nil {
-			defer func() {
-				if d.cfg.Observer != nil {
-					d.cfg.Observer.ObserveEffect(string(out), d.cfg.Now().Sub(start))
-				}
-			}()
-			if v.fenced {
-				out = OutcomeFenced
-			} else {
-				d.outcomeMu.RLock() // see the failure case below
-				defer d.outcomeMu.RUnlock()
-				out, err = d.recordFailure(ctx, runCtx, log, c, lm, v.failure, v.outcome, d.cfg.Now().Sub(start))
+	return err
+}
+
+// keepRenewed renews the lease every Lease/3 (each renewal bounded by
+// Lease/3) until the function it returns is called, which waits for the
+// renewals to end. A fenced renewal means someone took the key over: it
+// calls fenced and renews no more.
+func (a *attempt) keepRenewed(fenced func()) (stop func()) {
+	stopc, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(a.d.cfg.Lease/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-stopc:
+				return
+			case <-t.C:
 			}
-			if mark != nil {
-				mark(out)
+			switch err := a.renew(a.d.cfg.Lease / 3); {
+			case errors.Is(err, sink.ErrFenced):
+				fenced()
+				return
+			case err != nil:
+				a.log.Warn("dispatch: lease renewal failed; will try again", "err", err)
 			}
-			return out, err
 		}
+	}()
+	return func() {
+		close(stopc)
+		<-done
 	}
+}
 
-	effCtx, cancelTimeout := context.WithTimeoutCause(runCtx, d.cfg.EffectTimeout,
-		&effectTimeoutError{d: d.cfg.EffectTimeout})
-	defer cancelTimeout()
-	effCtx, cancelEffect := context.WithCancelCause(effCtx)
-	defer cancelEffect(nil)
-
-	// Renew the lease while the effect runs. A fenced renewal means someone
-	// took the key over: stop the effect; its outcome will be discarded.
-	stopRenew := make(chan struct{})
-	var renewFenced bool
-	renewDone := closedChan()
-	if d.completer == nil { // it renews once, up front (sql.go)
-		renewDone = d.renewLease(runCtx, log, c, lm, stopRenew, func() {
-			renewFenced = true
-			cancelEffect(sink.ErrFenced)
-		})
+// run prepares the claim when it needs it (confirmation, results; a
+// confirmation bounded by confirmWait, 0: ConfirmTimeout), runs its effect
+// while renewing the lease, and records the outcome with the claim's token.
+// mark, when set, sees the outcome while outcomeMu is still held.
+func (a *attempt) run(mark func(Outcome), confirmWait time.Duration) (out Outcome, err error) {
+	d := a.d
+	if a.c.Takeover {
+		a.log.Warn("dispatch: took over a claim whose lease expired")
 	}
-
 	start := d.cfg.Now()
-	runErr := d.runEffect(effCtx, ev)
-	elapsed := d.cfg.Now().Sub(start)
-	if effect.IsBroken(runErr) {
-		d.markBroken(runErr) // before anything else is claimed
+	ev := eventFor(a.c)
+	var v *verdict
+	if d.needsPrep(a.c) {
+		ev, v = a.prepareUnderLease(ev, confirmWait)
 	}
-	close(stopRenew)
-	<-renewDone
-
+	ran := v == nil
+	var elapsed time.Duration // the effect's running time; else the preparation's
+	if ran {
+		v, elapsed = a.effect(ev)
+	} else {
+		elapsed = d.cfg.Now().Sub(start)
+	}
 	defer func() {
 		if d.cfg.Observer != nil {
+			if !ran {
+				elapsed = d.cfg.Now().Sub(start)
+			}
 			d.cfg.Observer.ObserveEffect(string(out), elapsed)
 		}
 	}()
-
 	switch {
-	case d.completer != nil && runErr == nil: // it completed the claim itself (sql.go)
-		log.Info("dispatch: effect ok (in the transaction that marked the key done)", "duration", elapsed)
+	case v == nil:
+		out, err = a.complete(elapsed)
+	case v.fenced:
+		out = OutcomeFenced
+	case v.outcome == OutcomeDone: // the effect completed the claim itself (sql.go)
 		out = OutcomeDone
-	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
-		log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
-		out = OutcomeFenced
-	case renewFenced:
-		// The backend already counted the fenced renewal; writing the
-		// outcome would only be fenced (and counted) again.
-		log.Error("dispatch: FENCED: another attempt took this key over while its effect ran; this attempt's outcome is discarded", "effect_err", errString(runErr))
-		out = OutcomeFenced
-	case runErr == nil:
-		out, err = d.complete(ctx, runCtx, log, c, lm, elapsed)
 	default:
 		// Only a failure can make this key due again at once (a fenced
 		// key is another holder's): hold outcomeMu until mark has noted
 		// it, so that no batch claim of this Drain sees it due first.
 		d.outcomeMu.RLock()
 		defer d.outcomeMu.RUnlock()
-		out, err = d.fail(ctx, runCtx, log, c, lm, effCtx, runErr, elapsed)
+		out, err = a.recordFailure(v.failure, v.outcome, elapsed)
 	}
 	if mark != nil {
 		mark(out)
@@ -619,44 +601,49 @@ func (d *Dispatcher) runClaim(ctx, runCtx context.Context, c sink.Claim, leaseFr
 	return out, err
 }
 
-// renewLease renews c's lease every Lease/3 (each renewal bounded by
-// Lease/3) until stop is closed, noting each success in lm. A fenced
-// renewal means someone took the key over: it calls fenced and ends. The
-// channel it returns is closed once it has ended.
-func (d *Dispatcher) renewLease(runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, stop <-chan struct{}, fenced func()) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(max(d.cfg.Lease/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			asked := d.cfg.Now()
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Lease/3)
-			err := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
-			cancel()
-			switch {
-			case err == nil:
-				lm.set(asked)
-			case errors.Is(err, sink.ErrFenced):
-				fenced()
-				return
-			default:
-				log.Warn("dispatch: lease renewal failed; will try again", "err", err)
-			}
-		}
-	}()
-	return done
-}
-
-func closedChan() <-chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
+// effect runs the effect under EffectTimeout, the lease renewed meanwhile
+// (unless it completes its own claim: that renews once, up front; sql.go),
+// and returns its verdict — nil: a success to record — and its running
+// time. A fenced renewal means someone took the key over: the effect is
+// stopped and its outcome discarded.
+func (a *attempt) effect(ev effect.Event) (*verdict, time.Duration) {
+	d := a.d
+	effCtx, cancelTimeout := context.WithTimeoutCause(a.runCtx, d.cfg.EffectTimeout,
+		&effectTimeoutError{d: d.cfg.EffectTimeout})
+	defer cancelTimeout()
+	effCtx, cancelEffect := context.WithCancelCause(effCtx)
+	defer cancelEffect(nil)
+	var renewFenced bool
+	stopRenewing := func() {}
+	if d.completer == nil {
+		stopRenewing = a.keepRenewed(func() {
+			renewFenced = true
+			cancelEffect(sink.ErrFenced)
+		})
+	}
+	start := d.cfg.Now()
+	runErr := d.runEffect(effCtx, ev)
+	elapsed := d.cfg.Now().Sub(start)
+	if effect.IsBroken(runErr) {
+		d.markBroken(runErr) // before anything else is claimed
+	}
+	stopRenewing()
+	switch {
+	case d.completer != nil && runErr == nil:
+		a.log.Info("dispatch: effect ok (in the transaction that marked the key done)", "duration", elapsed)
+		return &verdict{outcome: OutcomeDone}, elapsed
+	case d.completer != nil && errors.Is(runErr, sink.ErrFenced):
+		a.log.Error("dispatch: FENCED: the key was taken over before this attempt's transaction committed; nothing of it was written", "err", runErr)
+		return &verdict{fenced: true}, elapsed
+	case renewFenced:
+		// The backend already counted the fenced renewal; writing the
+		// outcome would only be fenced (and counted) again.
+		a.log.Error("dispatch: FENCED: another attempt took this key over while its effect ran; this attempt's outcome is discarded", "effect_err", errString(runErr))
+		return &verdict{fenced: true}, elapsed
+	case runErr == nil:
+		return nil, elapsed
+	}
+	return &verdict{failure: d.failureOf(effCtx, runErr)}, elapsed
 }
 
 // runEffect runs the effect, turning a panic into a retryable error.
@@ -682,6 +669,20 @@ type outcomeWrite struct {
 	landed func(sink.Entry) bool
 }
 
+// readBack returns the key's entry when it holds this claim's token and
+// landed accepts it, else nil.
+func (a *attempt) readBack(landed func(sink.Entry) bool) *sink.Entry {
+	ctx, cancel := writeContext(a.ctx)
+	defer cancel()
+	e, err := a.d.cfg.Sink.Get(ctx, a.c.Key)
+	if err == nil && e.Token == a.c.Token && landed(e) {
+		return &e
+	}
+	return nil
+}
+
+func isDone(e sink.Entry) bool { return e.State == sink.StateDone }
+
 // record writes an attempt's outcome. The effect has run, so losing the
 // record would run it again (done) or leave the key claimed for the rest of
 // its lease (a failure): a write that fails for another reason than fencing
@@ -693,19 +694,11 @@ type outcomeWrite struct {
 // transit may have committed. It returns the entry read back when that is
 // how success was learnt (else nil), and nil, an error wrapping
 // sink.ErrFenced, or the last failure.
-func (d *Dispatcher) record(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, w outcomeWrite) (*sink.Entry, error) {
-	readBack := func() (*sink.Entry, bool) {
-		rctx, cancel := writeContext(ctx)
-		defer cancel()
-		e, err := d.cfg.Sink.Get(rctx, c.Key)
-		if err == nil && e.Token == c.Token && w.landed(e) {
-			return &e, true
-		}
-		return nil, false
-	}
+func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
+	d := a.d
 	pause := outcomeRetryFirst
 	for try := 1; ; try++ {
-		wctx, cancel := writeContext(ctx)
+		wctx, cancel := writeContext(a.ctx)
 		err := w.write(wctx)
 		cancel()
 		if err == nil {
@@ -713,7 +706,7 @@ func (d *Dispatcher) record(ctx, runCtx context.Context, log *slog.Logger, c sin
 		}
 		if errors.Is(err, sink.ErrFenced) {
 			if try > 1 {
-				if e, ok := readBack(); ok {
+				if e := a.readBack(w.landed); e != nil {
 					return e, nil // an earlier try had committed
 				}
 			}
@@ -726,30 +719,24 @@ func (d *Dispatcher) record(ctx, runCtx context.Context, log *slog.Logger, c sin
 			return nil, err
 		}
 		now := d.cfg.Now()
-		deadline := lm.get().Add(d.cfg.Lease - OutcomeMargin(d.cfg.Lease))
+		deadline := a.leaseAt.Add(d.cfg.Lease - OutcomeMargin(d.cfg.Lease))
 		switch {
-		case runCtx.Err() != nil:
+		case a.runCtx.Err() != nil:
 			return nil, fmt.Errorf("%w (tried %d times; shutdown's grace ran out)", err, try)
 		case !now.Before(deadline):
 			return nil, fmt.Errorf("%w (tried %d times, until the lease ran short)", err, try)
 		}
 		if try&(try-1) == 0 { // 1, 2, 4, 8…: an outage must not flood the log
-			log.Warn("dispatch: recording "+w.what+" failed; trying again while the lease lasts", "err", err, "try", try, "until", deadline)
+			a.log.Warn("dispatch: recording "+w.what+" failed; trying again while the lease lasts", "err", err, "try", try, "until", deadline)
 		}
-		_ = d.cfg.Sleep(runCtx, min(pause, deadline.Sub(now)))
+		_ = d.cfg.Sleep(a.runCtx, min(pause, deadline.Sub(now)))
 		pause = min(2*pause, outcomeRetryMax)
-		if e, ok := readBack(); ok {
+		if e := a.readBack(w.landed); e != nil {
 			return e, nil // the last try had committed
 		}
-		if asked := d.cfg.Now(); asked.Sub(lm.get()) >= d.cfg.Lease/3 {
-			rctx, cancel := writeContext(ctx)
-			rerr := d.cfg.Sink.Renew(rctx, c.Key, c.Token, d.cfg.Lease)
-			cancel()
-			switch {
-			case rerr == nil:
-				lm.set(asked)
-			case errors.Is(rerr, sink.ErrFenced):
-				if e, ok := readBack(); ok {
+		if a.stale() {
+			if rerr := a.renew(writeTimeout); errors.Is(rerr, sink.ErrFenced) {
+				if e := a.readBack(w.landed); e != nil {
 					return e, nil
 				}
 				return nil, rerr
@@ -759,22 +746,22 @@ func (d *Dispatcher) record(ctx, runCtx context.Context, log *slog.Logger, c sin
 }
 
 // complete records success (see record).
-func (d *Dispatcher) complete(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, elapsed time.Duration) (Outcome, error) {
-	_, err := d.record(ctx, runCtx, log, c, lm, outcomeWrite{
+func (a *attempt) complete(elapsed time.Duration) (Outcome, error) {
+	_, err := a.record(outcomeWrite{
 		what:   "done",
-		write:  func(wctx context.Context) error { return d.cfg.Sink.Complete(wctx, c.Key, c.Token) },
-		landed: func(e sink.Entry) bool { return e.State == sink.StateDone },
+		write:  func(wctx context.Context) error { return a.d.cfg.Sink.Complete(wctx, a.c.Key, a.c.Token) },
+		landed: isDone,
 	})
 	switch {
 	case err == nil:
-		log.Info("dispatch: effect ok", "duration", elapsed)
+		a.log.Info("dispatch: effect ok", "duration", elapsed)
 		return OutcomeDone, nil
 	case errors.Is(err, sink.ErrFenced):
-		log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
+		a.log.Error("dispatch: FENCED: the key was taken over before this attempt completed; its success is discarded (the effect may have run twice)", "err", err)
 		return OutcomeFenced, nil
 	default:
-		log.Error("dispatch: could not record done; the key stays claimed until its lease expires and its effect will run again", "err", err)
-		return OutcomeRetry, fmt.Errorf("dispatch: complete %s: %w", c.Key, err)
+		a.log.Error("dispatch: could not record done; the key stays claimed until its lease expires and its effect will run again", "err", err)
+		return OutcomeRetry, fmt.Errorf("dispatch: complete %s: %w", a.c.Key, err)
 	}
 }
 
@@ -793,10 +780,10 @@ func stoppedByContext(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// fail records a failed attempt. The effect's error decides what is said
-// about it: the effect context's state after the run does not (it may have
-// ended after the effect failed on its own).
-func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, effCtx context.Context, runErr error, elapsed time.Duration) (Outcome, error) {
+// failureOf is the failure an effect's error records. The error decides
+// what is said about it: the effect context's state after the run does not
+// (it may have ended after the effect failed on its own).
+func (d *Dispatcher) failureOf(effCtx context.Context, runErr error) sink.Failure {
 	cause := runErr.Error()
 	if stoppedByContext(runErr) {
 		var te *effectTimeoutError
@@ -813,21 +800,22 @@ func (d *Dispatcher) fail(ctx, runCtx context.Context, log *slog.Logger, c sink.
 	if after, ok := effect.RetryAfterOf(runErr); ok {
 		f.NotBefore = d.cfg.Now().Add(after)
 	}
-	return d.recordFailure(ctx, runCtx, log, c, lm, f, "", elapsed)
+	return f
 }
 
 // recordFailure records a failed attempt f (see record). An uncounted
 // failure reports noAttempt as its outcome when that is set (a claim the
 // API has not confirmed yet), else OutcomeRetry.
-func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger, c sink.Claim, lm *leaseMark, f sink.Failure, noAttempt Outcome, elapsed time.Duration) (Outcome, error) {
+func (a *attempt) recordFailure(f sink.Failure, noAttempt Outcome, elapsed time.Duration) (Outcome, error) {
+	log, c := a.log, a.c
 	cause := f.Cause
 	f.Cause = sink.TruncateError(f.Cause)
 	var state sink.State
-	e, err := d.record(ctx, runCtx, log, c, lm, outcomeWrite{
+	e, err := a.record(outcomeWrite{
 		what: "a failure",
 		write: func(wctx context.Context) error {
 			var err error
-			state, err = d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
+			state, err = a.d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
 			return err
 		},
 		// Only this claim's Fail turns its claim into pending or dead
@@ -838,7 +826,7 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 		state = e.State
 	}
 	switch {
-	case errors.Is(err, sink.ErrFenced) && d.completer != nil && d.doneWith(ctx, c):
+	case errors.Is(err, sink.ErrFenced) && a.d.completer != nil && a.readBack(isDone) != nil:
 		// The effect's transaction committed (the key is done with this
 		// claim's token) although it reported an error, as when the
 		// context ended during the commit: the outcome is the commit's.
@@ -871,19 +859,11 @@ func (d *Dispatcher) recordFailure(ctx, runCtx context.Context, log *slog.Logger
 	}
 }
 
-// doneWith reports whether the key is done under this claim's token.
-func (d *Dispatcher) doneWith(ctx context.Context, c sink.Claim) bool {
-	rctx, cancel := writeContext(ctx)
-	defer cancel()
-	e, err := d.cfg.Sink.Get(rctx, c.Key)
-	return err == nil && e.State == sink.StateDone && e.Token == c.Token
-}
-
 // eventFor builds the event document of spec §4 and §9.3 from a claim:
 // what the sink stored, nothing parsed again (the batch state is the one
 // canon computed when the key was seen, or the API's once confirmed).
 func eventFor(c sink.Claim) effect.Event {
-	ev := effect.Event{
+	return effect.Event{
 		Key:        c.Key,
 		Name:       canon.Name(c.Key),
 		State:      c.BatchState,
@@ -898,7 +878,6 @@ func eventFor(c sink.Claim) effect.Event {
 
 		WithoutResults: c.NoResults,
 	}
-	return ev
 }
 
 // jsonOrString is b as JSON: as it is when valid, else as a JSON string

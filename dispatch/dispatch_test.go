@@ -291,7 +291,7 @@ func TestDrainShutdownGrace(t *testing.T) {
 		dir := t.TempDir()
 		ctx, cancel := context.WithCancel(context.Background())
 		d := newDispatcher(t, Config{Sink: s, Grace: 200 * time.Millisecond, Concurrency: 1,
-			Effect: effect.NewExec(`touch started; sleep 30`, effect.ExecDir(dir), effect.ExecOutput(nil))})
+			Effect: effect.NewExec(inDir(dir, `touch started; sleep 30`), effect.ExecOutput(nil))})
 		go func() {
 			deadline := time.Now().Add(20 * time.Second)
 			for time.Now().Before(deadline) {
@@ -350,7 +350,7 @@ func TestEndGrace(t *testing.T) {
 			dir := t.TempDir()
 			ctx, cancel := context.WithCancel(context.Background())
 			d := newDispatcher(t, Config{Sink: s, Grace: time.Hour, Concurrency: 1,
-				Effect: effect.NewExec(`trap '' TERM; touch started; sleep 30`, effect.ExecDir(dir), effect.ExecOutput(nil))})
+				Effect: effect.NewExec(inDir(dir, `trap '' TERM; touch started; sleep 30`), effect.ExecOutput(nil))})
 			go func() {
 				deadline := time.Now().Add(20 * time.Second)
 				for time.Now().Before(deadline) {
@@ -563,3 +563,7 @@ func TestRunKicks(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// inDir makes cmd run in dir: an exec command runs where gemrecon does, and
+// the tests that look at the files a command leaves run in parallel.
+func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 1\n" + cmd }

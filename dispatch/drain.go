@@ -272,37 +272,32 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 			return
 		}
 		j.claim = &c
-	} else if d.cfg.Now().Sub(j.claimedAt) > d.cfg.Lease/3 {
+	}
+	a := d.newAttempt(ctx, runCtx, *j.claim, j.claimedAt)
+	var err error
+	if j.key == "" && d.cfg.Now().Sub(j.claimedAt) > d.cfg.Lease/3 {
 		// Granted ahead and kept waiting for a slot: renew before the
 		// effect starts, so it gets its whole lease.
-		asked := d.cfg.Now()
-		wctx, cancel := writeContext(ctx)
-		err := d.cfg.Sink.Renew(wctx, j.claim.Key, j.claim.Token, d.cfg.Lease)
-		cancel()
-		if err == nil {
-			j.claimedAt = asked
-		}
-		if err != nil {
-			st.mu.Lock()
-			st.sum.Claimed++
-			if errors.Is(err, sink.ErrFenced) {
-				st.sum.Fenced++
-				d.log.Error("dispatch: FENCED: a claim waiting for a slot was taken over; its effect was not started", "key", j.claim.Key, "token", j.claim.Token)
-			} else {
-				// Not started: its lease will run out and another
-				// attempt take over.
-				st.sum.Failed++
-				st.errs = append(st.errs, fmt.Errorf("dispatch: renew %s before its effect: %w", j.claim.Key, err))
-			}
-			st.redue[j.claim.Key] = true
-			st.mu.Unlock()
-			return
-		}
+		err = a.renew(writeTimeout)
 	}
 	st.mu.Lock()
 	st.sum.Claimed++
+	if err != nil {
+		if errors.Is(err, sink.ErrFenced) {
+			st.sum.Fenced++
+			a.log.Error("dispatch: FENCED: a claim waiting for a slot was taken over; its effect was not started")
+		} else {
+			// Not started: its lease will run out and another attempt
+			// take over.
+			st.sum.Failed++
+			st.errs = append(st.errs, fmt.Errorf("dispatch: renew %s before its effect: %w", j.claim.Key, err))
+		}
+		st.redue[j.claim.Key] = true
+		st.mu.Unlock()
+		return
+	}
 	st.mu.Unlock()
-	out, err := d.runClaim(ctx, runCtx, *j.claim, j.claimedAt, func(o Outcome) {
+	out, err := a.run(func(o Outcome) {
 		// Under outcomeMu (shared): marks the key before a batch claim
 		// can see it due again.
 		if o == OutcomeRetry || o == OutcomeFenced || o == OutcomeUnconfirmed {
@@ -312,9 +307,9 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 		}
 	}, 0)
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	st.sum.add(out)
 	if err != nil {
 		st.errs = append(st.errs, err)
 	}
-	st.mu.Unlock()
 }

@@ -50,7 +50,7 @@ func TestR4FailingEffects(t *testing.T) {
 		cmd := `n=$(cat count 2>/dev/null || echo 0); n=$((n+1)); echo $n > count
 [ "$n" -ge 3 ] || { echo "attempt $n failed" >&2; exit 7; }`
 		d := newDispatcher(t, Config{Sink: s, Now: clock.Now,
-			Effect: effect.NewExec(cmd, effect.ExecDir(dir), effect.ExecOutput(nil))})
+			Effect: effect.NewExec(inDir(dir, cmd), effect.ExecOutput(nil))})
 
 		drain(t, d, Summary{Claimed: 1, Failed: 1})
 		e := get(t, s, key)
@@ -156,7 +156,7 @@ func TestR4FailingEffects(t *testing.T) {
 		dir := t.TempDir()
 		cmd := `sh -c 'sleep 2; echo late > late' & sleep 30`
 		d := newDispatcher(t, Config{Sink: s, EffectTimeout: 300 * time.Millisecond, Lease: 10 * time.Second,
-			Effect: effect.NewExec(cmd, effect.ExecDir(dir), effect.ExecOutput(nil))})
+			Effect: effect.NewExec(inDir(dir, cmd), effect.ExecOutput(nil))})
 		start := time.Now()
 		drain(t, d, Summary{Claimed: 1, Failed: 1})
 		if el := time.Since(start); el > 10*time.Second {

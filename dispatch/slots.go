@@ -18,43 +18,31 @@ import (
 // claim runs in that slot as a claim of Drain would. With no free slot the
 // key is only recorded, and waits for a Drain.
 
-// Session is where claims made where keys are recorded run: under its
+// session is where claims made where keys are recorded run: under its
 // context, with the dispatcher's grace once that is done (graceContext),
-// counted apart from any Drain until Stop. Run opens one for the
-// dispatcher's TakeSlot (serve's webhooks).
-type Session struct {
+// until stop. Run opens one for the dispatcher's TakeSlot (serve's
+// webhooks); the claims' outcomes are logged, not summed.
+type session struct {
 	d           *Dispatcher
 	ctx, runCtx context.Context
 	release     func()
 	wg          sync.WaitGroup
-	mu          sync.Mutex
-	sum         Summary
-	errs        []error
 }
 
-// Session opens a session whose claims run under ctx.
-func (d *Dispatcher) Session(ctx context.Context) *Session {
-	runCtx, release := d.graceContext(ctx)
-	return &Session{d: d, ctx: ctx, runCtx: runCtx, release: release}
-}
-
-// Stop waits for the session's claims — the grace applies once its
-// context is done — and returns what they did.
-func (s *Session) Stop() (Summary, error) {
+// stop waits for the session's claims — the grace applies once its
+// context is done.
+func (s *session) stop() {
 	s.wg.Wait()
 	s.release()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.sum, errors.Join(s.errs...)
 }
 
-// TakeSlot takes a free slot for a claim made where a key is recorded: req
+// takeSlot takes a free slot for a claim made where a key is recorded: req
 // is the claim to ask sink.RecordAndClaim for (this dispatcher's owner,
 // lease and options), and hand starts a claim granted for it in the slot,
 // or with nil gives the slot back. ok is false when no slot is free, the
 // session's context is done or the effect broke: then the key is only
 // recorded.
-func (s *Session) TakeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok bool) {
+func (s *session) takeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok bool) {
 	d := s.d
 	if s.ctx.Err() != nil || d.brokenErr() != nil || !d.takeSlot() {
 		return req, nil, false
@@ -70,32 +58,19 @@ func (s *Session) TakeSlot() (req sink.ClaimRequest, hand func(*sink.Claim), ok 
 		go func() {
 			defer s.wg.Done()
 			defer d.giveSlot()
-			out, err := d.runClaim(s.ctx, s.runCtx, *c, asked, nil, 0)
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.sum.Claimed++
-			s.sum.add(out)
-			if err != nil {
-				s.errs = append(s.errs, err)
-			}
+			_, _ = d.newAttempt(s.ctx, s.runCtx, *c, asked).run(nil, 0)
 		}()
 	}
 	return d.Request(), hand, true
 }
 
-// Now is the dispatcher's clock.
-func (s *Session) Now() time.Time { return s.d.cfg.Now() }
-
 // TakeSlot is the TakeSlot of the session Run keeps open (serve's
 // webhooks); ok is false while Run is not running.
 func (d *Dispatcher) TakeSlot() (sink.ClaimRequest, func(*sink.Claim), bool) {
-	d.liveMu.Lock()
-	s := d.live
-	d.liveMu.Unlock()
-	if s == nil {
-		return sink.ClaimRequest{}, nil, false
+	if s := d.live.Load(); s != nil {
+		return s.takeSlot()
 	}
-	return s.TakeSlot()
+	return sink.ClaimRequest{}, nil, false
 }
 
 // Now is the dispatcher's clock (Config.Now).
@@ -122,7 +97,7 @@ func (d *Dispatcher) RunClaimWithin(ctx context.Context, c sink.Claim, asked tim
 	}
 	runCtx, release := d.graceContext(ctx)
 	defer release()
-	return d.runClaim(ctx, runCtx, c, asked, nil, confirmWait)
+	return d.newAttempt(ctx, runCtx, c, asked).run(nil, confirmWait)
 }
 
 // Request is the claim this dispatcher makes (sink.RecordAndClaim).

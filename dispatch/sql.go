@@ -6,15 +6,13 @@ import (
 	"fmt"
 
 	"github.com/gemrecon/gemrecon/effect"
-	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// claimCompleter is an effect that completes its own claim: instead of
-// running an Effect and then Sink.Complete, each attempt calls
-// CompleteClaim, which does the effect's work and marks the key done,
-// fenced on ev.Token, in one transaction. runClaim sees only this
-// interface; the --sql effect (sqlEffect) is the one there is.
+// The --sql effect (spec §4) completes its own claim: instead of running
+// an Effect and then Sink.Complete, each attempt calls completeClaim, which
+// has the sink (Dispatcher.completer, a sink.SQLCompleter) run the script
+// and mark the key done, fenced on ev.Token, in one transaction.
 //
 // Success is OutcomeDone, an error wrapping sink.ErrFenced OutcomeFenced
 // (nothing of the work was written), and any other error a failure recorded
@@ -31,40 +29,19 @@ import (
 // SQLite nobody can take the key over while the script holds the write
 // lock), and a periodic renewal queued behind the transaction's own commit
 // would find the key done and be counted as a fenced outcome.
-type claimCompleter interface {
-	CompleteClaim(ctx context.Context, ev effect.Event) error
-}
 
-// sqlEffect is the --sql effect (spec §4): the sink runs the script and
-// marks the key done in one transaction.
-type sqlEffect struct {
-	sink   sink.SQLCompleter
-	script *sqlscript.Script
-}
-
-// newSQLEffect checks that cfg's sink can run a script in its own
+// sqlCompleter checks that cfg's sink can run a script in its own
 // transaction (that Effect is not set too is Validate's).
-func newSQLEffect(cfg Config) (claimCompleter, error) {
+func sqlCompleter(cfg Config) (sink.SQLCompleter, error) {
 	sc, ok := cfg.Sink.(sink.SQLCompleter)
 	if !ok {
 		return nil, fmt.Errorf("dispatch: an SQL script needs a sink that runs SQL in its own transaction (sink.SQLCompleter); %T does not", cfg.Sink)
 	}
-	return sqlEffect{sink: sc, script: cfg.SQL}, nil
+	return sc, nil
 }
 
-// CompleteClaim runs the script and marks the key done, in one transaction.
-func (e sqlEffect) CompleteClaim(ctx context.Context, ev effect.Event) error {
-	if err := e.sink.CompleteSQL(ctx, ev.Key, ev.Token, e.script.Text(), e.script.Params(ev)); err != nil {
-		if errors.Is(err, sink.ErrFenced) {
-			return err
-		}
-		return fmt.Errorf("sql script %s: %w", e.script.Path(), err)
-	}
-	return nil
-}
-
-// completeClaim renews the lease once and hands the attempt to the
-// claimCompleter (see there).
+// completeClaim renews the lease once, then runs the script and marks the
+// key done, in one transaction.
 func (d *Dispatcher) completeClaim(ctx context.Context, ev effect.Event) error {
 	if err := d.cfg.Sink.Renew(ctx, ev.Key, ev.Token, d.cfg.Lease); err != nil {
 		if errors.Is(err, sink.ErrFenced) {
@@ -72,5 +49,12 @@ func (d *Dispatcher) completeClaim(ctx context.Context, ev effect.Event) error {
 		}
 		return fmt.Errorf("renewing the lease before the effect's transaction: %w", err)
 	}
-	return d.completer.CompleteClaim(ctx, ev)
+	q := d.cfg.SQL
+	if err := d.completer.CompleteSQL(ctx, ev.Key, ev.Token, q.Text(), q.Params(ev)); err != nil {
+		if errors.Is(err, sink.ErrFenced) {
+			return err
+		}
+		return fmt.Errorf("sql script %s: %w", q.Path(), err)
+	}
+	return nil
 }

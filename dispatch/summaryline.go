@@ -12,20 +12,13 @@ import (
 // object that --log-format json asks for (as reconcile.Summary is a poll
 // pass's).
 type DrainLine struct {
-	Claimed     int    `json:"claimed"`
-	OK          int    `json:"ok"`
-	Failed      int    `json:"failed"`
-	Dead        int    `json:"dead"`
-	Fenced      int    `json:"fenced"`
-	Unconfirmed int    `json:"unconfirmed"`
-	HandedBack  int    `json:"handed_back"`
-	Duration    string `json:"duration"` // Go's notation, rounded to the millisecond: "1.42s"
+	Summary
+	Duration string `json:"duration"` // Go's notation, rounded to the millisecond: "1.42s"
 }
 
 // Line returns the summary line of a drain that took d.
 func (s Summary) Line(d time.Duration) DrainLine {
-	return DrainLine{Claimed: s.Claimed, OK: s.OK, Failed: s.Failed, Dead: s.Dead, Fenced: s.Fenced,
-		Unconfirmed: s.Unconfirmed, HandedBack: s.HandedBack, Duration: d.Round(time.Millisecond).String()}
+	return DrainLine{Summary: s, Duration: d.Round(time.Millisecond).String()}
 }
 
 // String renders the text line:
@@ -38,12 +31,16 @@ func (l DrainLine) String() string {
 
 // Write writes the line to w: the text line, or with asJSON one JSON object
 // with the same field names.
-func (l DrainLine) Write(w io.Writer, asJSON bool) error {
+func (l DrainLine) Write(w io.Writer, asJSON bool) error { return WriteLine(w, l, asJSON) }
+
+// WriteLine writes a summary line (drain's, a poll pass's) to w: its text,
+// or with asJSON the line as one JSON object.
+func WriteLine(w io.Writer, line fmt.Stringer, asJSON bool) error {
 	if !asJSON {
-		_, err := fmt.Fprintln(w, l.String())
+		_, err := fmt.Fprintln(w, line.String())
 		return err
 	}
-	b, err := json.Marshal(l)
+	b, err := json.Marshal(line)
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,7 @@ const DefaultWaitDelay = 2 * time.Second
 type Exec struct {
 	command   string
 	lines     func(OutputLine) // where the command's output goes; nil: nowhere
-	dir       string
-	waitDelay time.Duration // DefaultWaitDelay; tests shorten it
+	waitDelay time.Duration    // DefaultWaitDelay; tests shorten it
 
 	// beforeWait, when set (tests only), is called after the command
 	// started and before it is waited for, with its pid and a channel that
@@ -60,19 +59,17 @@ type ExecOption func(*Exec)
 // is heard where the logs are), a whole line per Write (see OutputLine for
 // long and last lines). nil discards them.
 func ExecOutput(w io.Writer) ExecOption {
-	return func(e *Exec) {
-		e.lines = nil
-		if w != nil {
-			// Errors are dropped: where the copy goes (gemrecon's stderr)
-			// breaking is not the command's failure (see Run).
-			var mu sync.Mutex
-			e.lines = func(l OutputLine) {
-				mu.Lock()
-				defer mu.Unlock()
-				_, _ = w.Write(append([]byte(l.Text), '\n'))
-			}
-		}
+	if w == nil {
+		return ExecLines(nil)
 	}
+	// Errors are dropped: where the copy goes (gemrecon's stderr) breaking
+	// is not the command's failure (see Run).
+	var mu sync.Mutex
+	return ExecLines(func(l OutputLine) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = w.Write(append([]byte(l.Text), '\n'))
+	})
 }
 
 // OutputLine is one line an exec command wrote: the event's key, the
@@ -96,9 +93,6 @@ func ExecLines(fn func(OutputLine)) ExecOption {
 	return func(e *Exec) { e.lines = fn }
 }
 
-// ExecDir sets the command's working directory (default: gemrecon's).
-func ExecDir(dir string) ExecOption { return func(e *Exec) { e.dir = dir } }
-
 // NewExec returns an effect that runs command with /bin/sh -c.
 func NewExec(command string, opts ...ExecOption) *Exec {
 	e := &Exec{command: command, waitDelay: DefaultWaitDelay}
@@ -120,7 +114,6 @@ func (e *Exec) Run(ctx context.Context, ev Event) error {
 	}
 	tail := &tailBuffer{}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.command)
-	cmd.Dir = e.dir
 	cmd.Stdin = bytes.NewReader(doc)
 	cmd.Stderr = tail // stdout: /dev/null
 	flush := func() {}

@@ -35,7 +35,7 @@ func TestExecEnvironmentAndStdin(t *testing.T) {
 	cmd := `cat > stdin.json; env | grep -E '^GEMRECON_' | sort > env.txt`
 	ev := testEvent()
 	ev.Confirmed, ev.BatchState, ev.ResultsFile = true, "SUCCEEDED", "/var/lib/gemrecon/results/abc-123.jsonl"
-	if err := NewExec(cmd, ExecDir(dir), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
+	if err := NewExec(inDir(dir, cmd), ExecOutput(nil)).Run(context.Background(), ev); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	stdin, err := os.ReadFile(filepath.Join(dir, "stdin.json"))
@@ -250,7 +250,7 @@ func TestExecCancelledBeforeStart(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := NewExec("touch ran", ExecDir(dir), ExecOutput(nil)).Run(ctx, testEvent())
+	err := NewExec(inDir(dir, "touch ran"), ExecOutput(nil)).Run(ctx, testEvent())
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Run(cancelled) = %v, want context.Canceled", err)
 	}
@@ -369,14 +369,14 @@ func TestExecBrokenOutputDoesNotFailTheCommand(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			err := NewExec(talk+`touch finished; exit 0`, ExecDir(dir), ExecOutput(out())).Run(context.Background(), testEvent())
+			err := NewExec(inDir(dir, talk+`touch finished; exit 0`), ExecOutput(out())).Run(context.Background(), testEvent())
 			if err != nil {
 				t.Errorf("Run() = %v, want nil: the command exited 0 on its own", err)
 			}
 			if _, err := os.Stat(filepath.Join(dir, "finished")); err != nil {
 				t.Errorf("the command did not run to its end: %v", err)
 			}
-			err = NewExec(talk+`echo LAST >&2; exit 3`, ExecOutput(out())).Run(context.Background(), testEvent())
+			err = NewExec(inDir(dir, talk+`echo LAST >&2; exit 3`), ExecOutput(out())).Run(context.Background(), testEvent())
 			if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "LAST") {
 				t.Errorf("Run() = %v, want exit status 3 with the stderr tail", err)
 			}
@@ -414,3 +414,7 @@ func shQuote(s string) string {
 	}
 	return `"` + s + `"`
 }
+
+// inDir makes cmd run in dir: an exec command runs where gemrecon does, and
+// the tests that look at the files a command leaves run in parallel.
+func inDir(dir, cmd string) string { return "cd '" + dir + "' || exit 1\n" + cmd }

@@ -8,6 +8,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,7 @@ type ListedOutcome struct {
 // returned (the pass stops listing); a name that cannot be a key is an
 // Invalid outcome.
 func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]ListedOutcome, error) {
+	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler))
 	outs := make([]ListedOutcome, len(ops))
 	var sgs []sink.Sighting
 	var at []int // the outcome of each sighting
@@ -58,10 +60,7 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]Liste
 		}
 		if err != nil {
 			l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
-			if l.Logger != nil {
-				l.Logger.Warn("listed operation has a name that cannot be a key; skipped",
-					"name", canon.Quote(op.Name), "err", err)
-			}
+			log.Warn("listed operation has a name that cannot be a key; skipped", "name", canon.Quote(op.Name), "err", err)
 			outs[i].Invalid = true
 			continue
 		}
@@ -81,10 +80,10 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]Liste
 	}
 	for j, i := range at {
 		outs[i].Result = res[j]
-		l.Metrics.ObserveRecord(sink.SourcePoll, res[j])
-		logRecord(l.Logger, sgs[j].Key, sink.SourcePoll, res[j])
-		if res[j].Confirmed && l.Logger != nil {
-			l.Logger.Info("a key first seen by webhook is confirmed by the listing", "key", sgs[j].Key, "batch_state", ops[i].State, "state", res[j].State)
+		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.RecordOutcome(res[j]))
+		logRecord(log, sgs[j].Key, sink.SourcePoll, res[j])
+		if res[j].Confirmed {
+			log.Info("a key first seen by webhook is confirmed by the listing", "key", sgs[j].Key, "batch_state", ops[i].State, "state", res[j].State)
 		}
 	}
 	return outs, nil
@@ -97,7 +96,6 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]Liste
 // bury the news.
 func logRecord(log *slog.Logger, key, source string, res sink.RecordResult) {
 	switch {
-	case log == nil:
 	case res.New:
 		log.Info("new key", "key", key, "source", source)
 	default:

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -104,9 +105,7 @@ func NewWebhooks(cfg WebhookConfig) (*Webhooks, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("ingest: the webhook path needs a sink")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return &Webhooks{cfg: cfg}, nil
 }
 

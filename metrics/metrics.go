@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
 
@@ -80,7 +81,7 @@ type Metrics struct {
 	effectDuration *prometheus.HistogramVec
 	requests       *prometheus.HistogramVec
 	webhook        webhookCounters        // webhook.go
-	passes         *prometheus.CounterVec // gemrecon_poll_passes_total (passes.go)
+	passes         *prometheus.CounterVec // gemrecon_poll_passes_total (ObservePass, passes.go)
 	stats          *statsCollector        // nil without a sink
 }
 
@@ -104,40 +105,41 @@ func New(s StatsReader) *Metrics {
 
 // NewWithOptions is New with tuning.
 func NewWithOptions(s StatsReader, opt Options) *Metrics {
-	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gemrecon_deliveries_total",
-			Help: "Sightings handled by this process, by source (webhook, poll) and outcome (accepted, duplicate, done, ignored, invalid, bad_request, too_large, unverified, unavailable).",
-		}, []string{"source", "outcome"}),
-		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gemrecon_duplicates_suppressed_total",
-			Help: "Sightings of an already known key that this process recorded without starting anything, by source.",
-		}, []string{"source"}),
-		effects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gemrecon_effects_total",
-			Help: "Dispatch attempts finished by this process, by result (done, retry, dead, fenced, busy, skipped).",
-		}, []string{"result"}),
-		// A plain counter is exposed as 0 from the start, so rate() and
-		// alerts see the series before the first increase.
-		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "gemrecon_fenced_total",
-			Help: "Effect outcomes this process discarded because the claim's fencing token was no longer current.",
-		}),
-		effectDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "gemrecon_effect_duration_seconds",
-			Help:    "Wall time of one effect attempt in this process, by result.",
-			Buckets: effectBuckets,
-		}, []string{"result"}),
-		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "gemrecon_webhook_request_duration_seconds",
-			Help:    "Time from reading a webhook request to writing its response, by status code.",
-			Buckets: requestBuckets,
-		}, []string{"code"}),
-		passes: newPassesCounter(),
-	}
-	m.reg.MustRegister(m.deliveries, m.duplicates, m.effects, m.fenced, m.effectDuration, m.requests, m.passes)
-	m.webhook = newWebhookCounters(m.reg)
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	r := promauto.With(m.reg)
+	m.deliveries = r.NewCounterVec(prometheus.CounterOpts{
+		Name: "gemrecon_deliveries_total",
+		Help: "Sightings handled by this process, by source (webhook, poll) and outcome (accepted, duplicate, done, ignored, invalid, bad_request, too_large, unverified, unavailable).",
+	}, []string{"source", "outcome"})
+	m.duplicates = r.NewCounterVec(prometheus.CounterOpts{
+		Name: "gemrecon_duplicates_suppressed_total",
+		Help: "Sightings of an already known key that this process recorded without starting anything, by source.",
+	}, []string{"source"})
+	m.effects = r.NewCounterVec(prometheus.CounterOpts{
+		Name: "gemrecon_effects_total",
+		Help: "Dispatch attempts finished by this process, by result (done, retry, dead, fenced, busy, skipped).",
+	}, []string{"result"})
+	// A plain counter is exposed as 0 from the start, so rate() and
+	// alerts see the series before the first increase.
+	m.fenced = r.NewCounter(prometheus.CounterOpts{
+		Name: "gemrecon_fenced_total",
+		Help: "Effect outcomes this process discarded because the claim's fencing token was no longer current.",
+	})
+	m.effectDuration = r.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gemrecon_effect_duration_seconds",
+		Help:    "Wall time of one effect attempt in this process, by result.",
+		Buckets: effectBuckets,
+	}, []string{"result"})
+	m.requests = r.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gemrecon_webhook_request_duration_seconds",
+		Help:    "Time from reading a webhook request to writing its response, by status code.",
+		Buckets: requestBuckets,
+	}, []string{"code"})
+	m.passes = r.NewCounterVec(prometheus.CounterOpts{
+		Name: "gemrecon_poll_passes_total",
+		Help: "Poll passes this process began, by scope and outcome (listed, forced, skipped_held, skipped_recent, lease_lost, error). Replicas sharing a database list one at a time: sum listed over processes for the fleet's passes.",
+	}, []string{"scope", "outcome"})
+	m.webhook = newWebhookCounters(r)
 	if s != nil {
 		m.stats = newStatsCollector(s, opt)
 		m.reg.MustRegister(m.stats)
@@ -204,12 +206,6 @@ func (m *Metrics) ObserveDelivery(source, outcome string) {
 	if outcome == OutcomeDuplicate || outcome == OutcomeDone {
 		m.duplicates.WithLabelValues(source).Inc()
 	}
-}
-
-// ObserveRecord counts the result of one sink.Record by source: accepted for
-// a new key, done for a done one, duplicate otherwise.
-func (m *Metrics) ObserveRecord(source string, r sink.RecordResult) {
-	m.ObserveDelivery(source, RecordOutcome(r))
 }
 
 // RecordOutcome names what a Record found: accepted, duplicate or done.

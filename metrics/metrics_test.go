@@ -145,9 +145,9 @@ func (e exposition) bucket(name string, le float64, labels ...string) (uint64, b
 func TestCountersAndHistograms(t *testing.T) {
 	m := NewWithOptions(nil, Options{NoRuntime: true})
 	m.ObserveDelivery(sink.SourceWebhook, OutcomeAccepted)
-	m.ObserveRecord(sink.SourceWebhook, sink.RecordResult{State: sink.StatePending})
-	m.ObserveRecord(sink.SourceWebhook, sink.RecordResult{State: sink.StateDone})
-	m.ObserveRecord(sink.SourcePoll, sink.RecordResult{New: true, State: sink.StatePending})
+	m.ObserveDelivery(sink.SourceWebhook, RecordOutcome(sink.RecordResult{State: sink.StatePending}))
+	m.ObserveDelivery(sink.SourceWebhook, RecordOutcome(sink.RecordResult{State: sink.StateDone}))
+	m.ObserveDelivery(sink.SourcePoll, RecordOutcome(sink.RecordResult{New: true, State: sink.StatePending}))
 	m.ObserveDelivery(sink.SourceWebhook, OutcomeUnverified)
 	m.ObserveEffect("done", 30*time.Millisecond)
 	m.ObserveEffect("fenced", 2*time.Second)
@@ -279,7 +279,7 @@ func TestNilMetricsIsSafe(t *testing.T) {
 	m.ObserveDelivery("webhook", OutcomeAccepted)
 	m.ObserveEffect("done", time.Second)
 	m.ObserveRequest(200, time.Millisecond)
-	m.ObserveRecord("poll", sink.RecordResult{New: true})
+	m.ObserveDelivery("poll", RecordOutcome(sink.RecordResult{New: true}))
 }
 
 func TestLabelEscaping(t *testing.T) {

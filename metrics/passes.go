@@ -1,7 +1,5 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
-
 // What a poll pass did (the outcome label of gemrecon_poll_passes_total;
 // spec §5.5): the fleet's passes are the sum over processes of listed and
 // forced, and the skipped ones are the replicas that left the listing to
@@ -17,13 +15,6 @@ const (
 
 // passOutcomes are the series DeclarePassScope creates at zero.
 var passOutcomes = []string{PassListed, PassSkippedHeld, PassSkippedRecent, PassLeaseLost, PassError}
-
-func newPassesCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gemrecon_poll_passes_total",
-		Help: "Poll passes this process began, by scope and outcome (listed, forced, skipped_held, skipped_recent, lease_lost, error). Replicas sharing a database list one at a time: sum listed over processes for the fleet's passes.",
-	}, []string{"scope", "outcome"})
-}
 
 // DeclarePassScope makes the scope's gemrecon_poll_passes_total series
 // exist at 0, so that rate() and alerts see them before the first pass.

@@ -29,14 +29,12 @@ type statsCollector struct {
 	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource, deadByReason, expiring *prometheus.Desc
 	// The pass records of spec §5.5, per scope.
 	lastSuccess, lastPassEnd, lastFullScan, unfinished, oldestUnfinished *prometheus.Desc
+	descs                                                                []*prometheus.Desc // all of the above
 }
 
 func newStatsCollector(s StatsReader, opt Options) *statsCollector {
 	if opt.StatsTTL <= 0 {
 		opt.StatsTTL = DefaultStatsTTL
-	}
-	if opt.StatsTTL < MinStatsTTL {
-		opt.StatsTTL = MinStatsTTL
 	}
 	if opt.StatsTimeout <= 0 {
 		opt.StatsTimeout = 5 * time.Second
@@ -44,39 +42,28 @@ func newStatsCollector(s StatsReader, opt Options) *statsCollector {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &statsCollector{
-		s: s, ttl: opt.StatsTTL, timeout: opt.StatsTimeout, now: opt.Now,
-		dbUp: prometheus.NewDesc("gemrecon_db_up",
-			"1 if the last sink.Stats query succeeded, else 0 (the database-wide metrics are then absent).", nil, nil),
-		keys: prometheus.NewDesc("gemrecon_keys",
-			"Keys in the database by state (pending, claimed, done, dead), across every process.", []string{"state"}, nil),
-		oldestPending: prometheus.NewDesc("gemrecon_oldest_pending_age_seconds",
-			"Age of the oldest pending key (0 when none): how far behind dispatch is.", nil, nil),
-		latency: prometheus.NewDesc("gemrecon_completion_to_done_seconds",
-			"Completion-to-done latency (first sighting to done) over done keys in the database, at quantile 0.5, 0.99 and 1 (the maximum).", []string{"quantile"}, nil),
-		dbDuplicates: prometheus.NewDesc("gemrecon_db_duplicates_suppressed_total",
-			"Sightings of known keys recorded in the database, across every process.", nil, nil),
-		dbFenced: prometheus.NewDesc("gemrecon_db_fenced_total",
-			"Fenced Complete/Fail/Renew calls recorded in the database, across every process.", nil, nil),
-		dbConflicts: prometheus.NewDesc("gemrecon_db_conflicts_total",
-			"Sightings whose terminal batch state differed from the stored one (spec §9.4; the API's state wins).", nil, nil),
-		deadByReason: prometheus.NewDesc("gemrecon_dead_keys",
-			"Dead keys by reason: unknown_to_api (the API does not know the batch: 404, or 403 for another project's; a later listing revives it), results_expired (the API no longer has the results: retry --without-results) or effect (the effect failed permanently or for the last time).", []string{"reason"}, nil),
-		expiring: prometheus.NewDesc("gemrecon_results_expiring_keys",
-			"Keys of succeeded batches not done yet whose results the API deletes within 6 h (48 h after the batch ended).", nil, nil),
-		unfinished: prometheus.NewDesc("gemrecon_poll_unfinished_batches",
-			"Batches the last poll pass of the scope listed that had not finished, by state (spec §5.5).", []string{"scope", "state"}, nil),
-		oldestUnfinished: prometheus.NewDesc("gemrecon_poll_oldest_unfinished_created_timestamp_seconds",
-			"Unix time the oldest unfinished batch the last pass of the scope listed was created (absent: none); the API expires it 48 h later.", []string{"scope"}, nil),
-		firstSource: prometheus.NewDesc("gemrecon_keys_by_first_source",
-			"Keys by the source that saw them first; keys first seen by poll are webhooks that were missed.", []string{"source"}, nil),
-		lastSuccess: prometheus.NewDesc("gemrecon_poll_last_success_timestamp_seconds",
-			"Unix time the last poll pass of the scope that listed fully and whose every effect succeeded ended, by any process (absent: never).", []string{"scope"}, nil),
-		lastPassEnd: prometheus.NewDesc("gemrecon_poll_last_pass_end_timestamp_seconds",
-			"Unix time the last poll pass of the scope that listed ended, successful or not, by any process (absent: never).", []string{"scope"}, nil),
-		lastFullScan: prometheus.NewDesc("gemrecon_poll_last_full_scan_timestamp_seconds",
-			"Unix time the last poll pass of the scope that read every page started, by any process (absent: never).", []string{"scope"}, nil),
+	c := &statsCollector{s: s, ttl: max(opt.StatsTTL, MinStatsTTL), timeout: opt.StatsTimeout, now: opt.Now}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		d := prometheus.NewDesc(name, help, labels, nil)
+		c.descs = append(c.descs, d)
+		return d
 	}
+	c.dbUp = desc("gemrecon_db_up", "1 if the last sink.Stats query succeeded, else 0 (the database-wide metrics are then absent).")
+	c.keys = desc("gemrecon_keys", "Keys in the database by state (pending, claimed, done, dead), across every process.", "state")
+	c.oldestPending = desc("gemrecon_oldest_pending_age_seconds", "Age of the oldest pending key (0 when none): how far behind dispatch is.")
+	c.latency = desc("gemrecon_completion_to_done_seconds", "Completion-to-done latency (first sighting to done) over done keys in the database, at quantile 0.5, 0.99 and 1 (the maximum).", "quantile")
+	c.dbDuplicates = desc("gemrecon_db_duplicates_suppressed_total", "Sightings of known keys recorded in the database, across every process.")
+	c.dbFenced = desc("gemrecon_db_fenced_total", "Fenced Complete/Fail/Renew calls recorded in the database, across every process.")
+	c.dbConflicts = desc("gemrecon_db_conflicts_total", "Sightings whose terminal batch state differed from the stored one (spec §9.4; the API's state wins).")
+	c.deadByReason = desc("gemrecon_dead_keys", "Dead keys by reason: unknown_to_api (the API does not know the batch: 404, or 403 for another project's; a later listing revives it), results_expired (the API no longer has the results: retry --without-results) or effect (the effect failed permanently or for the last time).", "reason")
+	c.expiring = desc("gemrecon_results_expiring_keys", "Keys of succeeded batches not done yet whose results the API deletes within 6 h (48 h after the batch ended).")
+	c.unfinished = desc("gemrecon_poll_unfinished_batches", "Batches the last poll pass of the scope listed that had not finished, by state (spec §5.5).", "scope", "state")
+	c.oldestUnfinished = desc("gemrecon_poll_oldest_unfinished_created_timestamp_seconds", "Unix time the oldest unfinished batch the last pass of the scope listed was created (absent: none); the API expires it 48 h later.", "scope")
+	c.firstSource = desc("gemrecon_keys_by_first_source", "Keys by the source that saw them first; keys first seen by poll are webhooks that were missed.", "source")
+	c.lastSuccess = desc("gemrecon_poll_last_success_timestamp_seconds", "Unix time the last poll pass of the scope that listed fully and whose every effect succeeded ended, by any process (absent: never).", "scope")
+	c.lastPassEnd = desc("gemrecon_poll_last_pass_end_timestamp_seconds", "Unix time the last poll pass of the scope that listed ended, successful or not, by any process (absent: never).", "scope")
+	c.lastFullScan = desc("gemrecon_poll_last_full_scan_timestamp_seconds", "Unix time the last poll pass of the scope that read every page started, by any process (absent: never).", "scope")
+	return c
 }
 
 // get returns the cached Stats result, querying the sink when it is older
@@ -98,9 +85,7 @@ func (c *statsCollector) get() (sink.Stats, error) {
 
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.dbUp, c.keys, c.oldestPending, c.latency,
-		c.dbDuplicates, c.dbFenced, c.dbConflicts, c.firstSource, c.deadByReason,
-		c.lastSuccess, c.lastPassEnd, c.lastFullScan, c.expiring, c.unfinished, c.oldestUnfinished} {
+	for _, d := range c.descs {
 		ch <- d
 	}
 }

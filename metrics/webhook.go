@@ -1,9 +1,11 @@
 package metrics
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/gemrecon/gemrecon/sink"
 )
@@ -48,18 +50,17 @@ type webhookCounters struct {
 	invalid *prometheus.CounterVec
 }
 
-func newWebhookCounters(reg *prometheus.Registry) webhookCounters {
+func newWebhookCounters(r promauto.Factory) webhookCounters {
 	c := webhookCounters{
-		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{
+		ignored: r.NewCounterVec(prometheus.CounterOpts{
 			Name: "gemrecon_webhook_ignored_total",
 			Help: "Webhook events answered 200 ignored and not recorded (not a batch event, or not a completion), by type (known types by name, none, other).",
 		}, []string{"type"}),
-		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+		invalid: r.NewCounterVec(prometheus.CounterOpts{
 			Name: "gemrecon_webhook_invalid_total",
 			Help: "Verified webhook bodies that could not be used, answered 200 invalid and not recorded, by reason (bad_json, bad_envelope, no_name, bad_field, bad_name, other).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(c.ignored, c.invalid)
 	// A fixed set of reasons: expose each as 0 from the start, so that an
 	// alert on any increase sees the series before the first one.
 	for _, r := range invalidReasons {
@@ -75,10 +76,8 @@ func EventTypeLabel(eventType string, hasType bool) string {
 	if !hasType {
 		return IgnoredTypeNone
 	}
-	for _, k := range KnownEventTypes {
-		if strings.EqualFold(eventType, k) {
-			return k
-		}
+	if i := slices.IndexFunc(KnownEventTypes, func(k string) bool { return strings.EqualFold(eventType, k) }); i >= 0 {
+		return KnownEventTypes[i]
 	}
 	return IgnoredTypeOther
 }
@@ -102,11 +101,7 @@ func (m *Metrics) ObserveInvalid(reason string) {
 	if m == nil {
 		return
 	}
-	known := false
-	for _, r := range invalidReasons {
-		known = known || r == reason
-	}
-	if !known {
+	if !slices.Contains(invalidReasons, reason) {
 		reason = InvalidOther
 	}
 	m.webhook.invalid.WithLabelValues(reason).Inc()

@@ -504,8 +504,8 @@ type Results struct {
 // decides which states want results. An error means Raw is not a JSON
 // object or a field has the wrong type.
 func ResultsOf(op Operation) (Results, error) {
-	var raw struct {
-		Metadata *struct {
+	var raw struct { // metadata and outputInfo are zero when absent
+		Metadata struct {
 			Output     *geminiOutput `json:"output"`
 			EndTime    time.Time     `json:"endTime"`
 			BatchStats struct {
@@ -513,7 +513,7 @@ func ResultsOf(op Operation) (Results, error) {
 			} `json:"batchStats"`
 		} `json:"metadata"`
 		Response   *geminiOutput `json:"response"`
-		OutputInfo *struct {
+		OutputInfo struct {
 			GcsOutputDirectory    string `json:"gcsOutputDirectory"`
 			BigqueryOutputDataset string `json:"bigqueryOutputDataset"`
 			BigqueryOutputTable   string `json:"bigqueryOutputTable"`
@@ -522,12 +522,9 @@ func ResultsOf(op Operation) (Results, error) {
 	if err := json.Unmarshal(op.Raw, &raw); err != nil {
 		return Results{}, fmt.Errorf("poller: results of %s: %w", truncate(op.Name, 120), err)
 	}
-	var r Results
-	outs := []*geminiOutput{raw.Response}
-	if m := raw.Metadata; m != nil {
-		outs, r.Requests, r.EndTime = []*geminiOutput{m.Output, raw.Response}, m.BatchStats.RequestCount, m.EndTime
-	}
-	for _, out := range outs {
+	m, oi := raw.Metadata, raw.OutputInfo
+	r := Results{Requests: m.BatchStats.RequestCount, EndTime: m.EndTime}
+	for _, out := range []*geminiOutput{m.Output, raw.Response} {
 		if out == nil {
 			continue
 		}
@@ -538,15 +535,13 @@ func ResultsOf(op Operation) (Results, error) {
 			}
 		}
 	}
-	if oi := raw.OutputInfo; oi != nil {
-		switch {
-		case oi.GcsOutputDirectory != "":
-			r.Location = oi.GcsOutputDirectory
-		case oi.BigqueryOutputDataset != "" && oi.BigqueryOutputTable != "":
-			r.Location = strings.TrimRight(oi.BigqueryOutputDataset, "/.") + "." + oi.BigqueryOutputTable
-		default:
-			r.Location = oi.BigqueryOutputDataset
-		}
+	switch {
+	case oi.GcsOutputDirectory != "":
+		r.Location = oi.GcsOutputDirectory
+	case oi.BigqueryOutputDataset != "" && oi.BigqueryOutputTable != "":
+		r.Location = strings.TrimRight(oi.BigqueryOutputDataset, "/.") + "." + oi.BigqueryOutputTable
+	default:
+		r.Location = oi.BigqueryOutputDataset
 	}
 	return r, nil
 }

@@ -65,10 +65,12 @@ const (
 // Defaults used by DefaultConfig (and by New where a field is zero and zero
 // has no meaning of its own).
 const (
-	DefaultPageSize       = 100
-	MaxPageSize           = 1000           // the largest page size a list request may ask for
-	DefaultLookback       = 72 * time.Hour // 48 h batch expiry + margin
-	DefaultMaxRetries     = 5
+	DefaultPageSize   = 100
+	MaxPageSize       = 1000           // the largest page size a list request may ask for
+	DefaultLookback   = 72 * time.Hour // 48 h batch expiry + margin
+	DefaultMaxRetries = 5
+	// A retry without a server delay waits from DefaultBackoffMin,
+	// doubling up to DefaultBackoffMax (backoff); no Config changes them.
 	DefaultBackoffMin     = time.Second
 	DefaultBackoffMax     = time.Minute
 	DefaultRequestTimeout = time.Minute
@@ -130,9 +132,6 @@ type Config struct {
 	// MaxRetries is the retry budget of one request for 429, 5xx and
 	// transport errors (0: no retries).
 	MaxRetries int
-	// BackoffMin and BackoffMax bound the exponential backoff used when the
-	// server gives no delay (zero: the defaults).
-	BackoffMin, BackoffMax time.Duration
 	// RequestTimeout bounds one HTTP attempt (0: none).
 	RequestTimeout time.Duration
 	// Now is the clock for the lookback window (default time.Now).
@@ -155,8 +154,6 @@ func DefaultConfig() Config {
 		PageSize:       DefaultPageSize,
 		Lookback:       DefaultLookback,
 		MaxRetries:     DefaultMaxRetries,
-		BackoffMin:     DefaultBackoffMin,
-		BackoffMax:     DefaultBackoffMax,
 		RequestTimeout: DefaultRequestTimeout,
 	}
 }
@@ -247,7 +244,6 @@ type Operation struct {
 	// error, response and batchStats that the SDK drops.
 	Raw json.RawMessage
 
-	done        bool // the raw operation's "done": true
 	unknownType bool // metadata @type is none of knownTypes
 }
 
@@ -325,10 +321,6 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.BackoffMin = cmp.Or(max(cfg.BackoffMin, 0), DefaultBackoffMin)
-	if cfg.BackoffMax < cfg.BackoffMin {
-		cfg.BackoffMax = max(DefaultBackoffMax, cfg.BackoffMin)
-	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -345,11 +337,8 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	if cfg.HTTPClient != nil && cfg.HTTPClient.Transport != nil {
 		rt = cfg.HTTPClient.Transport
 	}
-	t := &transport{
-		base: rt, limiter: rate.NewLimiter(limit, cfg.Burst), maxRetries: cfg.MaxRetries,
-		backoffMin: cfg.BackoffMin, backoffMax: cfg.BackoffMax, timeout: cfg.RequestTimeout,
-		sleep: cfg.Sleep, log: cfg.Logger, pageSize: cfg.PageSize, maxBody: cfg.maxBody,
-	}
+	p := &Poller{cfg: cfg}
+	t := &transport{base: rt, limiter: rate.NewLimiter(limit, cfg.Burst), cfg: &p.cfg}
 	cc := &genai.ClientConfig{
 		APIKey: cfg.APIKey, Backend: genai.BackendGeminiAPI, HTTPClient: &http.Client{Transport: t},
 		HTTPOptions: genai.HTTPOptions{BaseURL: cfg.BaseURL, APIVersion: APIVersionGemini},
@@ -377,8 +366,9 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	// The SDK's client is kept for what it resolves (key, base URL and
 	// version from the config or the environment; on Vertex the
 	// credentials around the transport); the requests are gemrecon's own.
-	httpc := &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
-	return &Poller{cfg: cfg, client: client, httpc: httpc, transport: t}, nil
+	p.client, p.transport = client, t
+	p.httpc = &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
+	return p, nil
 }
 
 const vertexCredHint = "check Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`) and the project/location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
@@ -781,25 +771,22 @@ type opMetadata struct {
 func fromRaw(raw json.RawMessage) Operation {
 	var r struct {
 		opFields
-		Done     *bool
-		Metadata *opMetadata
+		Done     bool
+		Metadata opMetadata // zero when absent
 	}
 	err := json.Unmarshal(raw, &r)
 	if t := bytes.TrimSpace(raw); err == nil && (len(t) == 0 || t[0] != '{') {
 		err = errors.New("not a JSON object")
 	}
 	if err != nil {
-		var names struct {
-			Name     json.RawMessage
-			Metadata struct{ Name json.RawMessage }
-		}
-		_ = json.Unmarshal(raw, &names)
-		name, _ := listedName(names.Name, names.Metadata.Name)
+		// Past a field of the wrong type, Unmarshal went on reading the
+		// others: the names were read if they could be.
+		name, _ := listedName(r.Name, r.Metadata.Name)
 		return Operation{Name: name, Invalid: "the operation does not parse: " + truncate(err.Error(), 200), Terminal: true, Raw: raw}
 	}
-	f, m := r.opFields, cmp.Or(r.Metadata, &opMetadata{})
+	f, m := r.opFields, r.Metadata
 	name, valid := listedName(f.Name, m.Name)
-	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw, done: r.Done != nil && *r.Done,
+	op := Operation{Name: name, State: canon.NormalizeState(cmp.Or(f.State, m.State)), Raw: raw,
 		unknownType: m.Type != "" && !slices.Contains(knownTypes, m.Type)}
 	if !valid {
 		op.Invalid = "the listed name is not valid UTF-8 or holds an unpaired surrogate escape"
@@ -807,7 +794,7 @@ func fromRaw(raw json.RawMessage) Operation {
 	op.CreateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.CreateTime, m.CreateTime))
 	op.EndTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.EndTime, m.EndTime))
 	op.UpdateTime, _ = time.Parse(time.RFC3339Nano, cmp.Or(f.UpdateTime, m.UpdateTime))
-	op.Terminal = finished(op.State, op.done)
+	op.Terminal = finished(op.State, r.Done)
 	return op
 }
 

@@ -63,21 +63,15 @@ func withTrace(ctx context.Context, kind reqKind) (context.Context, *passTrace) 
 // a longer successful answer is a *BodyTooLargeError), except a download's
 // (passTrace.stream).
 type transport struct {
-	base       http.RoundTripper
-	limiter    *rate.Limiter
-	maxRetries int
-	backoffMin time.Duration
-	backoffMax time.Duration
-	timeout    time.Duration // one attempt; 0: none
-	sleep      func(context.Context, time.Duration) error
-	log        *slog.Logger
-	pageSize   int // a list page's, for BodyTooLargeError
+	base    http.RoundTripper
+	limiter *rate.Limiter
+	// cfg is the Poller's, defaults filled: MaxRetries, RequestTimeout
+	// (one attempt; 0: none), Sleep, Logger, PageSize (a list page's, for
+	// BodyTooLargeError) and maxBody, how much of one response the
+	// transport buffers.
+	cfg *Config
 	// byKind counts every HTTP attempt by what it was for.
 	byKind [len(kindNames)]atomic.Int64
-	// maxBody bounds how much of one response the transport buffers:
-	// MaxResponseBody, except in tests (Config.maxBody), which would
-	// otherwise need a 64 MiB page whose decoding takes seconds.
-	maxBody int64
 }
 
 // MaxResponseBody is the most the poller reads of one API response (a list
@@ -154,7 +148,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// The query is left out: it never holds a key, and page tokens are noise.
 		attrs := []slog.Attr{slog.String("url", req.URL.Scheme+"://"+req.URL.Host+req.URL.Path), slog.Int("attempt", attempt+1)}
 		if err != nil {
-			if ctx.Err() != nil || attempt >= t.maxRetries {
+			if ctx.Err() != nil || attempt >= t.cfg.MaxRetries {
 				return nil, err
 			}
 			attrs = append(attrs, slog.String("error", err.Error()))
@@ -163,19 +157,19 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// A delay beyond MaxServerWait is not waited here: the refusal
 			// goes back to the caller, which says how long the server asked
 			// for.
-			if !retryableStatus(resp.StatusCode) || attempt >= t.maxRetries || d > MaxServerWait {
+			if !retryableStatus(resp.StatusCode) || attempt >= t.cfg.MaxRetries || d > MaxServerWait {
 				trace.lastDelay = max(d, 0)
 				return resp, nil
 			}
 			attrs = append(attrs, slog.Int("status", resp.StatusCode))
 		}
 		if d <= 0 {
-			d, source = t.backoff(attempt), "backoff"
+			d, source = backoff(attempt), "backoff"
 		}
-		t.log.LogAttrs(ctx, slog.LevelWarn, "gemini request failed, retrying",
+		t.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "gemini request failed, retrying",
 			append(attrs, slog.Duration("wait", d), slog.String("wait_from", source))...)
 		trace.retries.Add(1)
-		if err := t.sleep(ctx, d); err != nil {
+		if err := t.cfg.Sleep(ctx, d); err != nil {
 			return nil, err
 		}
 	}
@@ -189,15 +183,15 @@ func (t *transport) try(req *http.Request, trace *passTrace) (*http.Response, []
 	ctx, cancel := req.Context(), context.CancelFunc(func() {})
 	stop := func() bool { return true }
 	switch {
-	case t.timeout > 0 && trace.stream:
+	case t.cfg.RequestTimeout > 0 && trace.stream:
 		ctx, cancel = context.WithCancel(ctx)
-		stop = time.AfterFunc(t.timeout, cancel).Stop
-	case t.timeout > 0:
-		ctx, cancel = context.WithTimeout(ctx, t.timeout)
+		stop = time.AfterFunc(t.cfg.RequestTimeout, cancel).Stop
+	case t.cfg.RequestTimeout > 0:
+		ctx, cancel = context.WithTimeout(ctx, t.cfg.RequestTimeout)
 	}
 	resp, err := t.base.RoundTrip(req.WithContext(ctx))
 	if !stop() {
-		err = fmt.Errorf("no response within %v: %w", t.timeout, context.DeadlineExceeded)
+		err = fmt.Errorf("no response within %v: %w", t.cfg.RequestTimeout, context.DeadlineExceeded)
 	}
 	if err == nil && trace.stream && resp.StatusCode/100 == 2 {
 		resp.Body = cancelBody{resp.Body, cancel}
@@ -231,43 +225,40 @@ func (t *transport) read(resp *http.Response, err error, trace *passTrace) (*htt
 	defer resp.Body.Close()
 	ok := resp.StatusCode/100 == 2
 	tooLarge := func(length int64) error {
-		e := &BodyTooLargeError{Kind: kindNames[trace.kind], Status: resp.StatusCode, Limit: t.maxBody, Length: length}
+		e := &BodyTooLargeError{Kind: kindNames[trace.kind], Status: resp.StatusCode, Limit: t.cfg.maxBody, Length: length}
 		if trace.kind == kindList {
-			e.PageSize = t.pageSize
+			e.PageSize = t.cfg.PageSize
 		}
 		return e
 	}
-	if ok && resp.ContentLength > t.maxBody {
+	if ok && resp.ContentLength > t.cfg.maxBody {
 		return nil, nil, tooLarge(resp.ContentLength)
 	}
 	// One byte more than the limit tells a body of exactly the limit from
 	// a longer one.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, t.maxBody+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, t.cfg.maxBody+1))
 	switch {
 	case err != nil:
 		return nil, nil, fmt.Errorf("reading response body: %w", err)
-	case int64(len(body)) > t.maxBody && ok:
+	case int64(len(body)) > t.cfg.maxBody && ok:
 		return nil, nil, tooLarge(0)
-	case int64(len(body)) > t.maxBody:
-		body = body[:t.maxBody]
+	case int64(len(body)) > t.cfg.maxBody:
+		body = body[:t.cfg.maxBody]
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	resp.ContentLength = int64(len(body))
 	return resp, body, nil
 }
 
-// backoff is exponential from backoffMin, capped at backoffMax, with "equal
-// jitter": half fixed, half random, so a retry never comes back at once.
-func (t *transport) backoff(attempt int) time.Duration {
-	d := t.backoffMin
-	for i := 0; i < attempt && d < t.backoffMax; i++ {
+// backoff is exponential from DefaultBackoffMin, capped at
+// DefaultBackoffMax, with "equal jitter": half fixed, half random, so a
+// retry never comes back at once.
+func backoff(attempt int) time.Duration {
+	d := DefaultBackoffMin
+	for i := 0; i < attempt && d < DefaultBackoffMax; i++ {
 		d *= 2
 	}
-	d = min(d, t.backoffMax)
-	half := d / 2
-	if half <= 0 {
-		return d
-	}
+	half := min(d, DefaultBackoffMax) / 2
 	return half + rand.N(half+1)
 }
 

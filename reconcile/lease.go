@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/gemrecon/gemrecon/sink"
@@ -103,7 +102,8 @@ type lease struct {
 	stopc  chan struct{}
 	done   chan struct{}
 
-	mu   sync.Mutex
+	// cur (the lease as last renewed) and lost (why it was lost) are
+	// run's until done is closed.
 	cur  sink.PassLease
 	lost error
 }
@@ -136,18 +136,13 @@ func (h *lease) run(ctx context.Context, valid time.Time) {
 			return
 		case <-ticks:
 		}
-		h.mu.Lock()
-		cur := h.cur
-		h.mu.Unlock()
 		sent := p.cfg.Now()
 		rctx, cancel := context.WithTimeout(ctx, every)
-		nl, err := p.cfg.Sink.RenewPass(rctx, cur, p.cfg.PassLease)
+		nl, err := p.cfg.Sink.RenewPass(rctx, h.cur, p.cfg.PassLease)
 		cancel()
 		switch {
 		case err == nil:
-			h.mu.Lock()
 			h.cur = nl
-			h.mu.Unlock()
 			valid = sent.Add(p.cfg.PassLease)
 			continue
 		case errors.Is(err, sink.ErrFenced), errors.Is(err, sink.ErrNotFound):
@@ -164,9 +159,7 @@ func (h *lease) run(ctx context.Context, valid time.Time) {
 }
 
 func (h *lease) lose(err error) {
-	h.mu.Lock()
 	h.lost = err
-	h.mu.Unlock()
 	h.p.cfg.Logger.Warn("lost the pass lease: this pass stops listing, if it still is, and records nothing", "scope", h.p.scope, "err", err)
 	h.cancel(err)
 }
@@ -177,7 +170,5 @@ func (h *lease) stop() (sink.PassLease, error) {
 	close(h.stopc)
 	<-h.done
 	h.cancel(nil)
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	return h.cur, h.lost
 }

@@ -104,7 +104,7 @@ func testPassSkipsWhileLeaseHeld(t *testing.T, pg bool) {
 	if _, err := e.sink.Record(ctx, sink.Sighting{Key: due, Source: sink.SourceWebhook, Payload: []byte(`{"name":"batches/due"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.sink.AcquirePass(ctx, e.poll.Scope(), intruder, time.Minute, 0); err != nil {
+	if _, _, err := e.sink.AcquirePass(ctx, e.poll.scope, intruder, time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
 	r := e.pass(t)
@@ -122,10 +122,10 @@ func testPassSkipsWhileLeaseHeld(t *testing.T, pg bool) {
 	if !strings.HasSuffix(line, " skipped=held holder="+intruder+" until=2025-12-01T00:01:00Z") || !strings.HasPrefix(line, "poll: listed=0 ") {
 		t.Errorf("summary line %q", line)
 	}
-	if rec := e.scopeRecord(t, e.poll.Scope()); !rec.LastEnd.IsZero() || rec.Holder != intruder || rec.Token != 1 {
+	if rec := e.scopeRecord(t, e.poll.scope); !rec.LastEnd.IsZero() || rec.Holder != intruder || rec.Token != 1 {
 		t.Errorf("a skipped pass changed the record: %+v", rec)
 	}
-	if got := passCount(t, e, e.poll.Scope(), "skipped_held"); got != "1" {
+	if got := passCount(t, e, e.poll.scope, "skipped_held"); got != "1" {
 		t.Errorf("skipped_held passes = %s, want 1", got)
 	}
 
@@ -134,11 +134,11 @@ func testPassSkipsWhileLeaseHeld(t *testing.T, pg bool) {
 	if r.Skipped() || !r.Success() || r.New != 2 || listRequests(e.api) != 1 {
 		t.Fatalf("after the lease's end: %s (err %v)", r.Summary(), r.Err())
 	}
-	rec := e.scopeRecord(t, e.poll.Scope())
+	rec := e.scopeRecord(t, e.poll.scope)
 	if rec.LastHolder != e.poll.cfg.Owner || rec.Holder != "" || rec.Token != 2 || !rec.LastEnd.Equal(t0.Add(time.Minute)) {
 		t.Errorf("after taking over: %+v (owner %s)", rec, e.poll.cfg.Owner)
 	}
-	if got := passCount(t, e, e.poll.Scope(), "listed"); got != "1" {
+	if got := passCount(t, e, e.poll.scope, "listed"); got != "1" {
 		t.Errorf("listed passes = %s, want 1", got)
 	}
 }
@@ -202,7 +202,7 @@ func testFleetInterval(t *testing.T, pg bool) {
 			t.Errorf("%s at +%v: skip %+v, want recent until +%v", st.who, st.at, r.Skip, st.until)
 		}
 	}
-	if got := passCount(t, e, a.Scope(), "skipped_recent"); got != "4" {
+	if got := passCount(t, e, a.scope, "skipped_recent"); got != "4" {
 		t.Errorf("skipped_recent = %s, want 4", got)
 	}
 }
@@ -239,7 +239,7 @@ func testPassLeaseRenewedWhileListing(t *testing.T, pg bool) {
 	ticks := make(chan time.Time)
 	e := newEnv(t, envOptions{postgres: pg, pageSize: 5, passLease: time.Minute, renewTicks: ticks})
 	addDone(e.api, "r", 12) // 3 pages
-	scope := e.poll.Scope()
+	scope := e.poll.scope
 	var (
 		mu        sync.Mutex
 		intrusion error
@@ -285,7 +285,7 @@ func testLostLeaseStopsListing(t *testing.T, pg bool) {
 	ticks := make(chan time.Time)
 	e := newEnv(t, envOptions{postgres: pg, pageSize: 5, passLease: time.Minute, renewTicks: ticks})
 	addDone(e.api, "x", 12)
-	scope := e.poll.Scope()
+	scope := e.poll.scope
 	var takeover error
 	e.api.SetHook(func(r *http.Request) *geminifake.Fault {
 		if !isList(r) || r.URL.Query().Get("pageToken") == "" {
@@ -375,7 +375,7 @@ func TestUnrenewableLeaseStopsListing(t *testing.T) {
 	if !errors.Is(r.ListErr, ErrPassLost) || errors.Is(r.ListErr, sink.ErrFenced) || r.RecordErr != nil {
 		t.Fatalf("list err %v, record err %v: want ErrPassLost (ran out, not fenced) and the pass recorded", r.ListErr, r.RecordErr)
 	}
-	rec := e.scopeRecord(t, e.poll.Scope())
+	rec := e.scopeRecord(t, e.poll.scope)
 	if rec.Holder != "" || rec.LastEnd.IsZero() || !rec.LastSuccess.IsZero() || rec.LastHolder != e.poll.cfg.Owner {
 		t.Errorf("record after the failed pass: %+v", rec)
 	}
@@ -401,11 +401,11 @@ func testCancelledPassReleasesLease(t *testing.T, pg bool) {
 	if r.ListErr == nil || errors.Is(r.ListErr, ErrPassLost) {
 		t.Fatalf("list err = %v, want the context's", r.ListErr)
 	}
-	rec := e.scopeRecord(t, e.poll.Scope())
+	rec := e.scopeRecord(t, e.poll.scope)
 	if rec.Holder != "" || rec.LastEnd.IsZero() || rec.LastHolder != e.poll.cfg.Owner {
 		t.Errorf("the cancelled pass did not release its lease: %+v", rec)
 	}
-	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.Scope(), intruder, time.Minute, 0); err != nil {
+	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.scope, intruder, time.Minute, 0); err != nil {
 		t.Errorf("another process could not take the released lease: %v", err)
 	}
 }
@@ -425,12 +425,12 @@ func testScopesDoNotBlockEachOther(t *testing.T, pg bool) {
 	t.Cleanup(func() { apiB.Close() })
 	a := e.poll
 	b, _ := e.newPollOn(t, apiB, envOptions{interval: 10 * time.Minute})
-	if a.Scope() == b.Scope() {
-		t.Fatalf("one scope for two stand-ins: %s", a.Scope())
+	if a.scope == b.scope {
+		t.Fatalf("one scope for two stand-ins: %s", a.scope)
 	}
 	addDone(e.api, "a", 2)
 	addDone(apiB, "b", 3)
-	if _, _, err := e.sink.AcquirePass(ctx, a.Scope(), intruder, time.Minute, 0); err != nil {
+	if _, _, err := e.sink.AcquirePass(ctx, a.scope, intruder, time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
 	pass := func(p *Poll) Result {
@@ -467,18 +467,18 @@ func TestForceListsWithoutLease(t *testing.T) { backends(t, testForceListsWithou
 func testForceListsWithoutLease(t *testing.T, pg bool) {
 	e := newEnv(t, envOptions{postgres: pg, force: true})
 	addDone(e.api, "force", 2)
-	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.Scope(), intruder, time.Hour, 0); err != nil {
+	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.scope, intruder, time.Hour, 0); err != nil {
 		t.Fatal(err)
 	}
 	r := e.pass(t)
 	if r.Skipped() || !r.Forced || !r.Success() || r.New != 2 {
 		t.Fatalf("forced pass: %s (err %v)", r.Summary(), r.Err())
 	}
-	rec := e.scopeRecord(t, e.poll.Scope())
+	rec := e.scopeRecord(t, e.poll.scope)
 	if rec.Holder != intruder || rec.Token != 1 || rec.LastHolder != e.poll.cfg.Owner || rec.LastSuccess.IsZero() {
 		t.Errorf("after the forced pass: %+v", rec)
 	}
-	if got := passCount(t, e, e.poll.Scope(), "forced"); got != "1" {
+	if got := passCount(t, e, e.poll.scope, "forced"); got != "1" {
 		t.Errorf("forced = %s, want 1", got)
 	}
 }

@@ -11,6 +11,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -160,24 +161,14 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	if cfg.FullScanEvery < 0 || cfg.Interval < 0 || cfg.PassLease < 0 || cfg.RenewEvery < 0 {
 		return nil, errors.New("reconcile: negative full-scan interval, pass interval, pass lease or renewal period")
 	}
-	if cfg.PassLease == 0 {
-		cfg.PassLease = DefaultPassLease
-	}
-	if cfg.RenewEvery == 0 {
-		cfg.RenewEvery = cfg.PassLease / 3
-	}
+	cfg.PassLease = cmp.Or(cfg.PassLease, DefaultPassLease)
+	cfg.RenewEvery = cmp.Or(cfg.RenewEvery, cfg.PassLease/3)
 	if cfg.RenewEvery <= 0 || cfg.RenewEvery >= cfg.PassLease {
 		return nil, fmt.Errorf("reconcile: the pass lease %v must be renewed more often than it lasts (every %v)", cfg.PassLease, cfg.RenewEvery)
 	}
-	if cfg.MinInterval == 0 {
-		cfg.MinInterval = cfg.Interval
-	}
-	if cfg.Owner == "" {
-		cfg.Owner = cfg.Dispatcher.Owner()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.MinInterval = cmp.Or(cfg.MinInterval, cfg.Interval)
+	cfg.Owner = cmp.Or(cfg.Owner, cfg.Dispatcher.Owner())
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -185,9 +176,6 @@ func NewPoll(cfg PollConfig) (*Poll, error) {
 	cfg.Metrics.DeclarePassScope(p.scope)
 	return p, nil
 }
-
-// Scope returns the scope this Poll's passes are recorded under.
-func (p *Poll) Scope() string { return p.scope }
 
 // Result is what one pass did.
 type Result struct {

@@ -197,7 +197,7 @@ func TestIssueReproductionOldestFirst(t *testing.T) {
 	e.api.Add(bs...)
 	// Not the first pass of the scope: a full scan was recorded an hour
 	// ago, so nothing but the order forces this pass to read every page.
-	if err := e.sink.EndPass(context.Background(), sink.PassLease{Scope: e.poll.Scope(), Owner: "earlier"},
+	if err := e.sink.EndPass(context.Background(), sink.PassLease{Scope: e.poll.scope, Owner: "earlier"},
 		sink.PassOutcome{Start: t0.Add(-time.Hour), End: t0.Add(-time.Hour), Success: true, FullScan: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -397,8 +397,8 @@ func testFullScanSchedule(t *testing.T, pg bool) {
 	// A cron pass (Interval 0) of the same scope, another Poll on the same
 	// database: due only a whole FullScanEvery after the last full scan.
 	cron, _ := e.newPoll(t, envOptions{pageSize: 5, interval: 0})
-	if cron.Scope() != e.poll.Scope() {
-		t.Fatalf("scopes differ: %q, %q", cron.Scope(), e.poll.Scope())
+	if cron.scope != e.poll.scope {
+		t.Fatalf("scopes differ: %q, %q", cron.scope, e.poll.scope)
 	}
 	e.poll = cron
 	if r := at(33 * time.Hour); r.FullScanAsked {
@@ -418,7 +418,7 @@ func testFullScanSchedule(t *testing.T, pg bool) {
 		t.Errorf("pass after a failed full scan: asked %v, done %v", r.FullScanAsked, r.FullScan())
 	}
 	// A last full scan stamped in the future (a clock ahead) is not trusted.
-	if err := e.sink.EndPass(context.Background(), sink.PassLease{Scope: e.poll.Scope(), Owner: "fast-clock"},
+	if err := e.sink.EndPass(context.Background(), sink.PassLease{Scope: e.poll.scope, Owner: "fast-clock"},
 		sink.PassOutcome{Start: t0.Add(100 * time.Hour), End: t0.Add(100 * time.Hour), FullScan: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,14 @@
 package reconcile
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gemrecon/gemrecon/dispatch"
 )
 
 // Summary is the pass's summary line of spec §5.4, in its field order. The
@@ -102,18 +103,7 @@ func textValue(v string) string {
 
 // Write writes the summary as one line to w: the text line, or with
 // asJSON one JSON object with the same field names (for --log-format json).
-func (s Summary) Write(w io.Writer, asJSON bool) error {
-	if !asJSON {
-		_, err := fmt.Fprintln(w, s.String())
-		return err
-	}
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(append(b, '\n'))
-	return err
-}
+func (s Summary) Write(w io.Writer, asJSON bool) error { return dispatch.WriteLine(w, s, asJSON) }
 
 // WriteTextfile writes the pass's gauges for node_exporter's textfile
 // collector (a cron-run poll has no /metrics), atomically

@@ -185,7 +185,7 @@ func testTextfile(t *testing.T, pg bool) {
 		}
 	}
 	if !strings.Contains(text, "# TYPE gemrecon_poll_last_success_timestamp_seconds gauge\n") ||
-		!strings.Contains(text, `gemrecon_poll_last_success_timestamp_seconds{scope="`+e.poll.Scope()+`"} `) {
+		!strings.Contains(text, `gemrecon_poll_last_success_timestamp_seconds{scope="`+e.poll.scope+`"} `) {
 		t.Errorf("no TYPE line or no scope label:\n%s", text)
 	}
 
@@ -244,7 +244,7 @@ func testTextfile(t *testing.T, pg bool) {
 	// 5: another process holds the lease: the pass skips its listing,
 	// succeeds, and the scope's last success stays the database's.
 	e.clock.Set(t0.Add(4 * time.Hour))
-	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.Scope(), "other-host:1:a", time.Minute, 0); err != nil {
+	if _, _, err := e.sink.AcquirePass(context.Background(), e.poll.scope, "other-host:1:a", time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
 	r = e.pass(t)

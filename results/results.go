@@ -34,6 +34,8 @@ import (
 	"strings"
 	"syscall"
 	"unicode/utf8"
+
+	"github.com/gemrecon/gemrecon/canon"
 )
 
 // Ext ends every results file's name.
@@ -93,15 +95,6 @@ func Open(path string) (*Dir, error) {
 
 // Path returns the directory's absolute path.
 func (d *Dir) Path() string { return d.path }
-
-// FilePath returns where the results of id are (or will be): DIR/<name>.jsonl.
-func (d *Dir) FilePath(id string) (string, error) {
-	name, err := FileName(id)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(d.path, name+Ext), nil
-}
 
 // Write makes sure the results of id are in DIR/<name>.jsonl. When that
 // file exists it is complete: Write returns it without calling fetch (after
@@ -195,10 +188,11 @@ func (d *Dir) Write(ctx context.Context, id string, token int64, fetch Fetch) (W
 // Remove deletes the results file of id (purge --results-dir) and reports
 // whether there was one. A missing file is not an error.
 func (d *Dir) Remove(id string) (bool, error) {
-	final, err := d.FilePath(id)
+	name, err := FileName(id)
 	if err != nil {
 		return false, err
 	}
+	final := filepath.Join(d.path, name+Ext)
 	if err := os.Remove(final); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	} else if err != nil {
@@ -420,7 +414,7 @@ func FileName(id string) (string, error) {
 	case id == "":
 		return "", errors.New("results: an empty id")
 	case !utf8.ValidString(id):
-		return "", fmt.Errorf("results: id %q is not valid UTF-8", truncate(id))
+		return "", fmt.Errorf("results: id %s is not valid UTF-8", canon.Quote(id))
 	}
 	var b strings.Builder
 	for i := 0; i < len(id); i++ {
@@ -457,10 +451,3 @@ func validName(s string) bool {
 }
 
 var nameShape = regexp.MustCompile(`^((?:[a-z0-9_-]|%[0-9a-f]{2})*)(~[0-9a-f]{40})?$`)
-
-func truncate(s string) string {
-	if len(s) <= 120 {
-		return s
-	}
-	return s[:120] + "…"
-}

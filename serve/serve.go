@@ -14,6 +14,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -84,10 +85,7 @@ type Server struct {
 // Start starts the dispatcher, the passes and the HTTP server. They run
 // until ctx is done, Stop is called or the dispatcher stops on its own.
 func Start(ctx context.Context, cfg Config) *Server {
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	serveCtx, stopServing := context.WithCancel(ctx)
 	s := &Server{stopServing: stopServing, done: make(chan struct{})}

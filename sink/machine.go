@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -143,10 +144,7 @@ const (
 // NewMachine returns the state machine over st. opt is filled with its
 // defaults; a read-only machine buffers nothing.
 func NewMachine(st Store, opt Options, log *slog.Logger, name string) *Machine {
-	if log == nil {
-		log = slog.Default()
-	}
-	m := &Machine{st: st, opt: opt.WithDefaults(), log: log, name: name, buf: map[string]*Delta{},
+	m := &Machine{st: st, opt: opt.WithDefaults(), log: cmp.Or(log, slog.Default()), name: name, buf: map[string]*Delta{},
 		full: make(chan struct{}, 1), stop: make(chan struct{})}
 	if !opt.ReadOnly {
 		m.stopped.Add(1)
@@ -161,52 +159,29 @@ var (
 	_ SQLCompleter = (*Machine)(nil)
 )
 
-// storeError marks an error of the Store, which names the database itself
-// (the SQLite file, for one): errorf passes it on as it is.
-type storeError struct{ error }
-
-func (e storeError) Unwrap() error { return e.error }
-
-// stored marks err as the Store's.
-func stored(err error) error {
-	if err == nil {
-		return nil
-	}
-	return storeError{err}
-}
-
-// errorf says which operation on which key met err, unless err is the
-// Store's, which says what and where already.
+// errorf says which operation on which key met err. (The Store's errors
+// are returned as they are: they say what and where already.)
 func (m *Machine) errorf(op, key string, err error) error {
-	var se storeError
-	if errors.As(err, &se) {
-		return err
-	}
 	if key != "" {
 		return fmt.Errorf("%s: %s %s: %w", m.name, op, KeyText(key), err)
 	}
 	return fmt.Errorf("%s: %s: %w", m.name, op, err)
 }
 
-// stWrite is the Store's Write, its errors marked as the Store's.
-func (m *Machine) stWrite(ctx context.Context, fn func(Tx) error) error {
-	return stored(m.st.Write(ctx, fn))
-}
-
-// write runs fn in a write transaction and returns the domain outcome fn
-// left in out (fenced, not claimable, …), which commits what fn wrote, or
-// the transaction's error, which does not.
-func (m *Machine) write(ctx context.Context, fn func(tx Tx) (out error, err error)) error {
+// write runs fn in a write transaction. The domain outcome fn leaves in out
+// (fenced, not claimable, …) commits what fn wrote and is returned as op's
+// on key; the transaction's error, which does not commit, as it is.
+func (m *Machine) write(ctx context.Context, op, key string, fn func(tx Tx) (out error, err error)) error {
 	var out error
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		var err error
 		out, err = fn(tx)
 		return err
 	})
-	if err != nil {
-		return err
+	if err == nil && out != nil {
+		return m.errorf(op, key, out)
 	}
-	return out
+	return err
 }
 
 // load is Load for an operation on a stored key: a key that is not stored
@@ -258,16 +233,6 @@ func (m *Machine) claimed(tx Tx, prev, out Row, o ClaimOptions, now time.Time, i
 		Start: now, Outcome: OutcomeRunning}, HistoryKept)
 }
 
-func checkSighting(sg Sighting) error {
-	if err := CheckKey(sg.Key); err != nil { // spec §12
-		return err
-	}
-	if sg.Source == "" {
-		return fmt.Errorf("record %s: empty source", KeyText(sg.Key))
-	}
-	return nil
-}
-
 // Record notes a sighting (see Sink).
 func (m *Machine) Record(ctx context.Context, sg Sighting) (RecordResult, error) {
 	rr, _, err := m.record(ctx, sg, nil)
@@ -288,8 +253,8 @@ type ClaimRequest struct {
 // that grants no claim returns a nil claim: it was recorded, and the key
 // waits for the dispatcher like any other.
 func (m *Machine) RecordAndClaim(ctx context.Context, sg Sighting, req ClaimRequest) (RecordResult, *Claim, error) {
-	if req.Lease <= 0 {
-		return RecordResult{}, nil, m.errorf("record and claim", sg.Key, fmt.Errorf("lease %v must be positive", req.Lease))
+	if err := checkLease(req.Lease); err != nil {
+		return RecordResult{}, nil, m.errorf("record and claim", sg.Key, err)
 	}
 	return m.record(ctx, sg, &req)
 }
@@ -318,8 +283,11 @@ type sightOut struct {
 
 func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimRequest) ([]RecordResult, []*Claim, error) {
 	for _, sg := range sgs {
-		if err := checkSighting(sg); err != nil {
+		if err := CheckKey(sg.Key); err != nil { // spec §12
 			return nil, nil, err
+		}
+		if sg.Source == "" {
+			return nil, nil, fmt.Errorf("record %s: empty source", KeyText(sg.Key))
 		}
 	}
 	rs, cs := make([]RecordResult, len(sgs)), make([]*Claim, len(sgs))
@@ -327,7 +295,7 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 	for i, sg := range sgs {
 		r, found, err := m.st.Peek(ctx, sg.Key)
 		if err != nil {
-			return nil, nil, m.errorf("record", sg.Key, stored(err))
+			return nil, nil, err
 		}
 		if found {
 			if kind, _, conflict := sighting(r, true, sg, time.Time{}); kind == sightDuplicate {
@@ -342,7 +310,7 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 		return rs, cs, nil
 	}
 	outs := make([]sightOut, len(write))
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		for j, i := range write {
 			var err error
 			if outs[j], err = m.sight(tx, sgs[i], req); err != nil {
@@ -355,7 +323,7 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 		return m.recordAll(ctx, sgs, req)
 	}
 	if err != nil {
-		return nil, nil, m.errorf("record", sgs[write[0]].Key, err)
+		return nil, nil, err
 	}
 	for j, i := range write {
 		o, sg := outs[j], sgs[i]
@@ -364,7 +332,13 @@ func (m *Machine) recordAll(ctx context.Context, sgs []Sighting, req *ClaimReque
 		case o.dup != nil:
 			m.noteDuplicate(*o.dup, sg, o.rr.Conflict)
 		case o.prev != nil:
-			m.logConfirm(sg.Key, o.prev.BatchState, sg.State, o.rr.Conflict, o.prev.State == StateDead && o.rr.State != StateDead)
+			if o.rr.Conflict {
+				m.log.Warn(m.name+": state conflict: the API's batch state differs from the stored one; the API's wins",
+					"key", sg.Key, "stored", o.prev.BatchState, "api", sg.State)
+			}
+			if o.prev.State == StateDead && o.rr.State != StateDead {
+				m.log.Info(m.name+": a key dead as unknown to the API was listed by the API: pending again, due now", "key", sg.Key)
+			}
 			m.add(sg.Key, &Delta{N: 1, Sources: []string{sg.Source}})
 		}
 	}
@@ -412,20 +386,18 @@ func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err 
 			claimed, _, _ = claim(out, req.Owner, req.Lease, now, m.opt.MaxAttempts, opts)
 		}
 	}
-	if claimed.State != StateClaimed {
-		if kind == sightNew {
-			ok, err := tx.Insert(out, sg.Payload)
-			if err == nil && !ok {
-				err = errInsertRace
-			}
-			return o, err
-		}
-		return o, nil
-	}
-	o.rr.State = StateClaimed
 	var insert []byte
 	if kind == sightNew {
 		insert = append([]byte{}, sg.Payload...) // not nil: insert
+	}
+	if claimed.State != StateClaimed {
+		if insert == nil {
+			return o, nil
+		}
+		return o, m.claimed(tx, Row{}, out, opts, now, insert) // pending, unclaimed
+	}
+	o.rr.State = StateClaimed
+	if insert != nil {
 		out = Row{}
 	}
 	if err := m.claimed(tx, out, claimed, opts, now, insert); err != nil {
@@ -439,16 +411,6 @@ func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err 
 // errInsertRace: the key was inserted by another transaction between this
 // one's Load and Insert; the sighting is decided again.
 var errInsertRace = errors.New("inserted concurrently")
-
-func (m *Machine) logConfirm(key, stored, api string, conflict, revived bool) {
-	if conflict {
-		m.log.Warn(m.name+": state conflict: the API's batch state differs from the stored one; the API's wins",
-			"key", key, "stored", stored, "api", api)
-	}
-	if revived {
-		m.log.Info(m.name+": a key dead as unknown to the API was listed by the API: pending again, due now", "key", key)
-	}
-}
 
 // noteDuplicate buffers a duplicate sighting of the key whose row is r.
 func (m *Machine) noteDuplicate(r Row, sg Sighting, conflict bool) {
@@ -492,7 +454,7 @@ func (m *Machine) Flush(ctx context.Context) error {
 	if len(taken) == 0 {
 		return nil
 	}
-	err := m.stWrite(ctx, func(tx Tx) error { return tx.ApplyStats(taken) })
+	err := m.st.Write(ctx, func(tx Tx) error { return tx.ApplyStats(taken) })
 	if err != nil && !errors.Is(err, ErrOutcomeUnknown) {
 		m.mu.Lock()
 		for k, d := range taken {
@@ -503,10 +465,7 @@ func (m *Machine) Flush(ctx context.Context) error {
 		}
 		m.mu.Unlock()
 	}
-	if err != nil {
-		return m.errorf("flush sighting statistics", "", err)
-	}
-	return nil
+	return err
 }
 
 // ErrOutcomeUnknown is wrapped by a Store's error for a commit that may or
@@ -522,14 +481,11 @@ func (m *Machine) flusher() {
 		case <-m.stop:
 			return
 		case <-m.full:
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = m.Flush(ctx)
-			cancel()
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = m.Flush(ctx)
-			cancel()
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = m.Flush(ctx)
+		cancel()
 	}
 }
 
@@ -555,37 +511,38 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 		return Claim{}, m.errorf("claim", key, err)
 	}
 	var c Claim
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	err := m.write(ctx, "claim", key, func(tx Tx) (error, error) {
 		r, nf, err := load(tx, key)
 		if nf != nil || err != nil {
 			return nf, err
 		}
-		o := ClaimOptionsOf(opts)
-		out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
-		if store {
-			if err := m.claimed(tx, r, out, o, tx.Now(), nil); err != nil {
-				return nil, err
-			}
-		}
-		if cerr != nil {
-			m.logExpiredLast(out)
-			return cerr, nil
-		}
-		c, err = claimOf(tx, out)
-		return nil, err
+		c, nf, err = m.take(tx, r, owner, lease, ClaimOptionsOf(opts))
+		return nf, err
 	})
 	if err != nil {
-		return Claim{}, m.errorf("claim", key, err)
+		return Claim{}, err
 	}
 	return c, nil
 }
 
-// logExpiredLast says that a takeover of the last allowed attempt made a
-// key dead.
-func (m *Machine) logExpiredLast(r Row) {
-	if r.State == StateDead {
-		m.log.Warn(m.name+": lease expired on the last attempt; key is dead", "key", r.Key, "attempts", r.Attempts)
+// take stores the claim of r that the rules decide, and returns it, or the
+// refusal as the outcome out (a takeover of the last allowed attempt stores
+// the key dead, and says so).
+func (m *Machine) take(tx Tx, r Row, owner string, lease time.Duration, o ClaimOptions) (c Claim, out, err error) {
+	got, store, out := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
+	if store {
+		if err := m.claimed(tx, r, got, o, tx.Now(), nil); err != nil {
+			return c, nil, err
+		}
 	}
+	if out != nil {
+		if got.State == StateDead {
+			m.log.Warn(m.name+": lease expired on the last attempt; key is dead", "key", got.Key, "attempts", got.Attempts)
+		}
+		return c, out, nil
+	}
+	c, err = claimOf(tx, got)
+	return c, nil, err
 }
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
@@ -595,7 +552,7 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 	}
 	o := ClaimOptionsOf(opts)
 	var claims []Claim
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		claims = nil
 		for limit <= 0 || len(claims) < limit {
 			rows, err := tx.Due(limit-len(claims), o.SkipNeedsConfirm)
@@ -604,22 +561,15 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 			}
 			lost := 0
 			for _, r := range rows {
-				out, store, cerr := claim(r, owner, lease, tx.Now(), m.opt.MaxAttempts, o)
-				if store {
-					if err := m.claimed(tx, r, out, o, tx.Now(), nil); err != nil {
-						return err
-					}
-				}
-				if cerr != nil { // a takeover that ended dead
-					m.logExpiredLast(out)
-					lost++
-					continue
-				}
-				c, err := claimOf(tx, out)
-				if err != nil {
+				c, out, err := m.take(tx, r, owner, lease, o)
+				switch {
+				case err != nil:
 					return err
+				case out != nil: // a takeover that ended dead
+					lost++
+				default:
+					claims = append(claims, c)
 				}
-				claims = append(claims, c)
 			}
 			if lost == 0 {
 				return nil
@@ -628,7 +578,7 @@ func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duratio
 		return nil
 	})
 	if err != nil {
-		return nil, m.errorf("claim due", "", err)
+		return nil, err
 	}
 	return claims, nil
 }
@@ -647,7 +597,7 @@ func (m *Machine) Renew(ctx context.Context, key string, token int64, lease time
 // fencedWrite runs fn on the key's row when token is its current claim's,
 // else counts the write as fenced (spec §3).
 func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, fn func(tx Tx, r Row) error) error {
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	return m.write(ctx, op, key, func(tx Tx) (error, error) {
 		r, out, err := load(tx, key)
 		if out != nil || err != nil {
 			return out, err
@@ -657,10 +607,6 @@ func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, 
 		}
 		return nil, fn(tx, r)
 	})
-	if err != nil {
-		return m.errorf(op, key, err)
-	}
-	return nil
 }
 
 // Complete marks a claimed key done when token is current.
@@ -736,7 +682,7 @@ func (m *Machine) NoteResults(ctx context.Context, key string, token int64, file
 
 // Retry moves a dead key to pending, or with o.Rerun a done key (see Sink).
 func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	return m.write(ctx, "retry", key, func(tx Tx) (error, error) {
 		r, nf, err := load(tx, key)
 		if nf != nil || err != nil {
 			return nf, err
@@ -754,19 +700,11 @@ func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 		}
 		return nil, tx.AddHistory(key, Attempt{Kind: kind, Token: r.Token, Holder: o.By, Start: tx.Now()}, HistoryKept)
 	})
-	if err != nil {
-		return m.errorf("retry", key, err)
-	}
-	return nil
 }
 
 // Due lists keys that can be claimed now, oldest first.
 func (m *Machine) Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error) {
-	keys, err := m.st.DueKeys(ctx, limit, ClaimOptionsOf(opts).SkipNeedsConfirm)
-	if err = stored(err); err != nil {
-		return nil, m.errorf("due", "", err)
-	}
-	return keys, nil
+	return m.st.DueKeys(ctx, limit, ClaimOptionsOf(opts).SkipNeedsConfirm)
 }
 
 // Get returns one key's entry, its statistics flushed first.
@@ -778,10 +716,7 @@ func (m *Machine) Get(ctx context.Context, key string) (Entry, error) {
 	if errors.Is(err, ErrNotFound) {
 		return Entry{}, m.errorf("get", key, err)
 	}
-	if err = stored(err); err != nil {
-		return Entry{}, m.errorf("get", key, err)
-	}
-	return e, nil
+	return e, err
 }
 
 // List returns entries, oldest first.
@@ -792,11 +727,7 @@ func (m *Machine) List(ctx context.Context, o ListOptions) ([]Entry, error) {
 	if err := m.Flush(ctx); err != nil {
 		return nil, err
 	}
-	es, err := m.st.Entries(ctx, o)
-	if err = stored(err); err != nil {
-		return nil, m.errorf("list", "", err)
-	}
-	return es, nil
+	return m.st.Entries(ctx, o)
 }
 
 // Stats summarises the sink.
@@ -804,11 +735,7 @@ func (m *Machine) Stats(ctx context.Context) (Stats, error) {
 	if err := m.Flush(ctx); err != nil {
 		return Stats{}, err
 	}
-	st, err := m.st.Stats(ctx)
-	if err = stored(err); err != nil {
-		return Stats{}, m.errorf("stats", "", err)
-	}
-	return st, nil
+	return m.st.Stats(ctx)
 }
 
 // Purge deletes the keys done for longer than olderThan, measured with the
@@ -818,7 +745,7 @@ func (m *Machine) Purge(ctx context.Context, olderThan time.Duration) ([]string,
 		return nil, m.errorf("purge", "", fmt.Errorf("negative age %v (want the time keys have been done for, e.g. 720h)", olderThan))
 	}
 	var keys []string
-	err := m.stWrite(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		before := time.Unix(0, math.MinInt64) // nothing is older than the range of times
 		if now := tx.Now(); now.UnixNano() > math.MinInt64+int64(olderThan) {
 			before = now.Add(-olderThan)
@@ -828,7 +755,7 @@ func (m *Machine) Purge(ctx context.Context, olderThan time.Duration) ([]string,
 		return err
 	})
 	if err != nil {
-		return nil, m.errorf("purge", "", err)
+		return nil, err
 	}
 	return keys, nil
 }
@@ -838,7 +765,7 @@ func (m *Machine) NoteLookback(ctx context.Context, lookback time.Duration) erro
 	if lookback < 0 {
 		return m.errorf("note lookback", "", fmt.Errorf("negative lookback %v", lookback))
 	}
-	return m.stWrite(ctx, func(tx Tx) error { return tx.NoteLookback(lookback) })
+	return m.st.Write(ctx, func(tx Tx) error { return tx.NoteLookback(lookback) })
 }
 
 // MaxLookback returns the longest lookback ever noted.
@@ -871,7 +798,7 @@ func (m *Machine) AcquirePass(ctx context.Context, scope, owner string, lease, m
 		return PassLease{}, PassRecord{}, m.errorf(op, "", err)
 	}
 	var rec PassRecord
-	err := m.write(ctx, func(tx Tx) (error, error) {
+	err := m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, _, err := tx.LoadPass(scope)
 		if err != nil {
 			return nil, err
@@ -885,7 +812,7 @@ func (m *Machine) AcquirePass(ctx context.Context, scope, owner string, lease, m
 		return nil, tx.StorePass(out)
 	})
 	if err != nil {
-		return PassLease{}, rec, m.errorf(op, "", err)
+		return PassLease{}, rec, err
 	}
 	return PassLease{Scope: scope, Owner: owner, Token: rec.Token, Until: rec.HeldUntil}, rec, nil
 }
@@ -908,7 +835,7 @@ func (m *Machine) RenewPass(ctx context.Context, l PassLease, lease time.Duratio
 	if err != nil {
 		return PassLease{}, m.errorf(op, "", err)
 	}
-	err = m.write(ctx, func(tx Tx) (error, error) {
+	err = m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, found, err := tx.LoadPass(l.Scope)
 		if err != nil {
 			return nil, err
@@ -921,7 +848,7 @@ func (m *Machine) RenewPass(ctx context.Context, l PassLease, lease time.Duratio
 		return nil, tx.StorePass(r)
 	})
 	if err != nil {
-		return PassLease{}, m.errorf(op, "", err)
+		return PassLease{}, err
 	}
 	return l, nil
 }
@@ -936,7 +863,7 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 	if err != nil {
 		return m.errorf(op, "", err)
 	}
-	err = m.write(ctx, func(tx Tx) (error, error) {
+	return m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, found, err := tx.LoadPass(l.Scope)
 		if err != nil {
 			return nil, err
@@ -949,17 +876,9 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 		r.Scope = l.Scope
 		return nil, tx.StorePass(endPass(r, l, o, tx.Now()))
 	})
-	if err != nil {
-		return m.errorf(op, "", err)
-	}
-	return nil
 }
 
 // PassRecords returns every scope's record, ordered by scope.
 func (m *Machine) PassRecords(ctx context.Context) ([]PassRecord, error) {
-	recs, err := m.st.PassRecords(ctx)
-	if err = stored(err); err != nil {
-		return nil, m.errorf("pass records", "", err)
-	}
-	return recs, nil
+	return m.st.PassRecords(ctx)
 }

@@ -3,7 +3,7 @@ package sink
 import (
 	"fmt"
 	"io/fs"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -42,9 +42,8 @@ func ParseMigration(base, text string) (Migration, error) {
 }
 
 // LoadMigrations parses the migrations/*.sql files of fsys in version
-// order, appends extra (tests simulate a newer binary with them) and checks
-// the whole: versions 1..n, minimum readers never falling.
-func LoadMigrations(fsys fs.FS, extra []Migration) ([]Migration, error) {
+// order and checks the whole: versions 1..n, minimum readers never falling.
+func LoadMigrations(fsys fs.FS) ([]Migration, error) {
 	names, err := fs.Glob(fsys, "migrations/*.sql")
 	if err != nil {
 		return nil, err
@@ -61,8 +60,7 @@ func LoadMigrations(fsys fs.FS, extra []Migration) ([]Migration, error) {
 		}
 		ms = append(ms, m)
 	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
-	ms = append(ms, extra...)
+	slices.SortFunc(ms, func(a, b Migration) int { return a.Version - b.Version })
 	for i, m := range ms {
 		if m.Version != i+1 {
 			return nil, fmt.Errorf("migration %s: want version %d", m.Name, i+1)
@@ -72,4 +70,21 @@ func LoadMigrations(fsys fs.FS, extra []Migration) ([]Migration, error) {
 		}
 	}
 	return ms, nil
+}
+
+// CheckReader is the rule of spec §3 for a schema newer than a binary: a
+// binary that knows versions up to latest uses schema version cur unless
+// its minimum reader mr is newer (or the database records none: ok false).
+func CheckReader(cur, mr int, ok bool, latest int) error {
+	switch {
+	case cur <= latest:
+		return nil
+	case !ok:
+		return fmt.Errorf("schema version %d records no minimum reader, and this gemrecon knows versions up to %d (upgrade gemrecon): %w",
+			cur, latest, ErrSchemaTooNew)
+	case mr > latest:
+		return fmt.Errorf("schema version %d needs a gemrecon that knows schema version %d or later (its minimum reader), and this one knows versions up to %d (upgrade gemrecon): %w",
+			cur, mr, latest, ErrSchemaTooNew)
+	}
+	return nil
 }

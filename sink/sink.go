@@ -5,10 +5,12 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -33,11 +35,7 @@ const (
 
 // Valid reports whether s is one of the four states.
 func (s State) Valid() bool {
-	switch s {
-	case StatePending, StateClaimed, StateDone, StateDead:
-		return true
-	}
-	return false
+	return slices.Contains([]State{StatePending, StateClaimed, StateDone, StateDead}, s)
 }
 
 // Sources of a sighting. Other strings are allowed (they are stored as given).
@@ -565,10 +563,7 @@ func (o Options) WithDefaults() Options {
 // Backoff is the delay before the next attempt after attempt number attempt
 // (1-based) failed: full jitter, uniform in [0, min(max, base·2^(attempt-1))].
 func Backoff(attempt int, base, max time.Duration, rnd func() float64) time.Duration {
-	if attempt < 1 {
-		attempt = 1
-	}
-	ceiling := base
+	ceiling := base // also for an attempt below 1
 	for i := 1; i < attempt && ceiling < max; i++ {
 		ceiling *= 2
 	}
@@ -605,6 +600,16 @@ func NewStats() Stats {
 		ByState:      map[State]int64{StatePending: 0, StateClaimed: 0, StateDone: 0, StateDead: 0},
 		FirstSource:  map[string]int64{},
 		DeadByReason: map[string]int64{DeadEffect: 0, DeadUnknownToAPI: 0, DeadResultsExpired: 0},
+	}
+}
+
+// AddKeys counts n keys of one state, first source and dead reason (one
+// group of a backend's GROUP BY of the three) into st.
+func (st *Stats) AddKeys(state State, firstSource, deadReason string, n int64) {
+	st.ByState[state] += n
+	st.FirstSource[firstSource] += n
+	if state == StateDead {
+		st.DeadByReason[cmp.Or(deadReason, DeadEffect)] += n
 	}
 }
 

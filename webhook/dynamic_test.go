@@ -48,7 +48,7 @@ func newDynRig(t *testing.T, secrets ...string) *dynRig {
 	jwks := httptest.NewServer(keys)
 	t.Cleanup(jwks.Close)
 	clk := testkit.NewClock(time.Now())
-	v, err := dynamic.New(dynamic.Config{JWKSURL: jwks.URL, Now: clk.Now, FetchTimeout: 5 * time.Second})
+	v, err := dynamic.New(dynamic.Config{JWKSURL: jwks.URL, Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

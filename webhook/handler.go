@@ -163,6 +163,8 @@ func NewHandler(cfg Config) (*Handler, error) {
 		return nil, errors.New("webhook: no ingest path")
 	case cfg.Metrics == nil:
 		return nil, errors.New("webhook: no metrics")
+	case cfg.Sync && cfg.Dispatcher == nil:
+		return nil, errors.New("webhook: sync mode needs a dispatcher")
 	}
 	cfg.Path = cmp.Or(cfg.Path, DefaultPath)
 	cfg.MaxBody = cmp.Or(max(cfg.MaxBody, 0), DefaultMaxBody)
@@ -176,9 +178,6 @@ func NewHandler(cfg Config) (*Handler, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.Sync && cfg.Dispatcher == nil {
-		return nil, errors.New("webhook: sync mode needs a dispatcher")
 	}
 	h := &Handler{cfg: cfg, log: cfg.Logger, metricsH: cfg.Metrics.Handler()}
 	h.stopping, h.stopSync = context.WithCancel(context.Background())

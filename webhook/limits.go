@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -154,11 +155,7 @@ func (h *Handler) refuseSignature(w http.ResponseWriter, r *http.Request, hmacEr
 
 // signatureHint says what to check for a refused signature.
 func signatureHint(hmacErr, dynErr error) string {
-	err := hmacErr
-	if err == nil {
-		err = dynErr
-	}
-	switch {
+	switch err := cmp.Or(hmacErr, dynErr); {
 	case errors.Is(err, ErrUnsigned), errors.Is(err, dynamic.ErrNoEntry):
 		return "the request has no webhook-id, webhook-timestamp or webhook-signature: is the sender the Gemini API's webhook, and does every proxy on the way keep those headers?"
 	case errors.Is(err, ErrBadTimestamp), errors.Is(err, ErrStale), errors.Is(err, ErrFuture):

@@ -31,7 +31,7 @@ type result struct {
 func gemrecon(t *testing.T, args ...string) result {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := execute(context.Background(), args, strings.NewReader(""), &out, &errb)
+	code := execute(context.Background(), &interrupts{}, args, strings.NewReader(""), &out, &errb)
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
 

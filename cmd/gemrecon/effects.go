@@ -21,30 +21,33 @@ import (
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/effect/sqlscript"
+	"github.com/gemrecon/gemrecon/poller"
+	"github.com/gemrecon/gemrecon/results"
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// effectFlags are the effect and retry flags of spec §4, shared by poll,
-// serve and drain. Their rules are dispatch.Config.Validate's and
-// sink.Options.Validate's.
+// effectFlags are the effect and retry flags of spec §4 and the
+// confirmation flags of spec §9.2 and §9.5, shared by poll, serve and
+// drain. Their rules are dispatch's (Config.Validate, ParseConfirmMode,
+// ConfirmMode.Confirms) and sink.Options.Validate's.
 type effectFlags struct {
-	exec          string
-	forward       string
-	sql           string // --sql FILE
-	print         bool
-	given         func(name string) bool // the flag was on the command line
-	concurrency   int
-	lease         time.Duration
-	effectTimeout time.Duration
-	grace         time.Duration
-	maxAttempts   int
-	retryBase     time.Duration
-	retryMax      time.Duration
+	exec    string
+	forward string
+	sql     string // --sql FILE
+	print   bool
+	given   func(name string) bool // the flag was on the command line
+	// cfg holds the dispatcher's flags (concurrency, lease, timeouts,
+	// grace), retry the sink's retry policy (which computes backoff).
+	cfg        dispatch.Config
+	retry      sink.Options
+	confirm    string
+	resultsDir string
 }
 
 func (f *effectFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	def := dispatch.DefaultConfig()
+	f.cfg = dispatch.DefaultConfig()
+	c, r := &f.cfg, &f.retry
 	fs.StringVar(&f.exec, "exec", "", "effect: run this /bin/sh -c command per completion (event document on stdin, GEMRECON_* env)")
 	fs.StringVar(&f.forward, "forward", "", "effect: POST the event document to this URL (signed when GEMRECON_FORWARD_SECRET is set)")
 	fs.StringVar(&f.sql, "sql", "", "effect: run the SQL statements of `FILE` in the very transaction that marks the key done, in the sink's database (parameters @"+strings.Join(sqlscript.ParamNames(), " @")+")")
@@ -53,13 +56,16 @@ func (f *effectFlags) register(cmd *cobra.Command) {
 	// One effect per process (dispatch.Config.Validate: Effect or SQL);
 	// which flag names it is the command line's business.
 	cmd.MarkFlagsMutuallyExclusive(effectNames...)
-	fs.IntVar(&f.concurrency, "concurrency", def.Concurrency, "effects run at once")
-	fs.DurationVar(&f.lease, "lease", def.Lease, "claim lease; renewed every third of it while the effect runs")
-	fs.DurationVar(&f.effectTimeout, "effect-timeout", def.EffectTimeout, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
-	fs.DurationVar(&f.grace, "grace", def.Grace, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed; a second SIGINT/SIGTERM ends it at once")
-	fs.IntVar(&f.maxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
-	fs.DurationVar(&f.retryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
-	fs.DurationVar(&f.retryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "effects run at once")
+	fs.DurationVar(&c.Lease, "lease", c.Lease, "claim lease; renewed every third of it while the effect runs")
+	fs.DurationVar(&c.EffectTimeout, "effect-timeout", c.EffectTimeout, "kill an effect (its whole process group) after this long, or give up an NDJSON line stdout does not take (then exit 1); must be shorter than --lease")
+	fs.DurationVar(&c.Grace, "grace", c.Grace, "on SIGINT/SIGTERM, running effects get this long to finish before they are killed and retried later, and recording their outcomes this long to succeed; a second SIGINT/SIGTERM ends it at once")
+	fs.IntVar(&r.MaxAttempts, "max-attempts", sink.DefaultMaxAttempts, "a key goes dead after this many failed attempts")
+	fs.DurationVar(&r.RetryBase, "retry-base", sink.DefaultRetryBase, "first retry delay ceiling (doubles per attempt, full jitter)")
+	fs.DurationVar(&r.RetryMax, "retry-max", sink.DefaultRetryMax, "largest retry delay ceiling")
+	fs.StringVar(&f.confirm, "confirm", string(dispatch.ConfirmAuto), "confirm keys first seen by webhook with the API (Batches.Get) before their effect runs: auto (when API credentials are set), always (exit 2 without them), never")
+	fs.StringVar(&f.resultsDir, "results-dir", "", "write a succeeded Gemini API batch's results to DIR/<id>.jsonl before its effect runs (needs API credentials); the path is results_file in the event document and GEMRECON_RESULTS_FILE")
+	fs.DurationVar(&c.DownloadTimeout, "download-timeout", c.DownloadTimeout, "bound one results download; it runs under the key's claim, whose lease is renewed meanwhile, so it may exceed --lease")
 }
 
 // effectNames are the flags that choose the effect, exactly one per process.
@@ -140,21 +146,21 @@ func execCheck(command string) error {
 // effectValue names the value each effect flag takes, for messages.
 var effectValue = map[string]string{"exec": "command to run", "forward": "URL to POST to", "sql": "SQL file to run"}
 
-// sinkOptions carries the retry policy into the sink, which computes backoff.
-func (f *effectFlags) sinkOptions() sink.Options {
-	return sink.Options{RetryBase: f.retryBase, RetryMax: f.retryMax, MaxAttempts: f.maxAttempts}
+// confirmMode reads --confirm (exit 2 when it is no mode).
+func (f *effectFlags) confirmMode() (dispatch.ConfirmMode, error) {
+	m, err := dispatch.ParseConfirmMode(f.confirm)
+	return m, usage(err)
 }
 
 // dispatchConfig builds the dispatcher's configuration from the flags, its
 // effect included, and checks it with the sink's retry policy (exit 2),
-// before anything is opened. The caller adds the Sink and the API
-// (withAPI).
-func (a *app) dispatchConfig(f *effectFlags, cf *confirmFlags) (dispatch.Config, error) {
-	cfg := dispatch.DefaultConfig()
-	if err := usage(f.sinkOptions().Validate()); err != nil {
+// before anything is opened. startDispatcher adds the Sink and the API.
+func (a *app) dispatchConfig(f *effectFlags) (dispatch.Config, error) {
+	cfg := f.cfg
+	if err := usage(f.retry.Validate()); err != nil {
 		return cfg, err
 	}
-	if err := durationFlagCheck("grace", f.grace); err != nil {
+	if err := durationFlagCheck("grace", cfg.Grace); err != nil {
 		return cfg, err
 	}
 	if err := f.checkChoice(); err != nil {
@@ -173,16 +179,13 @@ func (a *app) dispatchConfig(f *effectFlags, cf *confirmFlags) (dispatch.Config,
 		}
 		cfg.Effect = eff
 	}
-	cfg.Lease, cfg.EffectTimeout, cfg.Concurrency = f.lease, f.effectTimeout, f.concurrency
-	cfg.Grace = f.grace
 	if cfg.Grace == 0 {
 		cfg.Grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
 	}
 	cfg.Logger = a.logger
 	// Rechecks of keys the API has not confirmed back off like retries
 	// (but use no attempt).
-	cfg.RecheckBase, cfg.RecheckMax = f.retryBase, f.retryMax
-	cfg.DownloadTimeout = cf.downloadTimeout
+	cfg.RecheckBase, cfg.RecheckMax = f.retry.RetryBase, f.retry.RetryMax
 	return cfg, usage(cfg.Validate())
 }
 
@@ -194,7 +197,7 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 		return effect.NewExec(f.exec, a.execOutput()), nil
 	case f.forward != "":
 		secret := os.Getenv("GEMRECON_FORWARD_SECRET")
-		client := &http.Client{Timeout: f.effectTimeout}
+		client := &http.Client{Timeout: f.cfg.EffectTimeout}
 		fw, err := effect.NewForward(f.forward, secret, client)
 		if err != nil {
 			// The error never contains the secret (effect's contract).
@@ -232,26 +235,95 @@ func (a *app) execOutput() effect.ExecOption {
 	})
 }
 
-var sigpipeOnce sync.Once
-
 // handleSIGPIPE makes writes to a broken pipe return EPIPE instead of
 // killing the process. The channel is never read: signal.Notify drops what
 // does not fit.
-func handleSIGPIPE() {
-	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
+var handleSIGPIPE = sync.OnceFunc(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
+
+// apiSetup is what a command's dispatcher gets of the API: the process's one
+// poller (nil when it has none) and whether it confirms.
+type apiSetup struct {
+	poller  *poller.Poller
+	confirm bool
+	results *results.Dir
+	// unconfirmed: --confirm auto without credentials (warn, once the
+	// command is under way).
+	unconfirmed bool
 }
 
-// dispatcher wires the sink and the API into cfg (dispatchConfig) and
-// starts the dispatcher, whose grace a second SIGINT or SIGTERM ends.
-func (a *app) dispatcher(cfg dispatch.Config, s sink.Sink, obs dispatch.Observer, api apiSetup) (*dispatch.Dispatcher, error) {
-	cfg.Sink, cfg.Observer = s, obs
+// apply puts what the process has of the API into a dispatcher's
+// configuration.
+func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
+	cfg.Confirm, cfg.Results = api.confirm, api.results
+	if api.poller != nil { // a nil *Poller must not become a non-nil API
+		cfg.API = api.poller
+	}
+	return cfg
+}
+
+// setupAPI decides, for --confirm and --results-dir, whether this process
+// confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
+// Config.Validate, checked against dcfg), and builds its one poller when it
+// needs one (p, when the command already has a poller for listing: one
+// rate limiter per process for list, get and downloads).
+func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
+	pcfg := a.pollerConfig(pf)
+	creds := p != nil || pcfg.HasCredentials()
+	var out apiSetup
+	var err error
+	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
+		return out, usage(err)
+	}
+	if creds && (out.confirm || ef.resultsDir != "") && p == nil {
+		if err := usage(pcfg.Validate()); err != nil {
+			return out, err
+		}
+		if p, err = poller.New(ctx, pcfg); err != nil {
+			return out, err
+		}
+	}
+	out.poller = p // the listing poller, the one just built, or nil
+	if ef.resultsDir != "" {
+		// Checked before the directory is made: a refused command
+		// leaves nothing behind.
+		check := out
+		check.results = new(results.Dir)
+		if err := usage(check.apply(dcfg).Validate()); err != nil {
+			return out, err
+		}
+		if out.results, err = results.Open(ef.resultsDir); err != nil {
+			return out, withCode(exitUsage, err)
+		}
+	}
+	return out, usage(out.apply(dcfg).Validate())
+}
+
+// startDispatcher opens the sink with the retry policy and starts the
+// command's dispatcher on it: cfg (dispatchConfig) with the API (setupAPI)
+// and the observer newObs builds on the sink (nil: none); a second SIGINT or
+// SIGTERM ends its grace. The caller closes the sink.
+func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, api apiSetup, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
+	s, err := a.openSink(ctx, retry)
+	if err != nil {
+		return nil, nil, err
+	}
+	if api.unconfirmed {
+		// Said once the database is open, so that a command that cannot
+		// start says only why.
+		a.logger.Warn(`no API credentials: keys first seen by webhook run unconfirmed ("confirmed": false, their operation is the webhook's body); keys seen only through a dynamic signature wait for a process that can confirm them. Set GEMINI_API_KEY to confirm, or --confirm never to silence this`)
+	}
 	cfg = api.apply(cfg)
+	cfg.Command, cfg.Sink = command, s
+	if newObs != nil {
+		cfg.Observer = newObs(s)
+	}
 	d, err := dispatch.New(cfg)
 	if err != nil {
-		return nil, usage(err)
+		s.Close()
+		return nil, nil, usage(err)
 	}
 	a.intr.add(d)
-	return d, nil
+	return s, d, nil
 }
 
 // summaryExit maps a dispatch summary to the exit status of spec §5: 4 when
@@ -269,26 +341,19 @@ func summaryExit(sum dispatch.Summary) error {
 type drainOptions struct {
 	ef effectFlags
 	pf pollFlags
-	cf confirmFlags
 }
 
 const drainLong = `Claim and run every key that is due now — new keys, retries whose backoff has
 passed, claims whose lease expired — with the configured effect, then exit.
-poll does the same after its listing. drain needs no API credentials: with
-them (GEMINI_API_KEY, or --backend vertex with --project and --location) it
-confirms keys first seen by webhook with the API before their effect runs
-(--confirm auto, the default) and can write results (--results-dir); without
-them it runs such keys unconfirmed, and leaves keys seen only through a
-dynamic signature for a process that can confirm them.
+API credentials are optional: with them keys first seen by webhook are
+confirmed before their effect runs (--confirm) and --results-dir can write
+results; without them such keys run unconfirmed (dynamically signed ones
+wait). SIGINT or SIGTERM stops claiming and gives running effects --grace; a
+second signal kills them at once and drain exits 1.
 
-On SIGINT or SIGTERM it claims nothing more and running effects get --grace
-to finish; a second signal kills them at once (their attempts recorded as
-retryable failures, as when --grace runs out) and drain exits 1.
-
-Exit status: 0 every effect it ran succeeded, 4 some effect failed (a retry is
-scheduled or the key went dead) or some outcome was fenced (another attempt
-took the key over: the effect may have run twice), 1 a fatal error or an
-interruption.`
+Exit status: 0 every effect it ran succeeded, 4 some effect failed (retry
+scheduled or key dead) or an outcome was fenced (the effect may have run
+twice), 1 a fatal error or an interruption.`
 
 func (a *app) drainCommand() *cobra.Command {
 	var o drainOptions
@@ -303,35 +368,28 @@ func (a *app) drainCommand() *cobra.Command {
 	}
 	o.ef.register(cmd)
 	o.pf.registerAPI(cmd.Flags())
-	o.cf.register(cmd.Flags())
 	return cmd
 }
 
 // runDrain is drain: one Dispatcher.Drain and its summary line.
 func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
-	mode, err := o.cf.parse()
+	mode, err := o.ef.confirmMode()
 	if err != nil {
 		return err
 	}
-	dcfg, err := a.dispatchConfig(&o.ef, &o.cf)
+	dcfg, err := a.dispatchConfig(&o.ef)
 	if err != nil {
 		return err
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.cf, nil, dcfg)
+	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, nil, dcfg)
 	if err != nil {
 		return err
 	}
-	s, err := a.openSink(ctx, o.ef.sinkOptions())
+	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, api, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	a.warn(api)
-	dcfg.Command = "drain"
-	d, err := a.dispatcher(dcfg, s, nil, api)
-	if err != nil {
-		return err
-	}
 	start := time.Now()
 	sum, err := d.Drain(ctx)
 	a.printDrainSummary(sum, time.Since(start))
@@ -342,7 +400,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 }
 
 // printDrainSummary writes drain's summary line on stderr, as one JSON
-// object under --log-format json (as poll's, printSummary), and when an
+// object under --log-format json (as poll's, reportPass), and when an
 // outcome was fenced a second line (a warning record in JSON) saying an
 // effect may have run twice.
 func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {

@@ -9,19 +9,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gemrecon/gemrecon/internal/demo"
 	"github.com/gemrecon/gemrecon/internal/emulator"
 	"github.com/gemrecon/gemrecon/internal/geminifake"
 )
 
 // emulatorFlags are the flags of `gemrecon emulator` (spec §11).
 type emulatorFlags struct {
-	listen, apiKey, batchesFile, signature string
-	seed                                   uint64
-	batches                                int
-	finishWithin, createdAfter             time.Duration
-	dynamicURIs                            []string
-	dynamicShare, drop, duplicate          float64
-	failRate                               float64
+	cfg         emulator.Config // the flags that are its fields
+	batchesFile string
 }
 
 func (a *app) emulatorCommand() *cobra.Command {
@@ -43,41 +39,37 @@ func (a *app) emulatorCommand() *cobra.Command {
 			return a.runEmulator(cmd.Context(), cfg)
 		},
 	}
-	fs := cmd.Flags()
-	fs.StringVar(&f.listen, "listen", emulator.DefaultListen, "address to listen on (port 0: any free port)")
-	fs.StringVar(&f.apiKey, "api-key", "", "the one API key the emulator accepts (default: generated and printed)")
-	fs.Uint64Var(&f.seed, "seed", 0, "seed of every random choice: generated batches, drops, duplicates, faults (0: a random one, logged)")
-	fs.IntVar(&f.batches, "batches", 0, "generate this many batches that finish within --finish-within")
+	fs, c := cmd.Flags(), &f.cfg
+	fs.StringVar(&c.Listen, "listen", emulator.DefaultListen, "address to listen on (port 0: any free port)")
+	fs.StringVar(&c.APIKey, "api-key", "", "the one API key the emulator accepts (default: generated and printed)")
+	fs.Uint64Var(&c.Seed, "seed", 0, "seed of every random choice: generated batches, drops, duplicates, faults (0: a random one, logged)")
+	fs.IntVar(&c.Generate, "batches", 0, "generate this many batches that finish within --finish-within")
 	fs.StringVar(&f.batchesFile, "batches-file", "", "add the batches of this JSON file (a list, as in testdata/gemini/)")
-	fs.DurationVar(&f.finishWithin, "finish-within", emulator.DefaultFinishWithin, "file and generated batches finish at random moments within this time (0: file batches are served as given, generated ones start finished)")
-	fs.DurationVar(&f.createdAfter, "created-finish-after", emulator.DefaultCreatedFinishAfter, "a batch made with Batches.Create succeeds after this time")
-	fs.StringArrayVar(&f.dynamicURIs, "dynamic-webhook", nil, "give generated batches a webhookConfig with this URI (repeatable): their completions go there, dynamically signed")
-	fs.Float64Var(&f.dynamicShare, "dynamic-share", 1, "the share of generated batches that get --dynamic-webhook (the others go to the static webhooks)")
-	fs.StringVar(&f.signature, "dynamic-signature", string(emulator.SignBoth), "how dynamic deliveries are signed: v1a, jwt or both")
-	fs.Float64Var(&f.drop, "drop", 0, "probability that a delivery is lost (never sent)")
-	fs.Float64Var(&f.duplicate, "duplicate", 0, "probability that a delivered message is sent once more")
-	fs.Float64Var(&f.failRate, "fail-rate", 0, "probability that an API request gets a 429 (with RetryInfo) or a 5xx instead of its answer")
+	fs.DurationVar(&c.FinishWithin, "finish-within", emulator.DefaultFinishWithin, "file and generated batches finish at random moments within this time (0: file batches are served as given, generated ones start finished)")
+	fs.DurationVar(&c.CreatedFinishAfter, "created-finish-after", emulator.DefaultCreatedFinishAfter, "a batch made with Batches.Create succeeds after this time")
+	fs.StringArrayVar(&c.DynamicURIs, "dynamic-webhook", nil, "give generated batches a webhookConfig with this URI (repeatable): their completions go there, dynamically signed")
+	fs.Float64Var(&c.DynamicShare, "dynamic-share", 1, "the share of generated batches that get --dynamic-webhook (the others go to the static webhooks)")
+	fs.StringVar((*string)(&c.Signature), "dynamic-signature", string(emulator.SignBoth), "how dynamic deliveries are signed: v1a, jwt or both")
+	fs.Float64Var(&c.Drop, "drop", 0, "probability that a delivery is lost (never sent)")
+	fs.Float64Var(&c.Duplicate, "duplicate", 0, "probability that a delivered message is sent once more")
+	fs.Float64Var(&c.FailRate, "fail-rate", 0, "probability that an API request gets a 429 (with RetryInfo) or a 5xx instead of its answer")
 	return cmd
 }
 
 // config checks the flags (exit 2 for a wrong one) and builds the
 // emulator's Config.
 func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
-	if f.dynamicShare == 0 && len(f.dynamicURIs) > 0 {
+	cfg := f.cfg
+	if cfg.DynamicShare == 0 && len(cfg.DynamicURIs) > 0 {
 		return emulator.Config{}, usageError("--dynamic-share 0 gives --dynamic-webhook to no batch: leave --dynamic-webhook out instead")
 	}
-	if f.listen == "" {
+	if cfg.Listen == "" {
 		return emulator.Config{}, usageError("--listen is empty: give host:port, e.g. %s", emulator.DefaultListen)
 	}
-	if f.apiKey == "" && apiKeyGiven {
+	if cfg.APIKey == "" && apiKeyGiven {
 		return emulator.Config{}, usageError("--api-key is empty: leave it out to have one generated")
 	}
-	cfg := emulator.Config{
-		Listen: f.listen, APIKey: f.apiKey, Seed: f.seed, Generate: f.batches, FinishWithin: f.finishWithin,
-		CreatedFinishAfter: f.createdAfter, DynamicURIs: f.dynamicURIs, DynamicShare: f.dynamicShare,
-		Signature: emulator.SignatureMode(f.signature), Drop: f.drop, Duplicate: f.duplicate, FailRate: f.failRate,
-	}
-	if f.createdAfter == 0 {
+	if cfg.CreatedFinishAfter == 0 {
 		cfg.CreatedFinishAfter = time.Nanosecond // "0" means at once, not the library's default
 	}
 	if f.batchesFile != "" {
@@ -87,16 +79,12 @@ func (f *emulatorFlags) config(apiKeyGiven bool) (emulator.Config, error) {
 		}
 		cfg.Batches = bs
 	}
-	return cfg, usage(cfg.Validate(), emulatorFlagNames())
-}
-
-// emulatorFlagNames names the flags of emulator.Config's fields.
-func emulatorFlagNames() map[string]string {
-	return map[string]string{
+	// The flags of emulator.Config's fields.
+	return cfg, usage(cfg.Validate(), map[string]string{
 		"Drop": "--drop", "Duplicate": "--duplicate", "FailRate": "--fail-rate", "DynamicShare": "--dynamic-share",
 		"Generate": "--batches", "FinishWithin": "--finish-within", "CreatedFinishAfter": "--created-finish-after",
 		"Signature": "--dynamic-signature", "DynamicURIs": "--dynamic-webhook",
-	}
+	})
 }
 
 // runEmulator is `gemrecon emulator`: start, print the exports, log every
@@ -137,34 +125,48 @@ func (a *app) runEmulator(ctx context.Context, cfg emulator.Config) error {
 }
 
 const emulatorLong = `Serve a local stand-in for the Gemini batch API on --listen until SIGINT or
-SIGTERM, and print what to export in another shell (GEMINI_API_KEY,
-GOOGLE_GEMINI_BASE_URL, GEMRECON_JWKS_URL). It needs no credentials and
-reaches no network.
+SIGTERM, and print what to export in another shell. It needs no credentials
+and reaches no network. Batches come from --batches-file, --batches N
+(generated) or the SDK's Batches.Create, and finish within --finish-within
+(--created-finish-after). Its WebhookService sends each completion to the
+registered webhooks (HMAC) or, for a batch with a webhookConfig
+(--dynamic-webhook), to those URIs signed with the keys at
+/.well-known/jwks.json. Deliveries are at least once; --drop, --duplicate and
+--fail-rate inject faults, every random choice following --seed. One log line
+per event goes to stderr; GET /emulator/status answers with the counts and
+whether everything scheduled has ended ("idle").`
 
-Batches: from a JSON file (--batches-file, a list of batches as in
-testdata/gemini/; those in a terminal state are listed PENDING and reach
-that state within --finish-within, the others never change), generated
-(--batches N, finishing within --finish-within: SUCCEEDED with a responses
-file, FAILED with a reason, EXPIRED, CANCELLED), or created with the genai
-SDK's Batches.Create (inline or file source; it succeeds after
---created-finish-after, with inlined responses or a responses file).
+func (a *app) demoCommand() *cobra.Command {
+	var keep string
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "A self-contained run on loopback: each completion seen up to three times, its effect run once",
+		Long: `Start the emulator and serve's receiver on free loopback ports with a
+temporary database; five batches finish over about a second and a half. Their
+completions arrive by signed webhook (static HMAC and per-job dynamic), each
+delivered twice except one that is "lost"; then a poll pass sees them all
+again. Keys first seen by webhook are confirmed with the API, and a succeeded
+batch's results are written first. Ends with a table — one effect per
+completion — and what one effect received. Needs no credentials and reaches
+no network.
 
-Webhooks: the WebhookService (gemrecon webhooks create/list/ping/rotate/
-delete work against it) sends each completion to the registered webhooks,
-signed with their HMAC secrets. A batch with a webhookConfig (from
-Batches.Create, the file, or --dynamic-webhook for generated batches) sends
-its completion to those URIs instead, signed with the keys it publishes at
-/.well-known/jwks.json: a v1a (Ed25519) entry, an RS256 JWT, or both
-(--dynamic-signature; the Gemini API's documents disagree on which).
-Deliveries are at least once: a non-2xx answer is redelivered with backoff;
---drop loses and --duplicate repeats a share of them.
-
-Faults: --fail-rate answers a share of API requests with 429 (with
-google.rpc.RetryInfo) or a 5xx. Every random choice follows --seed (a
-random one by default, logged at start).
-
-Data goes to stdout (the exports); one log line per event (batch created or
-finished, each delivery attempt and its answer, each injected fault) to
-stderr, in --log-format. GET /emulator/status answers with the counts and
-whether every scheduled batch and delivery has ended ("idle"), for scripts
-that wait for it.`
+The story goes to stdout; logs go to stderr, warnings and errors only unless
+--log-level (or GEMRECON_LOG_LEVEL) is given.`,
+		Example: `  gemrecon demo
+  gemrecon demo --keep /tmp/gemrecon-demo && gemrecon --db /tmp/gemrecon-demo/gemrecon.db status batches/demo-nightly`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// The wiring's info lines would drown the story: unless
+			// --log-level (or GEMRECON_LOG_LEVEL) says otherwise, the demo
+			// logs warnings and errors only.
+			log := a.logger
+			if f := cmd.Flags().Lookup("log-level"); (f == nil || !f.Changed) && os.Getenv("GEMRECON_LOG_LEVEL") == "" {
+				log = a.newLogger(slog.LevelWarn)
+			}
+			return demo.Run(cmd.Context(), demo.Config{Stdout: a.stdout, Stderr: a.stderr, Keep: keep,
+				Logger: log, EffectOutput: a.execOutput()})
+		},
+	}
+	cmd.Flags().StringVar(&keep, "keep", "", "keep the database, the effect log and the results directory in this directory (created if missing)")
+	return cmd
+}

@@ -1,13 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -41,21 +43,18 @@ type statusJSON struct {
 func batchError(e sink.Entry) string {
 	for _, doc := range [][]byte{e.Payload, e.Webhook} {
 		var v struct {
-			Error *struct {
+			Error struct {
 				Message string `json:"message"`
 			} `json:"error"`
-			Data *struct {
+			Data struct {
 				ErrorMessage string `json:"error_message"`
 			} `json:"data"`
 		}
 		if len(doc) == 0 || json.Unmarshal(doc, &v) != nil {
 			continue
 		}
-		if v.Error != nil && v.Error.Message != "" {
-			return v.Error.Message
-		}
-		if v.Data != nil && v.Data.ErrorMessage != "" {
-			return v.Data.ErrorMessage
+		if msg := cmp.Or(v.Error.Message, v.Data.ErrorMessage); msg != "" {
+			return msg
 		}
 	}
 	return ""
@@ -65,10 +64,7 @@ func batchError(e sink.Entry) string {
 // "FAILED (Enqueued token quota exceeded for this model.)", "SUCCEEDED",
 // "unknown".
 func batchLine(e sink.Entry) string {
-	st := e.BatchState
-	if st == "" {
-		st = "unknown"
-	}
+	st := cmp.Or(e.BatchState, "unknown")
 	if msg := batchError(e); msg != "" {
 		st += " (" + truncate(oneLine(msg), 200) + ")"
 	}
@@ -83,13 +79,8 @@ func entryJSON(e sink.Entry, withDocs bool) statusJSON {
 	return j
 }
 
-// statusOptions are the flags of status.
-type statusOptions struct {
-	asJSON bool
-}
-
 func (a *app) statusCommand() *cobra.Command {
-	var o statusOptions
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status KEY-OR-NAME",
 		Short: "Show what happened to one completion, and why",
@@ -98,39 +89,34 @@ func (a *app) statusCommand() *cobra.Command {
   gemrecon status 'projects/p/locations/us/operations/abc-123/' --json
   gemrecon --db /var/lib/gemrecon/sink.db status gemini:batches/abc123 || echo "not done yet"`,
 		Args: exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), &o, args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStatus(cmd.Context(), asJSON, args[0]) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (stable field names: docs/operating.md)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (stable field names: docs/operating.md)")
 	return cmd
 }
 
-const statusLong = `Show one completion: its canonical key, state, attempts, fencing token, first
-and last sighting with their sources, lease (and whether it has expired:
-then the next drain, poll or serve takes the key over), next attempt (and
-whether it is due now), done time, last error and payload conflicts. The
-argument may be a key (gemini:batches/x) or any operation name canon
-understands (batches/x, a full resource path or URL).
-A bare id (x) is a key of its own, gemini:x; when that is unknown but
-batches/x, batchPredictionJobs/x or operations/x is recorded, status says so
-on stderr ("did you mean batches/x?").
-
-A key stored exactly as typed (gemini:…) is found even when today's
-canonical form of it differs. Control characters in what is printed are
-escaped (the text is then Go-quoted); --json escapes as JSON does.
+const statusLong = `Show one completion: its canonical key, state, attempts, fencing token,
+sightings and their sources, lease (expired: the next drain, poll or serve
+takes the key over), next attempt, done time, last error, conflicts and
+history. The argument is a key (gemini:batches/x) or any operation name canon
+understands (batches/x, a resource path or URL); a bare id x is the key
+gemini:x, and when that is unknown status names a recorded batches/x (or
+batchPredictionJobs/x, operations/x) on stderr. A key stored exactly as typed
+is found even when today's canonical form differs. Control characters are
+escaped (Go-quoted text; --json as JSON does).
 
 Exit status: 0 done, 3 unknown key (the canonical key is still printed),
 4 pending or claimed, 5 dead, 1 when the database cannot be read, 2 when the
-argument is no operation name or one that could never be recorded (spec §12:
-invalid UTF-8, a control character, over 512 bytes, a collection word).`
+argument is no operation name or one that could never be recorded (spec §12).`
 
 // runStatus does the work of status.
-func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error {
+func (a *app) runStatus(ctx context.Context, asJSON bool, arg string) error {
 	keys, err := keysFor(arg)
 	if err != nil {
 		return err
 	}
 	key := keys[0]
-	s, err := a.openReadOnly(ctx)
+	s, err := a.openSink(ctx, sink.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -146,7 +132,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 			// Not "unknown": no sighting of it could ever be recorded.
 			return usageError("%v; no such key is recorded, and none could be", cerr)
 		}
-		if o.asJSON {
+		if asJSON {
 			writeJSON(a.stdout, map[string]string{"key": key, "state": "unknown"})
 		} else {
 			// dial.Describe: a PostgreSQL --db may hold a password.
@@ -160,7 +146,7 @@ func (a *app) runStatus(ctx context.Context, o *statusOptions, arg string) error
 	if err != nil {
 		return err
 	}
-	if o.asJSON {
+	if asJSON {
 		writeJSON(a.stdout, entryJSON(e, true))
 	} else {
 		printStatus(a.stdout, e, sink.NowOf(ctx, s))
@@ -369,10 +355,10 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
-func writeJSON(w io.Writer, v any) {
+func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	return enc.Encode(v)
 }
 
 // listOptions are the flags of list.
@@ -407,7 +393,7 @@ func (a *app) runList(ctx context.Context, o *listOptions) error {
 	if o.limit < 0 {
 		return usageError("--limit %d: must not be negative", o.limit)
 	}
-	s, err := a.openReadOnly(ctx)
+	s, err := a.openSink(ctx, sink.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -427,10 +413,7 @@ func (a *app) runList(ctx context.Context, o *listOptions) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSTATE\tBATCH\tATTEMPTS\tSEEN\tFIRST SOURCE\tLAST SEEN\tLAST ERROR")
 	for _, e := range entries {
-		batch := e.BatchState
-		if batch == "" {
-			batch = "unknown"
-		}
+		batch := cmp.Or(e.BatchState, "unknown")
 		if !e.Confirmed {
 			batch += "?" // as the webhook says: not confirmed by the API
 		}
@@ -448,13 +431,8 @@ func truncate(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-// statsOptions are the flags of stats.
-type statsOptions struct {
-	asJSON bool
-}
-
 func (a *app) statsCommand() *cobra.Command {
-	var o statsOptions
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Summarise the sink: states, duplicates, sources, conflicts, fencing, latency, poll passes",
@@ -463,29 +441,22 @@ func (a *app) statsCommand() *cobra.Command {
   gemrecon stats --json | jq .by_state
   gemrecon stats --json | jq -r '.passes[] | "\(.scope) \(.last_success // "never")"'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runStats(cmd.Context(), &o) },
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runStats(cmd.Context(), asJSON) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (durations in nanoseconds)")
 	return cmd
 }
 
-const statsLong = `Summarise the sink. "first source" splits keys by the path that saw them
-first: keys first seen by poll are completions whose webhook was missed (or
-is not configured). "fenced" counts outcomes discarded because a newer claim
-had taken the key over.
-
-For each poll scope (backend, base URL and API key or Vertex project), the
-pass records shared by every process on the database: the last pass that
-listed (start, end, and the process that ran it), the end of the last
-successful pass, the start of the last full scan, and who holds the pass
-lease. A cron job that keeps failing shows as an old "last success".
-
-Scopes, holders and sources are stored by other processes: control characters
-in them are escaped (the text is then Go-quoted); --json escapes as JSON does.`
+const statsLong = `Summarise the sink: keys by state, duplicates, "first source" (keys first
+seen by poll are completions whose webhook was missed), conflicts and fenced
+outcomes, and for each poll scope the pass records shared by every process on
+the database — last pass, last success, last full scan, pass lease holder. A
+cron job that keeps failing shows as an old "last success". Control characters
+in stored text are escaped (Go-quoted; --json as JSON does).`
 
 // runStats does the work of stats.
-func (a *app) runStats(ctx context.Context, o *statsOptions) error {
-	s, err := a.openReadOnly(ctx)
+func (a *app) runStats(ctx context.Context, asJSON bool) error {
+	s, err := a.openSink(ctx, sink.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -494,7 +465,7 @@ func (a *app) runStats(ctx context.Context, o *statsOptions) error {
 	if err != nil {
 		return err
 	}
-	if o.asJSON {
+	if asJSON {
 		writeJSON(a.stdout, st)
 		return nil
 	}
@@ -523,16 +494,11 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	fmt.Fprintf(tw, "results expiring:\t%d key(s) not done whose results the API deletes within %v\n", st.ResultsExpiring, sink.ResultsWarning)
 	fmt.Fprintf(tw, "oldest pending:\t%s\n", fmtAge(st.OldestPendingAge))
 	fmt.Fprintf(tw, "duplicates suppressed:\t%d\n", st.DuplicatesSuppressed)
-	srcs := make([]string, 0, len(st.FirstSource))
-	for s := range st.FirstSource {
-		srcs = append(srcs, s)
-	}
-	sort.Strings(srcs)
-	parts := make([]string, 0, len(srcs))
-	for _, s := range srcs {
+	var parts []string
+	for _, s := range slices.Sorted(maps.Keys(st.FirstSource)) {
 		parts = append(parts, fmt.Sprintf("%s %d", printable(s), st.FirstSource[s]))
 	}
-	fmt.Fprintf(tw, "first source:\t%s\n", orDash(strings.Join(parts, ", ")))
+	fmt.Fprintf(tw, "first source:\t%s\n", cmp.Or(strings.Join(parts, ", "), "-"))
 	fmt.Fprintf(tw, "state conflicts:\t%d\n", st.Conflicts)
 	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
 	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
@@ -550,7 +516,7 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 		fmt.Fprintf(tw, "  %s\n", printable(p.Scope))
 		last := "-"
 		if !p.LastEnd.IsZero() {
-			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), orDash(printable(p.LastHolder)))
+			last = fmt.Sprintf("%s → %s by %s", fmtTime(p.LastStart), fmtTime(p.LastEnd), cmp.Or(printable(p.LastHolder), "-"))
 		}
 		fmt.Fprintf(tw, "    last pass:\t%s\n", last)
 		fmt.Fprintf(tw, "    last success:\t%s\n", fmtTime(p.LastSuccess))
@@ -572,7 +538,7 @@ func unfinishedLine(p sink.PassRecord, now time.Time) string {
 	for s, n := range p.Unfinished {
 		states = append(states, fmt.Sprintf("%s %d", printable(s), n))
 	}
-	sort.Strings(states)
+	slices.Sort(states)
 	line := strings.Join(states, ", ")
 	if !p.OldestUnfinished.IsZero() {
 		line += fmt.Sprintf("; the oldest created %s ago", fmtAge(now.Sub(p.OldestUnfinished)))
@@ -597,13 +563,6 @@ func fmtAge(d time.Duration) string {
 		return "-"
 	}
 	return d.Round(time.Millisecond).String()
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // exactArgs is cobra.ExactArgs with a usage error (exit 2) that says what to do.

@@ -6,7 +6,7 @@
 // to exit codes (spec §8). Each command is an options struct that cobra
 // fills and a run method; the rules on the settings are the libraries'
 // Validate methods (dispatch, webhook, poller, ingest, sink, emulator), whose
-// field-named errors the command shows with its flag names (flags.go). The
+// field-named errors the command shows with its flag names (exit.go). The
 // work lives in canon, sink, poller, webhook, dispatch, effect, ingest, serve
 // (serve's lifecycle) and internal/demo (the demo).
 package main
@@ -15,10 +15,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
+
+	"github.com/gemrecon/gemrecon/dispatch"
 )
 
 func main() {
@@ -26,7 +31,7 @@ func main() {
 }
 
 // run executes one gemrecon command line and returns its exit status.
-// SIGINT and SIGTERM go to an interrupts (interrupt.go): the first stops the
+// SIGINT and SIGTERM go to an interrupts (below): the first stops the
 // command, with --grace for running effects; the second ends the grace.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := apiKeyFromFile(); err != nil {
@@ -39,19 +44,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	done := make(chan struct{})
-	defer close(done)
 	go func() {
-		for {
-			select {
-			case <-sigs:
-				in.signal()
-			case <-done:
-				return
-			}
+		for range sigs { // never closed: the process ends when run returns
+			in.signal()
 		}
 	}()
-	return executeWith(ctx, in, args, stdin, stdout, stderr)
+	return execute(ctx, in, args, stdin, stdout, stderr)
 }
 
 // apiKeyFile names the file that holds the Gemini API key, for services
@@ -77,4 +75,71 @@ func apiKeyFromFile() error {
 		return fmt.Errorf("%s: %s is empty", apiKeyFile, path)
 	}
 	return os.Setenv("GEMINI_API_KEY", key)
+}
+
+// interrupts is how a gemrecon process answers SIGINT and SIGTERM (run
+// feeds it). The first cancels the command's context: nothing new is
+// claimed, and running effects get --grace to finish (serve's background
+// workers only once its HTTP drain is over: serve.Start). The second ends
+// that grace at once (dispatch.Dispatcher.EndGrace): the effects are killed, and
+// their outcomes recorded, exactly as when the grace runs out, so the
+// command exits as it would then, only sooner. Later ones are only logged:
+// gemrecon never exits while an effect it started may still run (a key
+// whose effect ran on after the exit would be taken over once its lease
+// ran out, and run again), nor before a killed effect's outcome is written.
+type interrupts struct {
+	cancel context.CancelFunc // nil: nothing to cancel (in-process tests)
+
+	mu  sync.Mutex
+	n   int          // signals received
+	log *slog.Logger // nil until the flags are parsed
+	ds  []*dispatch.Dispatcher
+}
+
+// setLogger gives the handler the command's logger.
+func (in *interrupts) setLogger(l *slog.Logger) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.log = l
+}
+
+// add registers a dispatcher whose effects a second signal stops; one
+// created after the second signal starts with its grace ended.
+func (in *interrupts) add(d *dispatch.Dispatcher) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.ds = append(in.ds, d)
+	if in.n >= 2 {
+		d.EndGrace()
+	}
+}
+
+// signal handles one SIGINT or SIGTERM.
+func (in *interrupts) signal() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.n++
+	if in.n == 1 && in.cancel != nil {
+		in.cancel()
+	}
+	if len(in.ds) == 0 || in.log == nil {
+		return // no effect can be running
+	}
+	switch in.n {
+	case 1:
+		var grace time.Duration
+		for _, d := range in.ds {
+			grace = max(grace, d.Grace())
+		}
+		if grace > 0 {
+			in.log.Info("interrupt: stopping; running effects get --grace to finish (interrupt again to stop them now)", "grace", grace)
+		}
+	case 2:
+		in.log.Warn("second interrupt: stopping effects now")
+		for _, d := range in.ds {
+			d.EndGrace()
+		}
+	default:
+		in.log.Warn("interrupt: already stopping; gemrecon exits once the killed effects' outcomes are recorded")
+	}
 }

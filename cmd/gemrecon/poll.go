@@ -19,52 +19,51 @@ import (
 // pollFlags configure the listing side of a poll pass (spec §5). Their
 // rules are poller.Config.Validate's and reconcile's.
 type pollFlags struct {
-	backend  string
-	baseURL  string
-	project  string
-	location string
-	qps      float64
-	burst    int
-	pageSize int
-	lookback time.Duration
-	// fullScanEvery: at least one pass per interval reads every page (§5.2).
-	fullScanEvery time.Duration
-	// passLease: how long a pass holds its scope's pass lease unrenewed (§5.5).
-	passLease time.Duration
+	// cfg holds the poller's flags (APIKey and Logger are set at use:
+	// pollerConfig), loop the pass loop's: --full-scan-every (§5.2),
+	// --pass-lease (§5.5), and poll's --min-interval and --force.
+	cfg  poller.Config
+	loop reconcile.PollConfig
 }
 
 func (f *pollFlags) register(fs *pflag.FlagSet) {
-	def := poller.DefaultConfig()
-	fs.StringVar(&f.backend, "backend", def.Backend, "API backend: gemini (API key from GOOGLE_API_KEY or GEMINI_API_KEY) or vertex (Application Default Credentials)")
-	fs.StringVar(&f.baseURL, "base-url", "", "API base URL, to point at an emulator or proxy (default: the SDK's)")
-	fs.StringVar(&f.project, "project", os.Getenv("GOOGLE_CLOUD_PROJECT"), "Vertex project (env GOOGLE_CLOUD_PROJECT)")
-	fs.StringVar(&f.location, "location", os.Getenv("GOOGLE_CLOUD_LOCATION"), "Vertex location (env GOOGLE_CLOUD_LOCATION)")
-	fs.Float64Var(&f.qps, "qps", 5, "API requests per second, all requests included (0 = unlimited)")
-	fs.IntVar(&f.burst, "burst", def.Burst, "API request burst")
-	fs.IntVar(&f.pageSize, "page-size", def.PageSize, "operations per list request")
-	fs.DurationVar(&f.lookback, "lookback", def.Lookback, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
-	fs.DurationVar(&f.fullScanEvery, "full-scan-every", reconcile.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
-	fs.DurationVar(&f.passLease, "pass-lease", reconcile.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
+	f.cfg = poller.DefaultConfig()
+	c := &f.cfg
+	fs.StringVar(&c.Backend, "backend", c.Backend, "API backend: gemini (API key from GOOGLE_API_KEY or GEMINI_API_KEY) or vertex (Application Default Credentials)")
+	fs.StringVar(&c.BaseURL, "base-url", "", "API base URL, to point at an emulator or proxy (default: the SDK's)")
+	fs.StringVar(&c.Project, "project", os.Getenv("GOOGLE_CLOUD_PROJECT"), "Vertex project (env GOOGLE_CLOUD_PROJECT)")
+	fs.StringVar(&c.Location, "location", os.Getenv("GOOGLE_CLOUD_LOCATION"), "Vertex location (env GOOGLE_CLOUD_LOCATION)")
+	fs.Float64Var(&c.QPS, "qps", 5, "API requests per second, all requests included (0 = unlimited)")
+	fs.IntVar(&c.Burst, "burst", c.Burst, "API request burst")
+	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "operations per list request")
+	fs.DurationVar(&c.Lookback, "lookback", c.Lookback, "the window: terminal batches created longer ago are skipped, and once the listing proves newest first, paging stops at a whole page older than this (0 = no window, read every page)")
+	fs.DurationVar(&f.loop.FullScanEvery, "full-scan-every", reconcile.DefaultFullScanEvery, "read every page on at least one pass this often, whatever the listing's order (shorter than --lookback − 48h; 0 = every pass)")
+	fs.DurationVar(&f.loop.PassLease, "pass-lease", reconcile.DefaultPassLease, "a pass lists only while it holds its API scope's pass lease, renewed every third of this; when its holder dies, another process takes over after at most this long (at least 1s)")
 }
 
-// pollerConfig is the poller's configuration from the flags and the API key.
-func (a *app) pollerConfig(f *pollFlags, key string) poller.Config {
-	cfg := poller.DefaultConfig()
-	cfg.Backend = f.backend
-	cfg.APIKey = key
-	cfg.Project, cfg.Location = f.project, f.location
-	cfg.BaseURL = f.baseURL
-	cfg.QPS, cfg.Burst = f.qps, f.burst
-	cfg.PageSize = f.pageSize
-	cfg.Lookback = f.lookback
-	cfg.Logger = a.logger
+// registerAPI registers the API flags of pollFlags alone (backend, base URL,
+// Vertex project and location, rate limit), for a command that talks to the
+// API without listing (drain). The listing's flags keep their defaults.
+func (f *pollFlags) registerAPI(fs *pflag.FlagSet) {
+	all := pflag.NewFlagSet("api", pflag.ContinueOnError)
+	f.register(all)
+	for _, name := range []string{"backend", "base-url", "project", "location", "qps", "burst"} {
+		fs.AddFlag(all.Lookup(name))
+	}
+}
+
+// pollerConfig is the poller's configuration from the flags and the
+// environment's API key.
+func (a *app) pollerConfig(f *pollFlags) poller.Config {
+	cfg := f.cfg
+	cfg.APIKey, cfg.Logger = poller.EnvAPIKey(), a.logger
 	return cfg
 }
 
 // listingPoller is the listing poller's configuration from the flags and
 // the environment, checked (exit 2).
 func (a *app) listingPoller(f *pollFlags) (poller.Config, error) {
-	cfg := a.pollerConfig(f, poller.EnvAPIKey())
+	cfg := a.pollerConfig(f)
 	return cfg, usage(cfg.Validate())
 }
 
@@ -79,30 +78,15 @@ func (a *app) newPoller(ctx context.Context, cfg poller.Config) (*poller.Poller,
 	return poller.New(ctx, cfg)
 }
 
-// loopOptions are how a command runs its passes: interval between the
-// starts of passes (0: one pass), the fleet's minimum interval of a single
-// pass (poll --min-interval; 0: Interval), and poll --force; intervalFlag
-// names the flag of interval in messages.
-type loopOptions struct {
-	interval, minInterval time.Duration
-	force                 bool
-	intervalFlag          string
-}
-
-// pollConfig is the pass loop's configuration from the flags, checked
-// (reconcile's rules: exit 2) before anything is opened; the caller adds the
-// sink, the poller and the dispatcher.
-func (a *app) pollConfig(f *pollFlags, o loopOptions) (reconcile.PollConfig, error) {
-	cfg := reconcile.PollConfig{
-		FullScanEvery: f.fullScanEvery,
-		Interval:      o.interval,
-		MinInterval:   o.minInterval,
-		PassLease:     f.passLease,
-		Force:         o.force,
-		Logger:        a.logger,
-	}
-	names := map[string]string{"Interval": o.intervalFlag}
-	if err := usage(reconcile.ValidateFullScanEvery(f.lookback, f.fullScanEvery), names); err != nil {
+// pollConfig is the pass loop's configuration from the flags, with interval
+// between the starts of passes (0: one pass; intervalFlag names its flag in
+// messages), checked (reconcile's rules: exit 2) before anything is opened;
+// the caller adds the sink, the poller and the dispatcher.
+func (a *app) pollConfig(f *pollFlags, interval time.Duration, intervalFlag string) (reconcile.PollConfig, error) {
+	cfg := f.loop
+	cfg.Interval, cfg.Logger = interval, a.logger
+	names := map[string]string{"Interval": intervalFlag}
+	if err := usage(reconcile.ValidateFullScanEvery(f.cfg.Lookback, cfg.FullScanEvery), names); err != nil {
 		return cfg, err
 	}
 	return cfg, usage(cfg.Validate(), names)
@@ -112,14 +96,6 @@ func (a *app) pollConfig(f *pollFlags, o loopOptions) (reconcile.PollConfig, err
 func pollLoop(cfg reconcile.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*reconcile.Poll, error) {
 	cfg.Sink, cfg.Poller, cfg.Dispatcher, cfg.Metrics = s, p, d, m
 	return reconcile.NewPoll(cfg)
-}
-
-// printSummary writes a pass's summary line (spec §5.4) on stderr, as JSON
-// under --log-format json.
-func (a *app) printSummary(r reconcile.Result) {
-	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
-		a.logger.Error("writing the poll summary", "err", err)
-	}
 }
 
 // passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
@@ -138,11 +114,8 @@ func passExit(r reconcile.Result) error {
 type pollOptions struct {
 	pf          pollFlags
 	ef          effectFlags
-	cf          confirmFlags
 	watch       bool
 	interval    time.Duration
-	minInterval time.Duration
-	force       bool
 	metricsFile string
 	// intervalSet: --interval was given (it does nothing without --watch).
 	intervalSet bool
@@ -163,29 +136,13 @@ func (a *app) pollCommand() *cobra.Command {
 	}
 	o.pf.register(cmd.Flags())
 	o.ef.register(cmd)
-	o.cf.register(cmd.Flags())
 	f := cmd.Flags()
 	f.BoolVar(&o.watch, "watch", false, "repeat passes every --interval until SIGINT/SIGTERM")
 	f.DurationVar(&o.interval, "interval", 5*time.Minute, "time between the starts of passes with --watch; a pass also skips its listing when a pass of the scope, by any process, started less than 0.9 × this ago")
-	f.DurationVar(&o.minInterval, "min-interval", 0, "without --watch: skip the listing when a pass of the scope, by any process, started less than 0.9 × this ago (for cron on several hosts: give the cron period; 0 = skip only while another process holds the pass lease)")
-	f.BoolVar(&o.force, "force", false, "list even when another process holds the scope's pass lease or listed recently (without --watch)")
+	f.DurationVar(&o.pf.loop.MinInterval, "min-interval", 0, "without --watch: skip the listing when a pass of the scope, by any process, started less than 0.9 × this ago (for cron on several hosts: give the cron period; 0 = skip only while another process holds the pass lease)")
+	f.BoolVar(&o.pf.loop.Force, "force", false, "list even when another process holds the scope's pass lease or listed recently (without --watch)")
 	f.StringVar(&o.metricsFile, "metrics-textfile", "", "write each pass's gauges here in Prometheus text format, with the scope's last success and last full scan from the database (atomically; for node_exporter's textfile collector)")
 	return cmd
-}
-
-// loop is how poll's flags run passes: one, or --watch's every --interval.
-func (o *pollOptions) loop() (loopOptions, error) {
-	if o.watch && o.interval <= 0 {
-		return loopOptions{}, usageError("--watch needs a positive --interval")
-	}
-	if err := durationFlagCheck("min-interval", o.minInterval); err != nil {
-		return loopOptions{}, err
-	}
-	lo := loopOptions{minInterval: o.minInterval, force: o.force, intervalFlag: "--interval"}
-	if o.watch {
-		lo.interval = o.interval
-	}
-	return lo, nil
 }
 
 // runPoll is poll: one pass, or --watch's passes until ctx is done.
@@ -194,24 +151,30 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err != nil {
 		return err
 	}
-	mode, err := o.cf.parse()
+	mode, err := o.ef.confirmMode()
 	if err != nil {
 		return err
 	}
-	lo, err := o.loop()
-	if err != nil {
+	if o.watch && o.interval <= 0 {
+		return usageError("--watch needs a positive --interval")
+	}
+	if err := durationFlagCheck("min-interval", o.pf.loop.MinInterval); err != nil {
 		return err
+	}
+	interval := o.interval // --watch's passes; else one
+	if !o.watch {
+		interval = 0
 	}
 	if o.intervalSet && !o.watch {
 		// A warning, not exit 2: a crontab that gives it has always run
 		// its one pass, and must go on doing so.
 		a.logger.Warn("--interval has no effect without --watch: this is one pass; add --watch to repeat passes every --interval, or give cron's period as --min-interval")
 	}
-	pcfg, err := a.pollConfig(&o.pf, lo)
+	pcfg, err := a.pollConfig(&o.pf, interval, "--interval")
 	if err != nil {
 		return err
 	}
-	dcfg, err := a.dispatchConfig(&o.ef, &o.cf)
+	dcfg, err := a.dispatchConfig(&o.ef)
 	if err != nil {
 		return err
 	}
@@ -221,20 +184,15 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err != nil {
 		return err
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.cf, p, dcfg)
+	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
-	s, err := a.openSink(ctx, o.ef.sinkOptions())
+	s, d, err := a.startDispatcher(ctx, "poll", dcfg, o.ef.retry, api, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	dcfg.Command = "poll"
-	d, err := a.dispatcher(dcfg, s, nil, api)
-	if err != nil {
-		return err
-	}
 	loop, err := pollLoop(pcfg, s, p, d, nil)
 	if err != nil {
 		return err
@@ -247,9 +205,12 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	return a.watch(ctx, loop, o.metricsFile)
 }
 
-// reportPass prints a pass's summary and writes --metrics-textfile.
+// reportPass writes a pass's summary line (spec §5.4) on stderr, as JSON
+// under --log-format json, and --metrics-textfile.
 func (a *app) reportPass(r reconcile.Result, metricsFile string) {
-	a.printSummary(r)
+	if err := r.Summary().Write(a.stderr, a.logFormat == "json"); err != nil {
+		a.logger.Error("writing the poll summary", "err", err)
+	}
 	if metricsFile == "" {
 		return
 	}
@@ -281,41 +242,24 @@ func (a *app) watch(ctx context.Context, loop *reconcile.Poll, metricsFile strin
 	return nil
 }
 
-const pollLong = `List batch operations through the official genai SDK, record every terminal one
-(SUCCEEDED, FAILED, CANCELLED, EXPIRED, PARTIALLY_SUCCEEDED) created within
---lookback with source "poll", then run the effect for every due key.
+const pollLong = `List batch operations through the genai SDK, record every terminal one
+created within --lookback with source "poll", then run the effect for every
+due key. Paging ends early only once the listing proved newest first; at
+least one pass per --full-scan-every reads every page. All API requests share
+one rate limiter (--qps, --burst); 429/5xx are retried.
 
-The API promises no listing order, so paging ends early only after two pages
-whose boundary was newest first (every page so far newer than the next) and
-a whole page older than now − --lookback; any other order reads every page.
-At least one pass per --full-scan-every reads every page regardless (the
-time of the last one is kept in the database per API scope), in case the
-listing is several newest-first runs joined end to end. Every API request
-waits on one rate limiter (--qps, --burst); 429/5xx are retried honouring
-Retry-After and google.rpc.RetryInfo.
+Processes polling one API scope into one database list one at a time: a pass
+lists only while it holds the scope's pass lease (--pass-lease), and skips
+the listing when a pass of the scope started less than 0.9 × --interval
+(--watch) or --min-interval ago; it still runs every due effect and exits 0.
+--force lists regardless. Keys a webhook saw first are confirmed with the
+API before their effect runs (--confirm); --results-dir writes results first.
 
-Several processes may poll one API scope into one database (replicas,
-cron on several hosts): a pass lists only while it holds the scope's pass
-lease in the database (renewed every third of --pass-lease; a dead holder's
-lease runs out after --pass-lease). A pass that finds the lease held skips
-its listing; with --watch it also skips when a pass of the scope, by any
-process, started less than 0.9 × --interval ago, and a single pass does when
---min-interval says so. A skipped pass still runs every due effect, exits 0
-and says skipped=held|recent (with the holder and until when) in its
-summary. --force lists regardless.
-
-A listed operation confirms a key a webhook saw first (its operation becomes
-the API's); a due key that is still unconfirmed is fetched with Batches.Get
-before its effect runs, through the same limiter (--confirm auto, the
-default; never to turn it off). With --results-dir a succeeded batch's
-results are written to DIR/<id>.jsonl before its effect (GEMRECON_RESULTS_FILE).
-
-Prints one summary line to stderr per pass (one JSON object with
---log-format json). Exit status: 0 listed fully (or skipped the listing) and
-every effect succeeded, 1 fatal (credentials, database, listing failed after
-retries or lost its pass lease), 4 some effect failed (retry scheduled or key
-dead) or an outcome was fenced. Overlapping cron runs are safe: claims decide
-who runs each effect.`
+Prints one summary line to stderr per pass. Exit status: 0 listed fully (or
+skipped the listing) and every effect succeeded, 1 fatal (credentials,
+database, listing failed after retries or lost its pass lease), 4 some effect
+failed (retry scheduled or key dead) or an outcome was fenced. Overlapping
+cron runs are safe: claims decide who runs each effect.`
 
 const pollExample = `  # crontab: every 10 minutes
   */10 * * * * GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec /usr/local/bin/publish-batch

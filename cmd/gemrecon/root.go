@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +18,8 @@ import (
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
+	"github.com/gemrecon/gemrecon/sink/postgres"
+	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
 
 // app holds what every command shares: streams, global flags, the logger.
@@ -39,14 +43,10 @@ type app struct {
 	sinks   []sink.Sink // every sink the command opened
 }
 
-// execute builds the command tree, runs args and returns the exit status
-// (no signal handling: in-process tests).
-func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return executeWith(ctx, &interrupts{}, args, stdin, stdout, stderr)
-}
-
-// executeWith is execute whose signals go to in (run).
-func executeWith(ctx context.Context, in *interrupts, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// execute builds the command tree, runs args and returns the exit status;
+// SIGINT and SIGTERM reach the command through in (run; in-process tests
+// pass an interrupts that no signal feeds).
+func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// Effects, workers and the logger write to stderr concurrently. (stdout
 	// is left as it is: only the print effect writes there, under its own
 	// lock, and it must see an *os.File to sync each line.)
@@ -57,23 +57,20 @@ func executeWith(ctx context.Context, in *interrupts, args []string, stdin io.Re
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	err = a.withBrokenSink(err)
-	if err != nil {
-		if isCobraUsageError(err) {
-			err = withCode(exitUsage, err)
-		}
-		var ee *exitError
-		if !errors.As(err, &ee) || ee.err != nil {
-			code := exitCode(err)
-			if code == exitUsage {
-				a.errorLine(err.Error(), "exit", code, "hint", usageHint)
-			} else {
-				a.errorLine(err.Error(), "exit", code)
-			}
-		}
+	err := a.withBrokenSink(root.ExecuteContext(ctx))
+	if err != nil && isCobraUsageError(err) {
+		err = withCode(exitUsage, err)
 	}
-	return exitCode(err)
+	code := exitCode(err)
+	var ee *exitError // a nil err in it: the command said what it had to
+	if err != nil && (!errors.As(err, &ee) || ee.err != nil) {
+		attrs := []any{"exit", code}
+		if code == exitUsage {
+			attrs = append(attrs, "hint", usageHint)
+		}
+		a.errorLine(err.Error(), attrs...)
+	}
+	return code
 }
 
 const usageHint = "Run 'gemrecon --help' (or 'gemrecon COMMAND --help') for usage."
@@ -124,12 +121,12 @@ func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "gemrecon",
 		Short: "Run each Gemini batch completion's downstream work once",
-		Long: `gemrecon hears about every Gemini batch completion several times — webhook
-deliveries (at least once) and reconciliation poll passes — and turns each
-sighting into an idempotency key ("gemini:batches/…") in one durable
-claim/lease sink (SQLite by default, PostgreSQL for many machines). Each
-completion's effect (a command, an HTTP forward, an SQL script or an NDJSON
-line) runs until it succeeds, and never again once it is done.`,
+		Long: `gemrecon turns every sighting of a Gemini batch completion — webhook
+deliveries (at least once) and reconciliation poll passes — into an
+idempotency key ("gemini:batches/…") in one durable claim/lease sink (SQLite,
+or PostgreSQL for many machines), and runs each completion's effect (a
+command, an HTTP forward, an SQL script or an NDJSON line) until it succeeds,
+and never again once it is done.`,
 		Example: `  gemrecon demo                         # a self-contained run, no credentials
   gemrecon --db /var/lib/gemrecon/sink.db init   # once: create the database
   GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec ./publish.sh
@@ -149,10 +146,10 @@ line) runs until it succeeds, and never again once it is done.`,
 		return withCode(exitUsage, err)
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.db, "db", envOr("GEMRECON_DB", "gemrecon.db"),
+	pf.StringVar(&a.db, "db", cmp.Or(os.Getenv("GEMRECON_DB"), "gemrecon.db"),
 		"sink database: a SQLite file path, or PostgreSQL as postgres://… or host=… dbname=… (env GEMRECON_DB)")
-	pf.StringVar(&a.logFormat, "log-format", envOr("GEMRECON_LOG_FORMAT", "text"), "log format on stderr: text or json (env GEMRECON_LOG_FORMAT)")
-	pf.StringVar(&a.logLevel, "log-level", envOr("GEMRECON_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env GEMRECON_LOG_LEVEL)")
+	pf.StringVar(&a.logFormat, "log-format", cmp.Or(os.Getenv("GEMRECON_LOG_FORMAT"), "text"), "log format on stderr: text or json (env GEMRECON_LOG_FORMAT)")
+	pf.StringVar(&a.logLevel, "log-level", cmp.Or(os.Getenv("GEMRECON_LOG_LEVEL"), "info"), "log level: debug, info, warn, error (env GEMRECON_LOG_LEVEL)")
 
 	root.AddCommand(
 		a.statusCommand(),
@@ -183,13 +180,6 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // opensDB names the commands that open the --db database; the others
@@ -286,15 +276,71 @@ func (a *app) withBrokenSink(err error) error {
 	return err
 }
 
-// openReadOnly opens the database for the inspection commands.
-func (a *app) openReadOnly(ctx context.Context) (sink.Sink, error) {
-	return a.openSink(ctx, sink.Options{ReadOnly: true})
-}
-
 // durationFlagCheck rejects negative durations with a usage error.
 func durationFlagCheck(name string, d time.Duration) error {
 	if d < 0 {
 		return usageError("--%s %v: must not be negative", name, d)
 	}
+	return nil
+}
+
+const initLong = `Create the database — the SQLite file, or gemrecon's tables in the first
+schema of the PostgreSQL search_path — or upgrade an older one, and say what
+it found and did. Run it once, as an install step: every other command opens
+only a database that holds gemrecon's schema already, so that a mistyped --db
+is refused instead of starting afresh and running every completion in the
+window again. Running it again, or from several processes at once, is safe.
+
+Exit status: 0 the database holds this gemrecon's schema (or a newer one it
+may use), 1 it could not (the message says why), 2 a --db that names no
+database.`
+
+func (a *app) initCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "init",
+		Short: "Create the database (or PostgreSQL schema) once, or upgrade it; every other command needs it",
+		Long:  initLong,
+		Example: `  gemrecon --db /var/lib/gemrecon/sink.db init
+  gemrecon --db 'postgres://gemrecon@db/app?search_path=gemrecon,public' init`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runInit(cmd.Context()) },
+	}
+}
+
+// runInit is init: open --db creating what is missing, then say what was
+// found and done.
+func (a *app) runInit(ctx context.Context) error {
+	t, _ := dial.Parse(a.db) // setup has refused what it cannot parse
+	where, latest, noFile := dial.Describe(a.db), postgres.SchemaVersion(), false
+	if t.Backend == dial.SQLite {
+		latest = sqlite.SchemaVersion()
+		if abs, err := filepath.Abs(t.DSN); err == nil {
+			where = abs
+		}
+		_, err := os.Lstat(t.DSN)
+		noFile = errors.Is(err, os.ErrNotExist)
+	}
+	s, err := a.dialSink(ctx, sink.Options{})
+	if err != nil {
+		return err
+	}
+	found, now := s.(interface{ SchemaVersions() (int, int) }).SchemaVersions()
+	if err := s.Close(); err != nil {
+		return err
+	}
+	var did string
+	switch {
+	case found == 0 && noFile:
+		did = fmt.Sprintf("found no file; created it with gemrecon's schema, version %d", now)
+	case found == 0:
+		did = fmt.Sprintf("found no gemrecon schema; created it, version %d", now)
+	case found < now:
+		did = fmt.Sprintf("found schema version %d; upgraded it to version %d", found, now)
+	case found > latest:
+		did = fmt.Sprintf("found schema version %d, newer than this gemrecon's %d and usable by it; nothing to do", found, latest)
+	default:
+		did = fmt.Sprintf("found schema version %d, this gemrecon's; nothing to do", found)
+	}
+	fmt.Fprintf(a.stdout, "%s: %s\n", where, did)
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,24 +18,19 @@ import (
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/reconcile"
 	"github.com/gemrecon/gemrecon/serve"
+	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/webhook"
 	"github.com/gemrecon/gemrecon/webhook/dynamic"
 )
 
 // serveOptions are serve's flags.
 type serveOptions struct {
-	ef         effectFlags
-	pf         pollFlags
-	cf         confirmFlags
-	listen     string
-	path       string
+	ef     effectFlags
+	pf     pollFlags
+	listen string
+	// w holds the receiver's flags (webhookConfig adds the rest).
+	w          webhook.Config
 	secretFile string
-	insecure   bool
-	maxBody    int64
-	maxUnver   int64
-	maxConns   int
-	syncMode   bool
-	syncWait   time.Duration
 	pollEvery  time.Duration
 	drainFor   time.Duration
 	dynOn      bool
@@ -61,21 +57,21 @@ func (a *app) serveCommand() *cobra.Command {
 	o.ef.register(cmd)
 	f := cmd.Flags()
 	o.pf.register(f)
-	o.cf.register(f)
-	def := webhook.DefaultConfig()
+	o.w = webhook.DefaultConfig()
+	w := &o.w
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to listen on")
-	f.StringVar(&o.path, "path", def.Path, "path that receives POSTed deliveries")
+	f.StringVar(&w.Path, "path", w.Path, "path that receives POSTed deliveries")
 	f.StringVar(&o.secretFile, "secret-file", "", "file with whsec_ secrets, one per line (several for rotation; serve warns when its group or others may read it); or set GEMRECON_WEBHOOK_SECRET")
-	f.BoolVar(&o.insecure, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
-	f.Int64Var(&o.maxBody, "max-body", def.MaxBody, "largest accepted body in bytes (larger: 413)")
-	f.Int64Var(&o.maxUnver, "max-unverified-bytes", def.MaxUnverified, "bytes of bodies read but not yet verified, over all requests; a request that would go over gets 503 with Retry-After before its body is read")
-	f.IntVar(&o.maxConns, "max-connections", def.MaxConns, fmt.Sprintf("open connections kept; %d more answer only /healthz, /readyz and /metrics", webhook.ProbeConns))
-	f.BoolVar(&o.syncMode, "sync", false, "run the effect inside the request: 200 done, 500 failed")
-	f.DurationVar(&o.syncWait, "sync-wait", def.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
+	f.BoolVar(&w.InsecureNoVerify, "insecure-no-verify", false, "accept unsigned requests (only behind something that verifies)")
+	f.Int64Var(&w.MaxBody, "max-body", w.MaxBody, "largest accepted body in bytes (larger: 413)")
+	f.Int64Var(&w.MaxUnverified, "max-unverified-bytes", w.MaxUnverified, "bytes of bodies read but not yet verified, over all requests; a request that would go over gets 503 with Retry-After before its body is read")
+	f.IntVar(&w.MaxConns, "max-connections", w.MaxConns, fmt.Sprintf("open connections kept; %d more answer only /healthz, /readyz and /metrics", webhook.ProbeConns))
+	f.BoolVar(&w.Sync, "sync", false, "run the effect inside the request: 200 done, 500 failed")
+	f.DurationVar(&w.SyncWait, "sync-wait", w.SyncWait, "with --sync, how long to wait for a key another holder is running before answering 202 (without --sync it does nothing, and serve warns)")
 	f.DurationVar(&o.pollEvery, "poll-every", 0, "also run a reconciliation poll pass this often, by this process or another sharing the database (0 = never)")
 	f.DurationVar(&o.drainFor, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests get to finish (0: close them at once; their senders retry)")
 	f.BoolVar(&o.dynOn, "dynamic", false, "also accept per-job (dynamic) webhooks, signed v1a (Ed25519) or as an RS256 JWT with the keys at --jwks-url; needs API credentials: such keys are confirmed with Batches.Get before they run")
-	f.StringVar(&o.jwksURL, "jwks-url", envOr(jwksEnv, dynamic.DefaultJWKSURL), "where the Gemini API publishes the keys of dynamic signatures (env "+jwksEnv+"); giving the flag implies --dynamic")
+	f.StringVar(&o.jwksURL, "jwks-url", cmp.Or(os.Getenv(jwksEnv), dynamic.DefaultJWKSURL), "where the Gemini API publishes the keys of dynamic signatures (env "+jwksEnv+"); giving the flag implies --dynamic")
 	f.StringVar(&o.audience, "jwt-audience", "", "with --dynamic, refuse a JWT whose aud does not contain this (default: aud is not checked)")
 	return cmd
 }
@@ -84,7 +80,7 @@ func (a *app) serveCommand() *cobra.Command {
 // (webhook.Config.Validate: exit 2); the caller adds the sink, the
 // dispatcher and metrics.
 func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
-	cfg := webhook.DefaultConfig()
+	cfg := o.w
 	secrets, err := webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile)
 	if err != nil {
 		return cfg, withCode(exitUsage, err)
@@ -101,12 +97,10 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	switch {
 	case o.audience != "" && !o.dynOn:
 		return cfg, usageError("--jwt-audience is for dynamic signatures: add --dynamic")
-	case o.dynOn && o.pf.backend == poller.BackendVertex:
+	case o.dynOn && o.pf.cfg.Backend == poller.BackendVertex:
 		return cfg, usageError("--dynamic verifies the Gemini API's per-job webhooks, whose batches only the Gemini API can confirm: it does not go with --backend vertex")
 	}
-	cfg.Secrets, cfg.InsecureNoVerify = secrets, o.insecure
-	cfg.Path, cfg.MaxBody, cfg.Sync, cfg.SyncWait = o.path, o.maxBody, o.syncMode, o.syncWait
-	cfg.MaxUnverified, cfg.MaxConns = o.maxUnver, o.maxConns
+	cfg.Secrets = secrets
 	// Where the secrets came from, never their values, for the line that
 	// logs refused signatures.
 	from := webhook.SecretEnv
@@ -118,8 +112,9 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	cfg.SecretSource = fmt.Sprintf("%d from %s", len(secrets), from)
 	cfg.Logger = a.logger
 	if o.dynOn {
-		if cfg.Dynamic, err = a.dynamicVerifier(o.jwksURL, o.audience); err != nil {
-			return cfg, err
+		// The verifier of dynamic signatures (spec §6); a bad URL is exit 2.
+		if cfg.Dynamic, err = dynamic.New(dynamic.Config{JWKSURL: o.jwksURL, Audience: o.audience, Log: a.logger}); err != nil {
+			return cfg, usageError("--jwks-url: %v", err)
 		}
 	}
 	err = cfg.Validate()
@@ -136,7 +131,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err := durationFlagCheck("drain-timeout", o.drainFor); err != nil {
 		return err
 	}
-	mode, err := o.cf.parse()
+	mode, err := o.ef.confirmMode()
 	if err != nil {
 		return err
 	}
@@ -146,11 +141,11 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		if plcfg, err = a.listingPoller(&o.pf); err != nil {
 			return err
 		}
-		if pcfg, err = a.pollConfig(&o.pf, loopOptions{interval: o.pollEvery, intervalFlag: "--poll-every"}); err != nil {
+		if pcfg, err = a.pollConfig(&o.pf, o.pollEvery, "--poll-every"); err != nil {
 			return err
 		}
 	}
-	dcfg, err := a.dispatchConfig(&o.ef, &o.cf)
+	dcfg, err := a.dispatchConfig(&o.ef)
 	if err != nil {
 		return err
 	}
@@ -158,7 +153,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	if o.syncWaitSet && !o.syncMode {
+	if o.syncWaitSet && !o.w.Sync {
 		// A warning, not exit 2 (as poll's --interval without --watch): a
 		// unit that carries it has always started, and must go on doing so.
 		a.logger.Warn("--sync-wait has no effect without --sync: deliveries are answered 202 once recorded and their effects run in the background; add --sync to run each effect inside its request")
@@ -171,14 +166,57 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 			return err
 		}
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.cf, p, dcfg)
+	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
 	if err := dynamicNeedsConfirm(wcfg.Dynamic, api, mode); err != nil {
 		return err
 	}
-	return a.startServe(ctx, o, dcfg, wcfg, pcfg, api)
+	var m *metrics.Metrics
+	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, api, func(s sink.Sink) dispatch.Observer {
+		m = metrics.New(s)
+		return m
+	})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	wcfg.Dispatcher, wcfg.Metrics = d, m
+	h, err := serve.Receiver(wcfg, s)
+	if err != nil {
+		return usage(err)
+	}
+	// --drain-timeout 0 closes the connections at once (webhook.NoDrain;
+	// Serve's zero value would be its 30 s default). A request cut that way
+	// got no answer, and it is answered 2xx only once its sighting is
+	// durable, so its sender retries and nothing is lost.
+	sc := serve.Config{Handler: h, Dispatcher: d, Logger: a.logger,
+		Server: webhook.ServerOptions{DrainTimeout: cmp.Or(o.drainFor, webhook.NoDrain), Logger: a.logger}}
+	if o.w.Sync {
+		// The answer of a --sync request comes after the effect.
+		sc.Server.WriteTimeout = o.ef.cfg.EffectTimeout + o.w.SyncWait + 30*time.Second
+	}
+	if o.pollEvery > 0 {
+		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
+			return err
+		}
+		sc.OnPass = func(r reconcile.Result) {
+			a.reportPass(r, "")
+			if err := r.Err(); err != nil && ctx.Err() == nil {
+				a.logger.Error("poll pass failed; the next pass retries", "err", err)
+			}
+		}
+	}
+	if sc.Listener, err = net.Listen("tcp", o.listen); err != nil {
+		return fmt.Errorf("listen on %s: %w", o.listen, err)
+	}
+	a.logger.Info("serving webhooks", "addr", sc.Listener.Addr().String(), "path", wcfg.Path, "sync", o.w.Sync,
+		"verify", verifiersText(len(wcfg.Secrets), wcfg.Dynamic, o.audience, o.w.InsecureNoVerify))
+	if wcfg.Dynamic != nil {
+		a.prefetchKeys(ctx, wcfg.Dynamic)
+	}
+	return serve.Start(ctx, sc).Wait()
 }
 
 // dynamicNeedsConfirm is spec §6: a dynamic signature proves that Google
@@ -194,80 +232,10 @@ func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.Conf
 	return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 }
 
-// startServe opens the sink, wires the receiver and runs it until ctx is
-// done.
-func (a *app) startServe(ctx context.Context, o *serveOptions, dcfg dispatch.Config, wcfg webhook.Config, pcfg reconcile.PollConfig, api apiSetup) error {
-	s, err := a.openSink(ctx, o.ef.sinkOptions())
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	a.warn(api)
-	m := metrics.New(s)
-	dcfg.Command = "serve"
-	d, err := a.dispatcher(dcfg, s, m, api)
-	if err != nil {
-		return err
-	}
-	wcfg.Dispatcher, wcfg.Metrics = d, m
-	h, err := serve.Receiver(wcfg, s)
-	if err != nil {
-		return usage(err)
-	}
-	sc := serve.Config{Handler: h, Dispatcher: d, Logger: a.logger,
-		Server: webhook.ServerOptions{DrainTimeout: drainTimeout(o.drainFor), Logger: a.logger}}
-	if o.syncMode {
-		// The answer of a --sync request comes after the effect.
-		sc.Server.WriteTimeout = o.ef.effectTimeout + o.syncWait + 30*time.Second
-	}
-	if o.pollEvery > 0 {
-		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
-			return err
-		}
-		sc.OnPass = func(r reconcile.Result) {
-			a.printSummary(r)
-			if err := r.Err(); err != nil && ctx.Err() == nil {
-				a.logger.Error("poll pass failed; the next pass retries", "err", err)
-			}
-		}
-	}
-	if sc.Listener, err = net.Listen("tcp", o.listen); err != nil {
-		return fmt.Errorf("listen on %s: %w", o.listen, err)
-	}
-	a.logger.Info("serving webhooks", "addr", sc.Listener.Addr().String(), "path", wcfg.Path, "sync", o.syncMode,
-		"verify", verifiersText(len(wcfg.Secrets), wcfg.Dynamic, o.audience, o.insecure))
-	if wcfg.Dynamic != nil {
-		a.prefetchKeys(ctx, wcfg.Dynamic)
-	}
-	return serve.Start(ctx, sc).Wait()
-}
-
-// drainTimeout is webhook.Serve's drain timeout for --drain-timeout d (not
-// negative): 0 closes the connections at once (webhook.NoDrain; Serve's
-// zero value would be its 30 s default). A request cut that way got no
-// answer, and it is answered 2xx only once its sighting is durable, so its
-// sender retries and nothing is lost.
-func drainTimeout(d time.Duration) time.Duration {
-	if d == 0 {
-		return webhook.NoDrain
-	}
-	return d
-}
-
 // jwksEnv is the environment variable of --jwks-url. It sets the address
 // only: unlike the flag it does not turn --dynamic on, so that an exported
 // variable (the emulator prints one) never enables a verifier by itself.
 const jwksEnv = "GEMRECON_JWKS_URL"
-
-// dynamicVerifier builds the verifier of dynamic signatures (spec §6); a
-// bad URL is exit 2.
-func (a *app) dynamicVerifier(url, audience string) (*dynamic.Verifier, error) {
-	v, err := dynamic.New(dynamic.Config{JWKSURL: url, Audience: audience, Log: a.logger})
-	if err != nil {
-		return nil, usageError("--jwks-url: %v", err)
-	}
-	return v, nil
-}
 
 // prefetchKeys fetches the key set once in the background, so that a
 // wrong --jwks-url shows in the log at start rather than at the first
@@ -306,40 +274,20 @@ func verifiersText(secrets int, dyn *dynamic.Verifier, audience string, insecure
 }
 
 const serveLong = `Receive webhook deliveries on POST --path, verify their Standard Webhooks
-signature (secrets from GEMRECON_WEBHOOK_SECRET or --secret-file, several for
-rotation), record the completion durably, answer 202 {"key","status"} and let
-background workers run the effect. With --sync the effect runs inside the
-request: 200 once done, 500 if it failed (the sender retries).
+signature (secrets from GEMRECON_WEBHOOK_SECRET or --secret-file), record the
+completion durably, answer 202 and let background workers run the effect;
+with --sync the effect runs inside the request (200 done, 500 failed).
+--dynamic (implied by --jwks-url) also accepts per-job webhooks signed with
+the Gemini API's published keys (v1a or RS256 JWT). Those keys are
+Google-wide, so --dynamic needs API credentials: each key seen only that way
+is confirmed with Batches.Get before it runs.
 
---dynamic also accepts per-job (dynamic) webhooks — a batch's webhookConfig —
-which the Gemini API signs with keys it publishes (--jwks-url, default its
-.well-known/jwks.json; --jwks-url implies --dynamic): a v1a (Ed25519) entry
-or an RS256 JWT. HMAC is tried first; a request no scheme verifies is 401,
-and 503 when the key set cannot be fetched (HMAC requests are unaffected).
-Those keys are Google-wide — a delivery Google signed for any customer
-verifies — so --dynamic needs API credentials and confirmation: each key seen
-only that way is fetched with Batches.Get before it runs, and one the API does
-not know (another project's batch) goes dead as "unknown to the API" without
-running.
-
-With API credentials (GEMINI_API_KEY; --base-url for an emulator) each key
-first seen by webhook is confirmed with Batches.Get before its effect runs, so
-the effect gets the API's operation, not the webhook's thin body (--confirm
-auto, the default; without credentials such keys run unconfirmed and serve
-says so once; --confirm never turns it off). --results-dir writes a succeeded
-batch's results before its effect.
-
-Also serves GET /healthz, GET /readyz (database reachable) and GET /metrics
-(Prometheus). --poll-every runs reconciliation passes in the same process;
-replicas on one database list one at a time, about once per --poll-every in
-all (a tick skips its listing while another process holds the API scope's
-pass lease, or when a pass of the scope started less than 0.9 × --poll-every
-ago), and every replica still runs due effects.
-SIGTERM stops accepting, finishes in-flight requests (for up to
---drain-timeout; 0 closes them at once, and as a request is answered only
-once recorded, their senders retry) and effects (for up to --grace; a second
-SIGTERM or SIGINT kills them at once, their outcomes still recorded), then
-exits.`
+With API credentials each key first seen by webhook is confirmed before its
+effect runs (--confirm); --results-dir writes a succeeded batch's results
+first. Also serves GET /healthz, /readyz and /metrics; --poll-every runs
+reconciliation passes in the same process. SIGTERM stops accepting, finishes
+in-flight requests (up to --drain-timeout) and effects (up to --grace; a
+second signal kills them), then exits.`
 
 const serveExample = `  GEMRECON_WEBHOOK_SECRET=whsec_… gemrecon serve --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --listen 127.0.0.1:8080 --forward https://internal/hook

@@ -44,18 +44,12 @@ func (a *app) retryCommand() *cobra.Command {
 }
 
 const retryLong = `Move dead keys back to pending, due now, so that the next poll, drain or
-serve worker runs their effect again. Their history (attempts, last error) is
-kept, and the retry is added to it with who asked. A key given by name that is
-not dead is left alone and reported (exit 1); for an unknown bare id (x) the
-report names the recorded batches/x (or batchPredictionJobs/x, operations/x)
-it may have meant.
-
---all-dead sends back every key it lists as dead and ends with how many it
-sent back. A listed key that is no longer dead when its turn comes (another
-retry, a worker or a purge changed it after the listing) is skipped: its
-line says so and what it is now, the summary counts it apart, and it is no
-error (exit 0). A database error is exit 1, after the summary of what was
-sent back before it.`
+serve worker runs their effect again; the history is kept and records who
+asked. A named key that is not dead is reported (exit 1), and for an unknown
+bare id x the report names the recorded batches/x (or batchPredictionJobs/x,
+operations/x) it may have meant. --all-dead sends back every key it lists as
+dead; one no longer dead when its turn comes is skipped and counted apart (no
+error). A database error is exit 1, after the summary of what was sent back.`
 
 func (a *app) rerunCommand() *cobra.Command {
 	o := retryOptions{RetryOptions: sink.RetryOptions{Rerun: true}}
@@ -63,15 +57,13 @@ func (a *app) rerunCommand() *cobra.Command {
 		Use:   "rerun KEY-OR-NAME... | --done-since T [--done-until T] [--source S]",
 		Short: "Run the effect of done completions once more, on purpose",
 		Long: `Send done keys back to pending, due now, so that their effect runs once
-more: the one way a done completion runs again (design §1, §7). The attempt
-budget restarts and the next claim takes the next fencing token; the effect
-is told it is a rerun ("rerun": true in the event document,
-GEMRECON_RERUN=1, @rerun for --sql), and status shows who asked and when.
-Keys by name, or every key done between --done-since and --done-until (RFC
-3339 times; until defaults to now), optionally first seen by --source (poll
-or webhook). More than one key needs --yes: without it rerun prints what it
-would do and changes nothing. A key that is unknown or not done is reported
-(exit 1).`,
+more: the one way a done completion runs again. The attempt budget restarts,
+and the effect is told it is a rerun ("rerun": true in the event document,
+GEMRECON_RERUN=1, @rerun for --sql). Keys by name, or every key done between
+--done-since and --done-until (RFC 3339; until defaults to now), optionally
+first seen by --source (poll or webhook). More than one key needs --yes:
+without it rerun prints what it would do. A key that is unknown or not done
+is reported (exit 1).`,
 		Example: `  gemrecon rerun batches/abc123
   gemrecon rerun --done-since 2026-12-01T00:00:00Z --source webhook          # prints what it would do
   gemrecon rerun --done-since 2026-12-01T00:00:00Z --source webhook --yes`,
@@ -136,9 +128,9 @@ func retryKeys(args []string) (keys []string, exact map[string]string, err error
 
 // runRetry does the work of retry and rerun.
 func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) error {
-	verb, byList := "retried", o.allDead
+	verb, byList, listFlag := "retried", o.allDead, "--all-dead"
 	if o.Rerun {
-		verb, byList = "rerun", o.since != ""
+		verb, byList, listFlag = "rerun", o.since != "", "--done-since"
 		if o.since == "" && (o.until != "" || o.src != "") {
 			return usageError("--done-until and --source go with --done-since")
 		}
@@ -147,10 +139,7 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 		}
 	}
 	if byList == (len(args) > 0) {
-		if o.Rerun {
-			return usageError("give one or more keys, or --done-since (not both)")
-		}
-		return usageError("give one or more keys, or --all-dead (not both)")
+		return usageError("give one or more keys, or %s (not both)", listFlag)
 	}
 	keys, exact, err := retryKeys(args)
 	if err != nil {
@@ -290,14 +279,12 @@ func (a *app) purgeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "purge --older-than D",
 		Short: "Delete done rows older than D",
-		Long: `Delete keys that have been done for longer than D. A purged key that a poll
-pass sees again would run its effect again, so purge refuses a D shorter
-than the longest --lookback any poll recorded in this database (a lookback
-of 0 means "forever": then every purge needs --force). D is measured with
-the clock that wrote the done times: on PostgreSQL the database server's
-clock, not this machine's (which may differ); on SQLite this machine's.
-With --results-dir, the results files of the purged keys (DIR/<id>.jsonl)
-are deleted too.`,
+		Long: `Delete keys that have been done for longer than D, by the clock that wrote
+the done times (on PostgreSQL the server's). A purged key that a poll pass
+sees again would run its effect again, so purge refuses a D shorter than the
+longest --lookback any poll recorded in this database (a lookback of 0 means
+"forever": then every purge needs --force). With --results-dir the purged
+keys' results files (DIR/<id>.jsonl) are deleted too.`,
 		Example: `  gemrecon purge --older-than 720h
   gemrecon purge --older-than 24h --force   # only if no poll will re-see those batches
   gemrecon purge --older-than 720h --results-dir /var/lib/gemrecon/results`,
@@ -420,14 +407,7 @@ func versionString() string {
 	}
 	out := "gemrecon " + v
 	if rev != "" {
-		out += fmt.Sprintf(" (%s%s, %s)", shortRev(rev), modified, at)
+		out += fmt.Sprintf(" (%s%s, %s)", rev[:min(len(rev), 12)], modified, at)
 	}
 	return out + " " + bi.GoVersion
-}
-
-func shortRev(r string) string {
-	if len(r) > 12 {
-		return r[:12]
-	}
-	return r
 }

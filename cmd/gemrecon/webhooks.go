@@ -48,24 +48,13 @@ func (a *app) webhooksCommand() *cobra.Command {
 		Use:   "webhooks",
 		Short: "Set up the Gemini API's side: register, list, ping, rotate, enable and delete static webhooks",
 		Long: `Manage the Gemini API's static webhooks (registered per project, fired for
-every subscribed event) through the genai SDK's WebhookService
-(client.Webhooks): create one that points at gemrecon serve, list them, send
-a ping, rotate the signing secret, enable one the API disabled, delete one.
-
-Credentials as for poll: the API key from GOOGLE_API_KEY, else
-GEMINI_API_KEY; --base-url for an emulator or a proxy. The WebhookService is
-the Gemini API's only: --backend vertex is refused (Vertex AI has no push
-notifications for batch prediction jobs; poll is the only path there).
-
-Errors from the service are shown with their HTTP status and message (exit
-1), and so is an answer the SDK fails on; wrong words on the command line
-exit 2.`,
+every subscribed event) through the genai SDK's WebhookService. Credentials
+as for poll (GOOGLE_API_KEY, else GEMINI_API_KEY; --base-url for an emulator
+or proxy); --backend vertex is refused: Vertex AI has no push notifications
+for batch prediction jobs. The service's errors are shown with their HTTP
+status and message (exit 1); wrong words on the command line exit 2.`,
 		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
-  gemrecon webhooks list
-  gemrecon webhooks ping ID
-  gemrecon webhooks rotate ID --secret-file /etc/gemrecon/whsec
-  gemrecon webhooks enable ID
-  gemrecon webhooks delete ID`,
+  gemrecon webhooks list`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
@@ -159,7 +148,6 @@ func apiError(what string, err error, advice ...string) error {
 	}
 	var body struct {
 		Error struct {
-			Code    int    `json:"code"`
 			Message string `json:"message"`
 			Status  string `json:"status"`
 		} `json:"error"`
@@ -268,8 +256,12 @@ func looseSecretFile(path string, mode os.FileMode) string {
 	return fmt.Sprintf("%s is readable by others (mode %04o); run: chmod 600 %s", path, mode.Perm(), path)
 }
 
-// abandon removes a file this command created and left empty.
+// abandon removes a file this command created and left empty (nil: no
+// --secret-file).
 func (s *secretFile) abandon() {
+	if s == nil {
+		return
+	}
 	s.f.Close()
 	if s.created {
 		os.Remove(s.path)
@@ -333,26 +325,20 @@ func (a *app) webhooksCreateCommand(f *webhooksFlags) *cobra.Command {
 }
 
 const webhooksCreateLong = `Register a static webhook: the Gemini API will POST every subscribed event of
-this project to --url, signed per Standard Webhooks with a whsec_ secret that
-the API returns only this once.
+this project to --url, signed with a whsec_ secret that it returns only this
+once. Without --secret-file the ID and the secret are printed ("id: …",
+"secret: whsec_…"); with --secret-file PATH the secret is written to PATH
+(mode 0600, the format serve --secret-file reads) and only the ID is printed.
+PATH must not exist (add a secret to one with 'webhooks rotate').
 
-Without --secret-file the ID and the secret are printed on stdout
-("id: …", "secret: whsec_…"): store the secret where serve reads it
-(GEMRECON_WEBHOOK_SECRET, or a file for serve --secret-file). With
---secret-file PATH the secret is written to PATH with mode 0600 (a comment
-line, then the secret: the format serve --secret-file reads) and only the ID
-is printed. PATH must not exist: an existing secret is never overwritten
-(add one with 'webhooks rotate ID --secret-file PATH').
-
-A create is never retried: if the answer is lost (a 5xx, a timeout), run
-'gemrecon webhooks list' to see whether the webhook exists before trying
-again.`
+A create is never retried: if the answer is lost, run 'gemrecon webhooks
+list' to see whether the webhook exists before trying again.`
 
 // handOverSecret prints a created webhook's ID and gives its secret to the
 // user: on stdout, or written to --secret-file.
 func (a *app) handOverSecret(o *webhooksCreateOptions, w *webhooks.Webhook, id, secret string, sf *secretFile) error {
 	fmt.Fprintf(a.stdout, "id: %s\n", printable(id))
-	what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(joinEvents(w.SubscribedEvents)))
+	what := fmt.Sprintf("Created webhook %s for %s (events: %s).", printable(id), printable(w.URI), printable(strings.Join(eventNames(w.SubscribedEvents), ",")))
 	if sf == nil {
 		fmt.Fprintf(a.stdout, "secret: %s\n", secret)
 		fmt.Fprintln(a.stderr, what+`
@@ -395,9 +381,7 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 	}
 	res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
 	if err != nil {
-		if sf != nil {
-			sf.abandon()
-		}
+		sf.abandon()
 		var ae *apierrors.APIError
 		var dial *net.OpError
 		if errors.As(err, &dial) && dial.Op == "dial" {
@@ -409,29 +393,30 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 		}
 		return apiError("webhooks create", err)
 	}
-	w := res.Webhook
-	id, secret := "", ""
-	if w != nil && w.ID != nil {
-		id = *w.ID
-	}
-	if w != nil && w.NewSigningSecret != nil {
-		secret = *w.NewSigningSecret
-	}
+	w := cmp.Or(res.Webhook, &webhooks.Webhook{})
+	id, secret := deref(w.ID), deref(w.NewSigningSecret)
 	if id == "" || secret == "" {
-		if sf != nil {
-			sf.abandon()
-		}
+		sf.abandon()
 		return withCode(exitFatal, fmt.Errorf("webhooks create: the API's answer has no id or no new_signing_secret (id %s); see 'gemrecon webhooks list', and rotate or delete that webhook", canon.Quote(id)))
 	}
 	return a.handOverSecret(o, w, id, secret, sf)
 }
 
-func joinEvents(evs []webhooks.WebhookSubscribedEvent) string {
+// eventNames are the events as strings (never nil: [] in JSON).
+func eventNames(evs []webhooks.WebhookSubscribedEvent) []string {
 	s := make([]string, len(evs))
 	for i, e := range evs {
 		s[i] = string(e)
 	}
-	return strings.Join(s, ",")
+	return s
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) (v T) {
+	if p != nil {
+		v = *p
+	}
+	return v
 }
 
 // webhookJSON is one webhook in `webhooks list --json`: the API's fields and
@@ -453,26 +438,11 @@ type secretJSON struct {
 }
 
 func toJSON(w webhooks.Webhook) webhookJSON {
-	out := webhookJSON{URI: w.URI, CreateTime: w.CreateTime, UpdateTime: w.UpdateTime,
-		SubscribedEvents: []string{}, SigningSecrets: []secretJSON{}}
-	if w.ID != nil {
-		out.ID = *w.ID
-	}
-	if w.Name != nil {
-		out.Name = *w.Name
-	}
-	if w.State != nil {
-		out.State = string(*w.State)
-	}
-	for _, e := range w.SubscribedEvents {
-		out.SubscribedEvents = append(out.SubscribedEvents, string(e))
-	}
+	out := webhookJSON{ID: deref(w.ID), Name: deref(w.Name), URI: w.URI, State: string(deref(w.State)),
+		SubscribedEvents: eventNames(w.SubscribedEvents), SigningSecrets: []secretJSON{},
+		CreateTime: w.CreateTime, UpdateTime: w.UpdateTime}
 	for _, s := range w.SigningSecrets {
-		j := secretJSON{ExpireTime: s.ExpireTime}
-		if s.TruncatedSecret != nil {
-			j.TruncatedSecret = *s.TruncatedSecret
-		}
-		out.SigningSecrets = append(out.SigningSecrets, j)
+		out.SigningSecrets = append(out.SigningSecrets, secretJSON{TruncatedSecret: deref(s.TruncatedSecret), ExpireTime: s.ExpireTime})
 	}
 	return out
 }
@@ -493,14 +463,8 @@ func secretsSummary(ss []secretJSON) string {
 
 const maxListPages = 10000
 
-// webhooksListOptions are the flags of webhooksList.
-type webhooksListOptions struct {
-	f      *webhooksFlags
-	asJSON bool
-}
-
 func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
-	o := webhooksListOptions{f: f}
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "list [--json]",
 		Short: "List the project's static webhooks",
@@ -508,28 +472,25 @@ func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
 		Example: `  gemrecon webhooks list
   gemrecon webhooks list --json | jq -r '.[] | select(.state != "enabled") | .id'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksList(cmd.Context(), &o) },
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksList(cmd.Context(), f, asJSON) },
 	}
-	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print a JSON array")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
 }
 
 const webhooksListLong = `List every static webhook of the project (all pages): ID, name, state,
-subscribed events, signing secrets (how many are valid, and when the previous
-one expires after a rotation) and URL. --json prints an array of objects with
-the API's field names (id, name, uri, state, subscribed_events,
-signing_secrets with truncated_secret and expire_time, create_time,
-update_time). A webhook in state disabled_due_to_failed_deliveries gets no
-events (the API disabled it after deliveries kept failing): fix the
+events, signing secrets (how many, and when the previous one expires after a
+rotation) and URL. --json prints an array with the API's field names. A
+webhook in state disabled_due_to_failed_deliveries gets no events: fix the
 receiver, then run 'gemrecon webhooks enable ID'.`
 
 // runWebhooksList does the work of webhooksList.
-func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error {
-	wc, err := a.webhooksClient(ctx, o.f)
+func (a *app) runWebhooksList(ctx context.Context, f *webhooksFlags, asJSON bool) error {
+	wc, err := a.webhooksClient(ctx, f)
 	if err != nil {
 		return err
 	}
-	var all []webhookJSON
+	all := []webhookJSON{} // [] in JSON when there are none
 	var token *string
 	seen := map[string]bool{}
 	for page := 0; ; page++ {
@@ -552,13 +513,8 @@ func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error
 		}
 		seen[*token] = true
 	}
-	if o.asJSON {
-		if all == nil {
-			all = []webhookJSON{}
-		}
-		enc := json.NewEncoder(a.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(all)
+	if asJSON {
+		return writeJSON(a.stdout, all)
 	}
 	if len(all) == 0 {
 		fmt.Fprintln(a.stderr, "No webhooks: register one with 'gemrecon webhooks create --url URL'.")
@@ -582,29 +538,37 @@ func (a *app) runWebhooksList(ctx context.Context, o *webhooksListOptions) error
 }
 
 func (a *app) webhooksPingCommand(f *webhooksFlags) *cobra.Command {
-	return &cobra.Command{
+	return a.idCommand(f, &cobra.Command{
 		Use:   "ping ID",
 		Short: "Ask the API to send a test event to a webhook",
-		Long: `Ask the API to send a test event to the webhook's URL, signed like every
-delivery. The API answers before it delivers: look for the request in serve's
-log and metrics. A 401 there means serve does not hold this webhook's secret.
-The ping's type and body are not documented; it names no batch, so serve
-records nothing and runs no effect for it.`,
+		Long: `Ask the API to send a test event, signed like every delivery, to the
+webhook's URL; look for it in serve's log and metrics (a 401 there: serve
+lacks this webhook's secret). It names no batch, so serve records nothing.`,
 		Example: `  gemrecon webhooks ping ID`,
-		Args:    oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			if _, err := wc.Ping(ctx, operations.PingWebhookRequest{ID: args[0], Body: &webhooks.PingWebhookRequest{}}); err != nil {
-				return apiError("webhooks ping "+printable(args[0]), err)
-			}
-			fmt.Fprintf(a.stdout, "ping sent to webhook %s\n", printable(args[0]))
-			return nil
-		},
+	}, "ping sent to", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
+		_, err := wc.Ping(ctx, operations.PingWebhookRequest{ID: id, Body: &webhooks.PingWebhookRequest{}})
+		return err
+	})
+}
+
+// idCommand completes cmd, a webhooks subcommand that makes one call on the
+// webhook ID it is given: an error of the call is shown as apiError shows
+// it, and success as "DONE webhook ID".
+func (a *app) idCommand(f *webhooksFlags, cmd *cobra.Command, done string, call func(context.Context, *interactions.Webhooks, string) error) *cobra.Command {
+	cmd.Args = oneID
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, id := cmd.Context(), args[0]
+		wc, err := a.webhooksClient(ctx, f)
+		if err != nil {
+			return err
+		}
+		if err := call(ctx, wc, id); err != nil {
+			return apiError("webhooks "+cmd.Name()+" "+printable(id), err)
+		}
+		fmt.Fprintf(a.stdout, "%s webhook %s\n", done, printable(id))
+		return nil
 	}
+	return cmd
 }
 
 // webhooksRotateOptions are the flags of webhooksRotate.
@@ -631,20 +595,14 @@ func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
 	return cmd
 }
 
-const webhooksRotateLong = `Give the webhook a new signing secret. By default the previous secrets stay
-valid for 24 hours: give serve the new one alongside the old (serve accepts a
-delivery that any of its secrets verifies) within that time, whichever of the
-two the API signs with meanwhile. --now revokes the previous secrets
-immediately: deliveries fail verification (401, and the API retries them)
-until serve has the new secret.
-
-Without --secret-file the new secret is printed on stdout ("secret:
-whsec_…"). With --secret-file PATH it is appended to PATH (a comment line,
-then the secret), which serve --secret-file reads as one secret per line;
-a missing PATH is created with mode 0600; an existing one must already be a
-file serve accepts. serve reads its secrets at start: restart it afterwards.
-
-A rotation is never retried: if the answer is lost, rotate again.`
+const webhooksRotateLong = `Give the webhook a new signing secret. The previous secrets stay valid for 24
+hours (give serve the new one alongside the old meanwhile); --now revokes them
+at once, and deliveries fail verification (401, retried by the API) until
+serve has the new secret. Without --secret-file the secret is printed
+("secret: whsec_…"); with it, it is appended to PATH (created with mode 0600
+if missing; an existing one must already be a file serve accepts). serve
+reads its secrets at start: restart it afterwards. A rotation is never
+retried: if the answer is lost, rotate again.`
 
 // runWebhooksRotate does the work of webhooksRotate.
 func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, id string) error {
@@ -665,22 +623,18 @@ func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, i
 	res, err := wc.RotateSigningSecret(ctx, operations.RotateSigningSecretRequest{ID: id,
 		Body: webhooks.RotateSigningSecretRequest{RevocationBehavior: behavior.ToPointer()}}, noRetries)
 	if err != nil {
-		if sf != nil {
-			sf.abandon()
-		}
+		sf.abandon()
 		return apiError("webhooks rotate "+printable(id), err)
 	}
-	secret := res.WebhookRotateSigningSecretResponse.GetSecret()
-	if secret == nil || *secret == "" {
-		if sf != nil {
-			sf.abandon()
-		}
+	secret := deref(res.WebhookRotateSigningSecretResponse.GetSecret())
+	if secret == "" {
+		sf.abandon()
 		return withCode(exitFatal, fmt.Errorf("webhooks rotate %s: the API's answer has no secret; rotate again", printable(id)))
 	}
 	until := a.previousSecretsEnd(ctx, wc, id, o.now)
 	if sf != nil {
 		comment := fmt.Sprintf("gemrecon webhooks rotate %s, %s; previous secrets %s", id, time.Now().UTC().Format(time.RFC3339), until)
-		if err := sf.write(printable(comment), *secret); err != nil {
+		if err := sf.write(printable(comment), secret); err != nil {
 			advice := "the previous secrets stay valid " + until + ": rotate again to get another one"
 			if o.now {
 				advice = "the previous secrets are revoked: run 'gemrecon webhooks rotate " + id + " --now' again and give serve that secret"
@@ -688,7 +642,7 @@ func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, i
 			return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), o.file, err, advice))
 		}
 	} else {
-		fmt.Fprintf(a.stdout, "secret: %s\n", *secret)
+		fmt.Fprintf(a.stdout, "secret: %s\n", secret)
 	}
 	a.explainRotation(printable(id), o.file, until, o.now)
 	return nil
@@ -745,57 +699,36 @@ func (a *app) explainRotation(id, file, until string, now bool) {
 }
 
 func (a *app) webhooksEnableCommand(f *webhooksFlags) *cobra.Command {
-	return &cobra.Command{
+	return a.idCommand(f, &cobra.Command{
 		Use:   "enable ID",
 		Short: "Enable a webhook again, such as one the API disabled after failed deliveries",
-		Long: `Set the webhook's state to enabled (the API's update method, update_mask
-state). The API disables a webhook whose deliveries keep failing
-(disabled_due_to_failed_deliveries, shown by 'gemrecon webhooks list'), and
-only this brings it back; the events it missed meanwhile are not sent again,
-but the next poll pass lists those completions.`,
+		Long: `Set the webhook's state to enabled, such as one the API disabled after failed
+deliveries (disabled_due_to_failed_deliveries); the events it missed are not
+sent again, but the next poll pass lists those completions.`,
 		Example: `  gemrecon webhooks enable ID`,
-		Args:    oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, id := cmd.Context(), args[0]
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			res, err := wc.Update(ctx, operations.UpdateWebhookRequest{ID: id, UpdateMask: genai.Ptr("state"),
-				Body: webhooks.WebhookUpdate{State: webhooks.WebhookUpdateStateEnabled.ToPointer()}})
-			if err != nil {
-				return apiError("webhooks enable "+printable(id), err)
-			}
-			if st := toJSON(*cmp.Or(res.Webhook, &webhooks.Webhook{})).State; st != string(webhooks.WebhookStateEnabled) {
-				return withCode(exitFatal, fmt.Errorf("webhooks enable %s: the API answered state %s; see 'gemrecon webhooks list'", printable(id), canon.Quote(st)))
-			}
-			fmt.Fprintf(a.stdout, "enabled webhook %s\n", printable(id))
-			return nil
-		},
-	}
+	}, "enabled", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
+		res, err := wc.Update(ctx, operations.UpdateWebhookRequest{ID: id, UpdateMask: genai.Ptr("state"),
+			Body: webhooks.WebhookUpdate{State: webhooks.WebhookUpdateStateEnabled.ToPointer()}})
+		if err != nil {
+			return err
+		}
+		if st := string(deref(cmp.Or(res.Webhook, &webhooks.Webhook{}).State)); st != string(webhooks.WebhookStateEnabled) {
+			return fmt.Errorf("the API answered state %s; see 'gemrecon webhooks list'", canon.Quote(st))
+		}
+		return nil
+	})
 }
 
 func (a *app) webhooksDeleteCommand(f *webhooksFlags) *cobra.Command {
-	return &cobra.Command{
+	return a.idCommand(f, &cobra.Command{
 		Use:   "delete ID",
 		Short: "Delete a static webhook: the API stops sending it events",
-		Long: `Delete the webhook: the API sends it no more events (deliveries already
-under way may still arrive). Completions are still found by poll. A delete is
-never retried: if the answer is lost, 'gemrecon webhooks list' tells whether
-it is gone.`,
+		Long: `Delete the webhook: the API sends it no more events; poll still finds the
+completions. A delete is never retried: if the answer is lost, 'gemrecon
+webhooks list' tells whether it is gone.`,
 		Example: `  gemrecon webhooks delete ID`,
-		Args:    oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			wc, err := a.webhooksClient(ctx, f)
-			if err != nil {
-				return err
-			}
-			if _, err := wc.Delete(ctx, operations.DeleteWebhookRequest{ID: args[0]}, noRetries); err != nil {
-				return apiError("webhooks delete "+printable(args[0]), err)
-			}
-			fmt.Fprintf(a.stdout, "deleted webhook %s\n", printable(args[0]))
-			return nil
-		},
-	}
+	}, "deleted", func(ctx context.Context, wc *interactions.Webhooks, id string) error {
+		_, err := wc.Delete(ctx, operations.DeleteWebhookRequest{ID: id}, noRetries)
+		return err
+	})
 }

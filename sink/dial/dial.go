@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -70,16 +71,16 @@ func Parse(dsn string) (Target, error) {
 	if path, ok := strings.CutPrefix(dsn, "sqlite:"); ok {
 		return Target{SQLite, path}, nil
 	}
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") || isKeywordValue(dsn) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") || keywordValue.MatchString(dsn) {
 		return Target{Postgres, dsn}, nil
 	}
-	if scheme, ok := urlScheme(dsn); ok {
-		lower := strings.ToLower(scheme)
-		switch {
+	if m := urlLike.FindStringSubmatch(dsn); m != nil {
+		scheme := m[1]
+		switch lower := strings.ToLower(scheme); {
 		case lower == "postgres" || lower == "postgresql":
 			return Target{}, fmt.Errorf("%w: %s… is not a PostgreSQL URL: write postgres://[user[:password]@]host[:port]/dbname[?param=value…], or host=… dbname=… (libpq keyword/value)",
 				ErrInvalidDSN, scheme+":")
-		default:
+		case m[2] != "":
 			return Target{}, fmt.Errorf("%w: %s//… is neither a SQLite file path nor a PostgreSQL URL (a file whose name starts so is sqlite:PATH)",
 				ErrInvalidDSN, scheme+":")
 		}
@@ -93,45 +94,17 @@ func IsPostgres(dsn string) bool {
 	return err == nil && t.Backend == Postgres
 }
 
-// urlScheme returns the scheme of a string that starts like a URL that
-// would otherwise be taken for a file path: "scheme://…", or "postgres:" /
-// "postgresql:" in any case without the slashes. A plain file name with a
-// colon (backup:2024.db) is no URL.
-func urlScheme(s string) (string, bool) {
-	i := strings.IndexByte(s, ':')
-	if i <= 0 {
-		return "", false
-	}
-	scheme := s[:i]
-	for j := 0; j < len(scheme); j++ {
-		c := scheme[j]
-		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
-		if !letter && (j == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
-			return "", false
-		}
-	}
-	if strings.HasPrefix(s[i:], "://") {
-		return scheme, true
-	}
-	lower := strings.ToLower(scheme)
-	return scheme, lower == "postgres" || lower == "postgresql"
-}
-
-// isKeywordValue reports whether s is a libpq keyword/value connection
-// string: its first word is an identifier, then '=' (libpq allows spaces
-// around it). A SQLite file whose name starts that way is sqlite:NAME or
-// ./NAME.
-func isKeywordValue(s string) bool {
-	i := 0
-	for i < len(s) && (s[i] == '_' || 'a' <= s[i] && s[i] <= 'z' || 'A' <= s[i] && s[i] <= 'Z' || i > 0 && '0' <= s[i] && s[i] <= '9') {
-		i++
-	}
-	if i == 0 {
-		return false
-	}
-	rest := strings.TrimLeft(s[i:], " \t")
-	return strings.HasPrefix(rest, "=")
-}
+// urlLike matches the start of a string that may look like a URL but would
+// otherwise be taken for a file path: a scheme, then ':', then maybe "//"
+// (Parse refuses "scheme://…", and "postgres:" or "postgresql:" in any case
+// without the slashes). A plain file name with a colon (backup:2024.db) is
+// no URL. keywordValue matches a libpq keyword/value connection string: its
+// first word is an identifier, then '=' (libpq allows spaces around it); a
+// SQLite file whose name starts that way is sqlite:NAME or ./NAME.
+var (
+	urlLike      = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*):(//)?`)
+	keywordValue = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*[ \t]*=`)
+)
 
 // Describe names the database dsn names for a message on stdout or in a
 // log, without what may be a secret: for SQLite the file's path; for

@@ -109,25 +109,6 @@ func TestSchemaTooNew(t *testing.T) {
 	}
 }
 
-// TestWithSchema creates the named schema itself and keeps its tables there.
-func TestWithSchema(t *testing.T) {
-	_, schema := testSchema(t)
-	named := schema + "_named"
-	admin := adminConn(t, baseDSN(t))
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+named+" CASCADE") })
-	s := openDSN(t, baseDSN(t), sink.Options{}, WithSchema(named))
-	if _, err := s.Record(context.Background(), sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
-		t.Fatal(err)
-	}
-	var n int
-	if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM `+named+`.gemrecon_keys`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
-		t.Fatalf("%s.gemrecon_keys has %d rows, want 1", named, n)
-	}
-}
-
 // TestDatabaseClock: without an injected Now, time decisions follow the
 // database's now(), and a sink with an injected clock on the same rows
 // decides by its own.
@@ -326,6 +307,26 @@ func TestDSNSchemes(t *testing.T) {
 }
 
 // TestSessionSettings: every connection carries the timeouts, READ
+// TestSearchPathSchema: a schema the DSN's search_path names first is
+// created, and gemrecon's tables are kept there.
+func TestSearchPathSchema(t *testing.T) {
+	_, schema := testSchema(t)
+	named := schema + "_named"
+	admin := adminConn(t, baseDSN(t))
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+named+" CASCADE") })
+	s := openDSN(t, withParam(baseDSN(t), "search_path", named), sink.Options{})
+	if _, err := s.Record(context.Background(), sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM `+named+`.gemrecon_keys`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%s.gemrecon_keys has %d rows, want 1", named, n)
+	}
+}
+
 // COMMITTED and synchronous commits; a DSN setting wins over the default.
 func TestSessionSettings(t *testing.T) {
 	dsn, _ := testSchema(t)
@@ -339,8 +340,8 @@ func TestSessionSettings(t *testing.T) {
 		{"defaults", dsn, sink.Options{}, nil, map[string]string{
 			"lock_timeout": "5s", "statement_timeout": "30s",
 			"default_transaction_isolation": "read committed", "synchronous_commit": "on"}},
-		{"options", dsn, sink.Options{BusyTimeout: 1500 * time.Millisecond}, []Option{WithStatementTimeout(7 * time.Second)},
-			map[string]string{"lock_timeout": "1500ms", "statement_timeout": "7s"}},
+		{"options", dsn, sink.Options{BusyTimeout: 1500 * time.Millisecond}, nil,
+			map[string]string{"lock_timeout": "1500ms"}},
 		{"dsn wins", withParam(dsn, "lock_timeout", "2500"), sink.Options{BusyTimeout: time.Second}, nil,
 			map[string]string{"lock_timeout": "2500ms"}},
 	}
@@ -360,8 +361,8 @@ func TestSessionSettings(t *testing.T) {
 	}
 }
 
-// TestMaxConns: the pool's bound comes from WithMaxConns, or from the DSN's
-// pool_max_conns, which wins; other pool_* parameters are the pool's, not
+// TestMaxConns: the pool's bound is DefaultMaxConns, or the DSN's
+// pool_max_conns; other pool_* parameters are the pool's, not
 // sent to the server (which would refuse an unknown setting).
 func TestMaxConns(t *testing.T) {
 	dsn, _ := testSchema(t)
@@ -372,9 +373,7 @@ func TestMaxConns(t *testing.T) {
 		want int32
 	}{
 		{"default", dsn, nil, DefaultMaxConns},
-		{"option", dsn, []Option{WithMaxConns(3)}, 3},
-		{"option below one", dsn, []Option{WithMaxConns(0)}, 1},
-		{"dsn wins", withParam(dsn, "pool_max_conns", "5"), []Option{WithMaxConns(3)}, 5},
+		{"dsn", withParam(dsn, "pool_max_conns", "5"), nil, 5},
 		{"other pool params", withParam(dsn, "pool_max_conn_lifetime", "10m"), nil, DefaultMaxConns},
 	}
 	for _, tt := range tests {
@@ -401,7 +400,7 @@ func TestDroppedIdleConnection(t *testing.T) {
 			if check {
 				pingAfter = 0
 			}
-			s := openDSN(t, dsn, sink.Options{}, WithMaxConns(1), withPingIdleAfter(pingAfter))
+			s := openDSN(t, oneConn(dsn), sink.Options{}, withPingIdleAfter(pingAfter))
 			if _, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/a", Source: sink.SourcePoll}); err != nil {
 				t.Fatal(err)
 			}

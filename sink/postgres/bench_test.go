@@ -16,7 +16,7 @@ import (
 func BenchmarkSink(b *testing.B) {
 	baseDSN(b)
 	sinktest.Bench(b, func(b *testing.B) sink.Sink {
-		s, _ := openTest(b, sink.Options{}, WithMaxConns(16))
-		return s
+		dsn, _ := testSchema(b)
+		return openDSN(b, withParam(dsn, "pool_max_conns", "16"), sink.Options{})
 	})
 }

@@ -68,12 +68,14 @@ type deadlineConn struct {
 	net.Conn
 	d time.Duration
 
-	mu                sync.Mutex
-	readExt, writeExt time.Time // set by SetDeadline/SetReadDeadline/SetWriteDeadline
-	readOwn, writeOwn time.Time // ours, while a Read/Write runs
+	mu   sync.Mutex
+	r, w half
 }
 
-func newDeadlineConn(c net.Conn, d time.Duration) *deadlineConn { return &deadlineConn{Conn: c, d: d} }
+// half is one direction's deadlines: the one set by SetDeadline,
+// SetReadDeadline or SetWriteDeadline (ext), and ours while a Read or Write
+// runs (own).
+type half struct{ ext, own time.Time }
 
 // earlier is the earlier of two deadlines, zero meaning none.
 func earlier(a, b time.Time) time.Time {
@@ -86,67 +88,55 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-func (c *deadlineConn) Read(b []byte) (int, error) {
+// run is a Read or Write (do) bounded by d, in the direction h whose
+// deadline set sets; what says what a timeout of ours means.
+func (c *deadlineConn) run(h *half, set func(time.Time) error, do func([]byte) (int, error), b []byte, what string) (int, error) {
 	c.mu.Lock()
 	own := time.Now().Add(c.d)
-	c.readOwn = own
-	ext := c.readExt
-	err := c.Conn.SetReadDeadline(earlier(ext, own))
+	h.own = own
+	err := set(earlier(h.ext, own))
 	c.mu.Unlock()
 	if err != nil {
 		return 0, err
 	}
-	n, err := c.Conn.Read(b)
+	n, err := do(b)
 	c.mu.Lock()
-	c.readOwn = time.Time{}
-	ext = c.readExt
+	h.own = time.Time{}
+	ext := h.ext
 	c.mu.Unlock()
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && (ext.IsZero() || own.Before(ext)) {
-		err = &noReply{what: "no reply from the PostgreSQL server", d: c.d, err: err}
+		err = &noReply{what: what, d: c.d, err: err}
 	}
 	return n, err
+}
+
+func (c *deadlineConn) Read(b []byte) (int, error) {
+	return c.run(&c.r, c.Conn.SetReadDeadline, c.Conn.Read, b, "no reply from the PostgreSQL server")
 }
 
 func (c *deadlineConn) Write(b []byte) (int, error) {
+	return c.run(&c.w, c.Conn.SetWriteDeadline, c.Conn.Write, b, "the PostgreSQL server took no data")
+}
+
+// set records t as h's deadline, applied at once (with ours, while a call
+// runs) by the connection's set.
+func (c *deadlineConn) set(h *half, set func(time.Time) error, t time.Time) error {
 	c.mu.Lock()
-	own := time.Now().Add(c.d)
-	c.writeOwn = own
-	ext := c.writeExt
-	err := c.Conn.SetWriteDeadline(earlier(ext, own))
-	c.mu.Unlock()
-	if err != nil {
-		return 0, err
-	}
-	n, err := c.Conn.Write(b)
-	c.mu.Lock()
-	c.writeOwn = time.Time{}
-	ext = c.writeExt
-	c.mu.Unlock()
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && (ext.IsZero() || own.Before(ext)) {
-		err = &noReply{what: "the PostgreSQL server took no data", d: c.d, err: err}
-	}
-	return n, err
+	defer c.mu.Unlock()
+	h.ext = t
+	return set(earlier(t, h.own))
 }
 
 func (c *deadlineConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.readExt, c.writeExt = t, t
-	return errors.Join(c.Conn.SetReadDeadline(earlier(t, c.readOwn)), c.Conn.SetWriteDeadline(earlier(t, c.writeOwn)))
+	return errors.Join(c.SetReadDeadline(t), c.SetWriteDeadline(t))
 }
 
 func (c *deadlineConn) SetReadDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.readExt = t
-	return c.Conn.SetReadDeadline(earlier(t, c.readOwn))
+	return c.set(&c.r, c.Conn.SetReadDeadline, t)
 }
 
 func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.writeExt = t
-	return c.Conn.SetWriteDeadline(earlier(t, c.writeOwn))
+	return c.set(&c.w, c.Conn.SetWriteDeadline, t)
 }
 
 // noReply is a round trip that ran out of its client-side deadline.

@@ -66,7 +66,7 @@ func TestStalledServerFailsWithinTheDeadline(t *testing.T) {
 	pdsn = withParam(pdsn, "connect_timeout", "1")
 	const rt = time.Second
 	ctx := context.Background()
-	s := openDSN(t, pdsn, sink.Options{}, WithRoundTripTimeout(rt), WithMaxConns(1))
+	s := openDSN(t, oneConn(pdsn), sink.Options{}, WithRoundTripTimeout(rt))
 	key := "gemini:batches/stall"
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
 		t.Fatal(err)

@@ -132,7 +132,7 @@ func TestCompleteCommittedThenFatal(t *testing.T) {
 	defer cancel()
 	dsn, _ := testSchema(t)
 	r, rdsn := startFatalRelay(t, dsn)
-	s := openDSN(t, rdsn, sink.Options{}, WithMaxConns(1))
+	s := openDSN(t, oneConn(rdsn), sink.Options{})
 	key := "gemini:batches/fatal"
 	c := claimedForComplete(ctx, t, s, sink.Sighting{Key: key, Source: sink.SourcePoll})
 	swallow := r.swallowReplies // from its COMMIT on

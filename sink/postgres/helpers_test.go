@@ -83,7 +83,7 @@ func lostReplySink(t *testing.T) (s *Sink, p *tcpproxy.Proxy, dsn string) {
 	t.Helper()
 	dsn, _ = testSchema(t)
 	p, pdsn := tcpproxy.ForDSN(t, dsn)
-	return openDSN(t, pdsn, sink.Options{}, WithMaxConns(1)), p, dsn
+	return openDSN(t, oneConn(pdsn), sink.Options{}), p, dsn
 }
 
 // lostCommit makes p drop the server's replies from the next COMMIT s

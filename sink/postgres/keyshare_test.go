@@ -3,6 +3,7 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"strings"
 	"testing"
@@ -183,7 +184,7 @@ func TestConfirmedMeanwhileIsNoUnknownOutcome(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dsn, _ := testSchema(t)
-	app := "gemrecon/test-" + randomHex(4) // to find the sink's backends
+	app := "gemrecon/test-" + rand.Text()[:8] // to find the sink's backends
 	var logs testkit.Buffer
 	s := openDSN(t, withParam(dsn, "application_name", app), sink.Options{},
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))

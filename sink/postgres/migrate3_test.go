@@ -16,7 +16,10 @@ import (
 func TestMigration3FillsBatchState(t *testing.T) {
 	ctx := context.Background()
 	dsn, schema := testSchema(t)
-	old, err := Open(ctx, dsn, sink.Options{}, func(c *config) { c.knownMigrations = 2 })
+	old, err := Open(ctx, dsn, sink.Options{}, func(c *config) {
+		ms, _ := migrations()
+		c.migrations = ms[:2]
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

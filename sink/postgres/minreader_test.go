@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
@@ -19,7 +20,10 @@ func withExtraMigration(name, text string) Option {
 		if err != nil {
 			panic(err)
 		}
-		c.extraMigrations = append(c.extraMigrations, m)
+		if c.migrations == nil {
+			c.migrations, _ = migrations()
+		}
+		c.migrations = append(c.migrations, m)
 	}
 }
 
@@ -135,7 +139,11 @@ func TestMigrationMinReaderLine(t *testing.T) {
 	if ms[0].MinReader != 1 {
 		t.Errorf("0001's min_reader = %d, want 1", ms[0].MinReader)
 	}
-	if _, err := allMigrations([]migration{{Version: next, MinReader: 0, Name: "x"}}); err == nil || !strings.Contains(err.Error(), "below its predecessor") {
+	falling := fstest.MapFS{}
+	for i, mr := range []int{1, 2, 1} {
+		falling[fmt.Sprintf("migrations/%04d_x.sql", i+1)] = &fstest.MapFile{Data: fmt.Appendf(nil, "-- min_reader: %d\n", mr)}
+	}
+	if _, err := sink.LoadMigrations(falling); err == nil || !strings.Contains(err.Error(), "below its predecessor") {
 		t.Errorf("a minimum reader below its predecessor's: %v", err)
 	}
 }

@@ -13,10 +13,10 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,7 +41,8 @@ var migrationFS embed.FS
 const (
 	// DefaultStatementTimeout bounds every statement (statement_timeout).
 	DefaultStatementTimeout = 30 * time.Second
-	// DefaultMaxConns bounds the connections one Sink opens.
+	// DefaultMaxConns bounds the connections one Sink opens, unless the DSN
+	// sets pool_max_conns.
 	DefaultMaxConns = 8
 	// maxRetries bounds re-runs after serialization failures and deadlocks.
 	maxRetries = 5
@@ -60,14 +61,10 @@ const (
 type Option func(*config)
 
 type config struct {
-	logger           *slog.Logger
-	schema           string
-	statementTimeout time.Duration
-	maxConns         int
-	roundTrip        time.Duration // 0: statement_timeout + RoundTripMargin
-	pingIdleAfter    time.Duration // see the constant; tests change it
-	extraMigrations  []migration   // tests: a newer binary's migrations
-	knownMigrations  int           // tests: > 0 makes an older binary that knows only the first N
+	logger        *slog.Logger
+	roundTrip     time.Duration // 0: statement_timeout + RoundTripMargin
+	pingIdleAfter time.Duration // see the constant; tests change it
+	migrations    []migration   // tests: an older or newer binary's (nil: the embedded ones)
 }
 
 // WithLogger sets where payload conflicts, fenced outcomes and settled
@@ -137,13 +134,11 @@ func dsnError(err error) error {
 // opt.Now is nil the database clock decides every time; otherwise opt.Now
 // does.
 func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*Sink, error) {
-	c := config{statementTimeout: DefaultStatementTimeout, maxConns: DefaultMaxConns, pingIdleAfter: pingIdleAfter}
+	c := config{pingIdleAfter: pingIdleAfter}
 	for _, o := range opts {
 		o(&c)
 	}
-	if c.logger == nil {
-		c.logger = slog.Default()
-	}
+	c.logger = cmp.Or(c.logger, slog.Default())
 	dbClock := opt.Now == nil
 	opt = opt.WithDefaults()
 
@@ -154,34 +149,27 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	if err != nil {
 		return nil, dsnError(err)
 	}
-	// pool_max_conns in the DSN wins over WithMaxConns; ParseConfig does not
-	// say whether it was there, so look at the unparsed parameters.
+	// ParseConfig does not say whether pool_max_conns was there, so look
+	// at the unparsed parameters.
 	if raw, err := pgx.ParseConfig(dsn); err != nil || raw.RuntimeParams["pool_max_conns"] == "" {
-		cfg.MaxConns = int32(max(1, min(c.maxConns, 1<<20)))
+		cfg.MaxConns = DefaultMaxConns
 	}
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration >= c.pingIdleAfter
 	}
+	// The DSN's settings win over these. Writes run at READ COMMITTED and
+	// must be durable when they return, whatever the server's defaults say.
 	rp := cfg.ConnConfig.RuntimeParams
-	if c.schema != "" {
-		rp["search_path"] = pgx.Identifier{c.schema}.Sanitize()
-	}
-	if _, ok := rp["statement_timeout"]; !ok && c.statementTimeout > 0 {
-		rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
-	}
-	if _, ok := rp["lock_timeout"]; !ok {
-		rp["lock_timeout"] = strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10)
-	}
-	// Claims are single statements at READ COMMITTED and must be durable
-	// when they return, whatever the server's defaults say.
-	if _, ok := rp["default_transaction_isolation"]; !ok {
-		rp["default_transaction_isolation"] = "read committed"
-	}
-	if _, ok := rp["synchronous_commit"]; !ok {
-		rp["synchronous_commit"] = "on"
-	}
-	if _, ok := rp["application_name"]; !ok {
-		rp["application_name"] = "gemrecon/" + randomHex(4)
+	for name, v := range map[string]string{
+		"statement_timeout":             strconv.FormatInt(DefaultStatementTimeout.Milliseconds(), 10),
+		"lock_timeout":                  strconv.FormatInt(opt.BusyTimeout.Milliseconds(), 10),
+		"default_transaction_isolation": "read committed",
+		"synchronous_commit":            "on",
+		"application_name":              "gemrecon/" + strings.ToLower(rand.Text()[:8]),
+	} {
+		if _, ok := rp[name]; !ok {
+			rp[name] = v
+		}
 	}
 	if opt.ReadOnly {
 		rp["default_transaction_read_only"] = "on"
@@ -201,7 +189,7 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 		if err != nil {
 			return nil, err
 		}
-		return newDeadlineConn(nc, rt), nil
+		return &deadlineConn{Conn: nc, d: rt}, nil
 	}
 	// Ask the server to cancel a statement whose context ends, so that most
 	// cancellations get a definite answer; the deadline is the fallback,
@@ -216,27 +204,17 @@ func Open(ctx context.Context, dsn string, opt sink.Options, opts ...Option) (*S
 	}
 	s := &pg{pool: pool, opt: opt, dbClock: dbClock, appName: rp["application_name"], log: c.logger}
 	s.connectTimeout = cfg.ConnConfig.ConnectTimeout
-	if s.migrations, err = allMigrations(c.extraMigrations); err == nil {
-		if n := c.knownMigrations; n > 0 && n < len(s.migrations) {
-			s.migrations = s.migrations[:n]
-		}
-		if opt.ReadOnly {
-			err = s.checkSchema(ctx)
-		} else {
-			err = s.migrate(ctx, c.schema)
-		}
+	if s.migrations = c.migrations; s.migrations == nil {
+		s.migrations, err = migrations()
+	}
+	if err == nil {
+		err = s.migrate(ctx)
 	}
 	if err != nil {
 		s.pool.Close()
 		return nil, err
 	}
 	return &Sink{Machine: sink.NewMachine(s, opt, c.logger, "postgres sink"), pg: s}, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // migration is one embedded schema step, sink.Migration: MinReader is the
@@ -246,12 +224,8 @@ func randomHex(n int) string {
 type migration = sink.Migration
 
 // migrations returns the embedded migrations in version order.
-func migrations() ([]migration, error) { return allMigrations(nil) }
-
-// allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them), checked by sink.LoadMigrations.
-func allMigrations(extra []migration) ([]migration, error) {
-	ms, err := sink.LoadMigrations(migrationFS, extra)
+func migrations() ([]migration, error) {
+	ms, err := sink.LoadMigrations(migrationFS)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
@@ -274,10 +248,7 @@ func firstSchema(path string) string {
 
 // SchemaVersion is the schema version this binary migrates to.
 func SchemaVersion() int {
-	ms, err := migrations()
-	if err != nil {
-		return 0
-	}
+	ms, _ := migrations()
 	return len(ms)
 }
 
@@ -290,9 +261,7 @@ const upsertMinReader = `INSERT INTO gemrecon_counters (name, value) VALUES ('mi
 
 // minReaderOf reads the minimum reader the database records; ok is false
 // when it records none.
-func minReaderOf(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) (mr int, ok bool, err error) {
+func minReaderOf(ctx context.Context, q pgx.Tx) (mr int, ok bool, err error) {
 	var exists bool
 	if err := q.QueryRow(ctx, `SELECT to_regclass('gemrecon_counters') IS NOT NULL`).Scan(&exists); err != nil || !exists {
 		return 0, false, err
@@ -304,28 +273,16 @@ func minReaderOf(ctx context.Context, q interface {
 	return mr, err == nil, err
 }
 
-// readerError is the rule of spec §3: a binary that knows versions up to
-// latest uses schema version cur unless its minimum reader mr is newer (or it
-// records none).
-func readerError(cur, mr int, ok bool, latest int) error {
-	switch {
-	case cur <= latest:
-		return nil
-	case !ok:
-		return fmt.Errorf("postgres: schema version %d records no minimum reader, and this gemrecon knows versions up to %d (upgrade gemrecon): %w",
-			cur, latest, sink.ErrSchemaTooNew)
-	case mr > latest:
-		return fmt.Errorf("postgres: schema version %d needs a gemrecon that knows schema version %d or later (its minimum reader), and this one knows versions up to %d (upgrade gemrecon): %w",
-			cur, mr, latest, sink.ErrSchemaTooNew)
-	}
-	return nil
-}
-
 // migrate applies pending migrations in one transaction holding an advisory
 // lock, so that processes opening the database at once take turns, and
 // records the schema's minimum reader. A schema newer than this binary is
 // used as it is when its minimum reader is not newer than this binary.
-func (s *pg) migrate(ctx context.Context, schema string) error {
+//
+// A read-only open never migrates: the tables must exist at this binary's
+// version, or at a newer one whose minimum reader this binary is. An older
+// schema is refused: this binary's queries need its tables, and a command
+// that writes upgrades it.
+func (s *pg) migrate(ctx context.Context) error {
 	ms := s.migrations
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		tx, err := c.Begin(ctx)
@@ -333,34 +290,36 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 			return err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, migrateLock); err != nil {
-			return fmt.Errorf("postgres: migration lock: %w", err)
-		}
-		if schema == "" {
-			// A search_path from the DSN names where the tables belong:
-			// create its first schema too, or CREATE TABLE would fall
-			// through to the next one (usually public).
-			var path string
-			if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
-				return fmt.Errorf("postgres: read search_path: %w", err)
+		if !s.opt.ReadOnly {
+			if _, err := tx.Exec(ctx, migrateLock); err != nil {
+				return fmt.Errorf("postgres: migration lock: %w", err)
 			}
-			schema = firstSchema(path)
 		}
-		if s.opt.MustExist {
+		// A search_path from the DSN names where the tables belong: create
+		// its first schema too, or CREATE TABLE would fall through to the
+		// next one (usually public).
+		var path string
+		if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+			return fmt.Errorf("postgres: read search_path: %w", err)
+		}
+		schema := firstSchema(path)
+		if s.opt.MustExist || s.opt.ReadOnly {
 			if err := requireTables(ctx, tx, schema); err != nil {
 				return err
 			}
 		}
-		if schema != "" {
+		if schema != "" && !s.opt.ReadOnly {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 				return fmt.Errorf("postgres: create schema %s: %w", schema, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS gemrecon_schema_version (
+		if !s.opt.ReadOnly {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS gemrecon_schema_version (
 			version    integer     PRIMARY KEY,
 			name       text        NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return fmt.Errorf("postgres: schema version table: %w", err)
+				return fmt.Errorf("postgres: schema version table: %w", err)
+			}
 		}
 		var cur int
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
@@ -372,10 +331,16 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 			if err != nil {
 				return fmt.Errorf("postgres: read the schema's minimum reader: %w", err)
 			}
-			if err := readerError(cur, mr, ok, len(ms)); err != nil {
-				return err
+			if err := sink.CheckReader(cur, mr, ok, len(ms)); err != nil {
+				return fmt.Errorf("postgres: %w", err)
 			}
 			return tx.Commit(ctx) // a newer schema this binary may use as it is
+		}
+		if s.opt.ReadOnly {
+			if cur < len(ms) {
+				return fmt.Errorf("postgres: schema version %d is older than %d: run gemrecon init (or any writing command) once to upgrade it", cur, len(ms))
+			}
+			return nil
 		}
 		for _, m := range ms[cur:] {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
@@ -393,39 +358,6 @@ func (s *pg) migrate(ctx context.Context, schema string) error {
 	})
 }
 
-// checkSchema is the read-only open's check, which never migrates: the
-// tables exist at this binary's version, or at a newer one whose minimum
-// reader this binary is. An older schema is refused: this binary's queries
-// need its tables, and a command that writes upgrades it.
-func (s *pg) checkSchema(ctx context.Context) error {
-	want := len(s.migrations)
-	return s.withConn(ctx, func(c *pgx.Conn) error {
-		var path string
-		if err := c.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
-			return fmt.Errorf("postgres: read search_path: %w", err)
-		}
-		if err := requireTables(ctx, c, firstSchema(path)); err != nil {
-			return err
-		}
-		var cur int
-		if err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM gemrecon_schema_version`).Scan(&cur); err != nil {
-			return fmt.Errorf("postgres: read schema version: %w", err)
-		}
-		switch {
-		case cur > want:
-			mr, ok, err := minReaderOf(ctx, c)
-			if err != nil {
-				return fmt.Errorf("postgres: read the schema's minimum reader: %w", err)
-			}
-			return readerError(cur, mr, ok, want)
-		case cur < want:
-			return fmt.Errorf("postgres: schema version %d is older than %d: run gemrecon init (or any writing command) once to upgrade it", cur, want)
-		}
-		s.schemaFound, s.schemaNow = cur, cur
-		return nil
-	})
-}
-
 // requireTables is sink.ErrNoDatabase unless gemrecon's tables are in
 // schema, the one the search_path names first ("": the first of its
 // schemas that exists, current_schema()), which is where migrate creates
@@ -433,9 +365,7 @@ func (s *pg) checkSchema(ctx context.Context) error {
 // through to a later one: a mistyped schema would then find another
 // deployment's tables, or none. The message names the database and the
 // schema.
-func requireTables(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, schema string) error {
+func requireTables(ctx context.Context, q pgx.Tx, schema string) error {
 	var db, where string
 	var hasSchema, hasTables bool
 	err := q.QueryRow(ctx, `SELECT current_database(), n.name,
@@ -535,10 +465,7 @@ func unknownOutcome(err error) bool {
 		// commit record was flushed tells every client "terminating
 		// connection because of crash of another server process" in place
 		// of its reply, and the commit survives the crash.
-		sev := pe.SeverityUnlocalized
-		if sev == "" {
-			sev = pe.Severity
-		}
+		sev := cmp.Or(pe.SeverityUnlocalized, pe.Severity)
 		return sev == "FATAL" || sev == "PANIC"
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -591,15 +518,15 @@ func (s *pg) Write(ctx context.Context, fn func(sink.Tx) error) error {
 	s.log.Warn("postgres sink: a commit's answer was lost; terminating its backend and asking the transaction's status",
 		"pid", pid, "err", err)
 	s.settle(ctx, pid)
-	var status *string
+	status := "unknown" // NULL: too old to be known
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	if serr := s.withConn(ctx, func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status)
-	}); serr != nil || status == nil || *status == "in progress" {
-		return fmt.Errorf("postgres: %w (%w; the transaction's status: %v %v)", sink.ErrOutcomeUnknown, err, deref(status), serr)
+		return c.QueryRow(ctx, `SELECT coalesce(pg_xact_status($1::xid8), 'unknown')`, xid).Scan(&status)
+	}); serr != nil || status == "unknown" || status == "in progress" {
+		return fmt.Errorf("postgres: %w (%w; the transaction's status: %v %v)", sink.ErrOutcomeUnknown, err, status, serr)
 	}
-	if *status == "committed" {
+	if status == "committed" {
 		return nil
 	}
 	return notCommitted{err}
@@ -611,13 +538,6 @@ type notCommitted struct{ err error }
 
 func (e notCommitted) Error() string { return e.err.Error() }
 func (e notCommitted) Unwrap() error { return e.err }
-
-func deref(p *string) string {
-	if p == nil {
-		return "unknown"
-	}
-	return *p
-}
 
 // settle makes an orphaned statement's outcome final: it terminates the
 // backend (waiting for it to exit) if it is still there. Terminating is safe:

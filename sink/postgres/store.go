@@ -370,59 +370,73 @@ func scanEntry(row pgx.Row) (sink.Entry, error) {
 	return e, err
 }
 
+// querier is a connection or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// read returns what fn reads on a pooled connection (withConn); with
+// snapshot, inside one read-only transaction at REPEATABLE READ. Its error
+// says what was read.
+func read[T any](ctx context.Context, s *pg, what string, snapshot bool, fn func(q querier) (T, error)) (T, error) {
+	var v T
+	err := s.withConn(ctx, func(c *pgx.Conn) error {
+		var q querier = c
+		if snapshot {
+			tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			q = tx
+		}
+		var err error
+		v, err = fn(q)
+		return err
+	})
+	if err != nil {
+		return v, fmt.Errorf("postgres: %s: %w", what, err)
+	}
+	return v, nil
+}
+
 // Entry reads a key and its history from one snapshot.
 func (s *pg) Entry(ctx context.Context, key string) (sink.Entry, error) {
-	var e sink.Entry
-	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	e, err := read(ctx, s, "get "+sink.KeyText(key), true, func(q querier) (sink.Entry, error) {
+		e, err := scanEntry(q.QueryRow(ctx, `SELECT `+entryColumns+entryFrom+`WHERE k.key = $1`, key))
 		if err != nil {
-			return err
+			return e, err
 		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if e, err = scanEntry(tx.QueryRow(ctx, `SELECT `+entryColumns+entryFrom+`WHERE k.key = $1`, key)); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT kind, token, command, holder, started, ended, outcome, error
+		rows, err := q.Query(ctx, `SELECT kind, token, command, holder, started, ended, outcome, error
 			FROM gemrecon_history WHERE key = $1 ORDER BY seq`, key)
 		if err != nil {
-			return err
+			return e, err
 		}
-		e.History, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sink.Attempt, error) {
+		e.History, err = pgx.AppendRows(e.History, rows, func(r pgx.CollectableRow) (sink.Attempt, error) {
 			var a sink.Attempt
 			var end *time.Time
 			err := r.Scan(&a.Kind, &a.Token, &a.Command, &a.Holder, &a.Start, &end, &a.Outcome, &a.Error)
 			a.Start, a.End = a.Start.UTC(), at(end)
 			return a, err
 		})
-		if len(e.History) == 0 {
-			e.History = nil
-		}
-		return err
+		return e, err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, sink.ErrNotFound
 	}
-	if err != nil {
-		return e, fmt.Errorf("postgres: get %s: %w", sink.KeyText(key), err)
-	}
-	return e, nil
+	return e, err
 }
 
 func (s *pg) Entries(ctx context.Context, o sink.ListOptions) ([]sink.Entry, error) {
-	var out []sink.Entry
-	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT `+entryColumns+entryFrom+`WHERE ($1 = '' OR state = $1)
+	return read(ctx, s, "list", false, func(q querier) ([]sink.Entry, error) {
+		rows, err := q.Query(ctx, `SELECT `+entryColumns+entryFrom+`WHERE ($1 = '' OR state = $1)
 			ORDER BY first_seen_at, k.key LIMIT $2`, string(o.State), limitArg(o.Limit))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		out, err = pgx.AppendRows([]sink.Entry(nil), rows, func(r pgx.CollectableRow) (sink.Entry, error) { return scanEntry(r) })
-		return err
+		return pgx.AppendRows([]sink.Entry(nil), rows, func(r pgx.CollectableRow) (sink.Entry, error) { return scanEntry(r) })
 	})
-	if err != nil {
-		return nil, fmt.Errorf("postgres: list: %w", err)
-	}
-	return out, nil
 }
 
 func (s *pg) DueKeys(ctx context.Context, limit int, skipNeedsConfirm bool) ([]string, error) {
@@ -430,32 +444,14 @@ func (s *pg) DueKeys(ctx context.Context, limit int, skipNeedsConfirm bool) ([]s
 	if err != nil {
 		return nil, err
 	}
-	var keys []string
-	err = s.withConn(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT key FROM gemrecon_keys WHERE `+claimableWhere+` ORDER BY `+dueOrder+` LIMIT $3`,
+	return read(ctx, s, "due", false, func(q querier) ([]string, error) {
+		rows, err := q.Query(ctx, `SELECT key FROM gemrecon_keys WHERE `+claimableWhere+` ORDER BY `+dueOrder+` LIMIT $3`,
 			now, skipNeedsConfirm, limitArg(limit))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		keys, err = pgx.AppendRows([]string(nil), rows, pgx.RowTo[string]) // nil when none
-		return err
+		return pgx.AppendRows([]string(nil), rows, pgx.RowTo[string]) // nil when none
 	})
-	if err != nil {
-		return nil, fmt.Errorf("postgres: due: %w", err)
-	}
-	return keys, nil
-}
-
-// countBy reads the (text, count) rows of q into m.
-func countBy(ctx context.Context, tx pgx.Tx, q string, m map[string]int64) error {
-	rows, err := tx.Query(ctx, q)
-	if err != nil {
-		return err
-	}
-	var k string
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&k, &n}, func() error { m[k] = n; return nil })
-	return err
 }
 
 // microsDuration converts microseconds as PostgreSQL computes them (NULL:
@@ -470,30 +466,23 @@ func microsDuration(us *float64) time.Duration {
 // Stats summarises the sink from one snapshot. Latency percentiles are
 // nearest-rank (percentile_disc) over done keys' done_at − first_seen_at.
 func (s *pg) Stats(ctx context.Context) (sink.Stats, error) {
-	st := sink.NewStats()
 	now, err := s.Now(ctx)
 	if err != nil {
-		return st, err
+		return sink.NewStats(), err
 	}
-	err = s.withConn(ctx, func(c *pgx.Conn) error {
-		tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	return read(ctx, s, "stats", true, func(tx querier) (sink.Stats, error) {
+		st := sink.NewStats() // afresh if withConn runs this again
+		rows, err := tx.Query(ctx, `SELECT state, first_source, dead_reason, count(*) FROM gemrecon_keys GROUP BY 1, 2, 3`)
 		if err != nil {
-			return err
+			return st, err
 		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		byState := map[string]int64{}
-		for q, into := range map[string]map[string]int64{
-			`SELECT state, count(*) FROM gemrecon_keys GROUP BY state`:               byState,
-			`SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`: st.FirstSource,
-			`SELECT CASE WHEN dead_reason = '' THEN '` + sink.DeadEffect + `' ELSE dead_reason END, count(*)
-			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`: st.DeadByReason,
-		} {
-			if err := countBy(ctx, tx, q, into); err != nil {
-				return err
-			}
-		}
-		for state, n := range byState {
-			st.ByState[sink.State(state)] = n
+		var state, source, dead string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&state, &source, &dead, &n}, func() error {
+			st.AddKeys(sink.State(state), source, dead, n)
+			return nil
+		}); err != nil {
+			return st, err
 		}
 		var oldest, p50, p99, max *float64
 		err = tx.QueryRow(ctx, `SELECT
@@ -509,42 +498,27 @@ func (s *pg) Stats(ctx context.Context) (sink.Stats, error) {
 			FROM gemrecon_keys`, now).
 			Scan(&st.DuplicatesSuppressed, &st.Conflicts, &st.Fenced, &oldest, &p50, &p99, &max)
 		if err != nil {
-			return err
+			return st, err
 		}
 		st.OldestPendingAge = microsDuration(oldest)
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
 			AND batch_end > $1 AND batch_end <= $2`, now.Add(-sink.ResultsKept), now.Add(sink.ResultsWarning-sink.ResultsKept)).
 			Scan(&st.ResultsExpiring); err != nil {
-			return err
+			return st, err
 		}
 		st.LatencyP50, st.LatencyP99, st.LatencyMax = microsDuration(p50), microsDuration(p99), microsDuration(max)
 		st.Passes, err = passRecords(ctx, tx)
-		return err
+		return st, err
 	})
-	if err != nil {
-		return st, fmt.Errorf("postgres: stats: %w", err)
-	}
-	return st, nil
 }
 
 func (s *pg) PassRecords(ctx context.Context) ([]sink.PassRecord, error) {
-	var recs []sink.PassRecord
-	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		var err error
-		recs, err = passRecords(ctx, c)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("postgres: pass records: %w", err)
-	}
-	return recs, nil
+	return read(ctx, s, "pass records", false, func(q querier) ([]sink.PassRecord, error) { return passRecords(ctx, q) })
 }
 
 // passRecords reads every scope's record, ordered by scope in byte order
 // (COLLATE "C", as sink/sqlite orders them); never nil.
-func passRecords(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}) ([]sink.PassRecord, error) {
+func passRecords(ctx context.Context, q querier) ([]sink.PassRecord, error) {
 	rows, err := q.Query(ctx, `SELECT `+passColumns+` FROM gemrecon_passes ORDER BY scope COLLATE "C"`)
 	if err != nil {
 		return nil, err
@@ -576,19 +550,15 @@ func (s *pg) MaxLookback(ctx context.Context) (d time.Duration, forever bool, ok
 // Ping checks that the database answers and, unless read-only, accepts
 // writes (not a standby, not a read-only transaction default).
 func (s *pg) Ping(ctx context.Context) error {
-	err := s.withConn(ctx, func(c *pgx.Conn) error {
-		var recovery bool
+	_, err := read(ctx, s, "ping", false, func(q querier) (recovery bool, err error) {
 		var ro string
-		if err := c.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&recovery, &ro); err != nil {
-			return err
+		if err := q.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&recovery, &ro); err != nil {
+			return recovery, err
 		}
 		if !s.opt.ReadOnly && (recovery || ro == "on") {
-			return errors.New("database is read-only")
+			return recovery, errors.New("database is read-only")
 		}
-		return nil
+		return recovery, nil
 	})
-	if err != nil {
-		return fmt.Errorf("postgres: ping: %w", err)
-	}
-	return nil
+	return err
 }

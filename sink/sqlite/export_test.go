@@ -21,7 +21,10 @@ func WithExtraMigration(name, text string) Option {
 		if err != nil {
 			panic(err)
 		}
-		c.extraMigrations = append(c.extraMigrations, m)
+		if c.migrations == nil {
+			c.migrations, _ = migrations()
+		}
+		c.migrations = append(c.migrations, m)
 	}
 }
 

@@ -120,13 +120,10 @@ func retryBusy(ctx context.Context, busy time.Duration, fn func() error) error {
 	}
 }
 
-// brokenErr holds the error that made a sink unusable.
-type brokenErr struct{ err error }
-
 // markBroken makes every later write, Record and Ping of the sink fail with
 // err (the first such error wins) and logs it, once, at error level.
 func (s *db) markBroken(err error) {
-	if s.broken.CompareAndSwap(nil, &brokenErr{err: err}) {
+	if s.broken.CompareAndSwap(nil, &err) {
 		s.log.Error("sqlite sink: THE DATABASE IS UNUSABLE; every write and readiness check fails from now on", "db", s.path, "err", err)
 	}
 }
@@ -137,7 +134,7 @@ func (s *db) markBroken(err error) {
 // its writes, Records and Pings fail with that error.
 func (s *db) Broken() error {
 	if b := s.broken.Load(); b != nil {
-		return b.err
+		return *b
 	}
 	return nil
 }
@@ -148,10 +145,9 @@ func (s *db) Broken() error {
 // SQLite opened beside it (zero until the open has them): SQLite keeps its
 // descriptors of them open, so their inodes cannot be reused either.
 type identity struct {
-	f        *os.File
-	dev, ino uint64
-	name     string // SQLite's name of the file, beside which the -wal and -shm are
-	wal, shm fileID
+	f              *os.File
+	main, wal, shm fileID
+	name           string // SQLite's name of the file, beside which the -wal and -shm are
 }
 
 // fileID is a file's device and inode.
@@ -174,7 +170,7 @@ func openIdentity(path string) (*identity, error) {
 		f.Close()
 		return nil, fmt.Errorf("sqlite sink %s: %v", path, err)
 	}
-	return &identity{f: f, dev: uint64(st.Dev), ino: st.Ino}, nil
+	return &identity{f: f, main: fileID{uint64(st.Dev), st.Ino}}, nil
 }
 
 // watchSides records the -wal and -shm files SQLite opened beside name (its
@@ -206,14 +202,14 @@ func (id *identity) close() {
 // opens could give SQLite or one connection another file than the identity
 // check sees.
 func (id *identity) sameFile(path, file string) error {
-	var st syscall.Stat_t
-	if err := syscall.Stat(file, &st); err != nil {
+	now, err := statID(file)
+	if err != nil {
 		return fmt.Errorf("sqlite sink %s: %w (the file SQLite opened, %s: %v): the path was changed while gemrecon opened it; run gemrecon again",
 			path, ErrFileReplaced, file, err)
 	}
-	if uint64(st.Dev) != id.dev || st.Ino != id.ino {
+	if now != id.main {
 		return fmt.Errorf("sqlite sink %s: %w (SQLite opened %s, device %d inode %d; the path named device %d inode %d when the open began): "+
-			"the path was changed while gemrecon opened it; run gemrecon again", path, ErrFileReplaced, file, st.Dev, st.Ino, id.dev, id.ino)
+			"the path was changed while gemrecon opened it; run gemrecon again", path, ErrFileReplaced, file, now.dev, now.ino, id.main.dev, id.main.ino)
 	}
 	return nil
 }
@@ -226,13 +222,13 @@ func (id *identity) sameFile(path, file string) error {
 // through SQLite's open descriptors): a WAL that no path names any more is
 // lost with the process, and with it every commit not yet checkpointed.
 func (s *db) checkIdentity() error {
-	var st syscall.Stat_t
-	if err := syscall.Stat(s.path, &st); err != nil {
+	now, err := statID(s.path)
+	if err != nil {
 		return replacedError(s.path, fmt.Sprintf("the path names no file now: %v", err))
 	}
-	if uint64(st.Dev) != s.ident.dev || st.Ino != s.ident.ino {
+	if now != s.ident.main {
 		return replacedError(s.path, fmt.Sprintf("the path names another file now: device %d inode %d, opened: device %d inode %d",
-			st.Dev, st.Ino, s.ident.dev, s.ident.ino))
+			now.dev, now.ino, s.ident.main.dev, s.ident.main.ino))
 	}
 	for _, side := range []struct {
 		suffix string
@@ -329,46 +325,18 @@ func schemaObjects(ctx context.Context, db *sql.Tx) ([]schemaObject, error) {
 	rows, err := db.QueryContext(ctx, `SELECT s.type, s.name, s.tbl_name, s.rootpage, coalesce(l.wr, 0)
 		FROM sqlite_schema s LEFT JOIN pragma_table_list l ON l.schema = 'main' AND l.name = s.name
 		WHERE s.type IN ('table', 'index') AND s.rootpage > 0 ORDER BY s.rootpage`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var objs []schemaObject
-	for rows.Next() {
-		var o schemaObject
-		if err := rows.Scan(&o.typ, &o.name, &o.table, &o.root, &o.withoutRowid); err != nil {
-			return nil, err
-		}
-		objs = append(objs, o)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	objs, err := collect(rows, err, func(sc scanner) (o schemaObject, err error) {
+		return o, sc.Scan(&o.typ, &o.name, &o.table, &o.root, &o.withoutRowid)
+	})
 	for i, o := range objs {
-		if o.typ != "table" || !o.withoutRowid {
-			continue
+		// The primary key's order is the table's own b-tree: its columns,
+		// quoted, are what firstEntryQuery orders by.
+		if err == nil && o.typ == "table" && o.withoutRowid {
+			err = db.QueryRowContext(ctx, `SELECT group_concat('"' || replace(name, '"', '""') || '"', ', ' ORDER BY pk)
+				FROM pragma_table_info(?) WHERE pk > 0`, o.name).Scan(&objs[i].table)
 		}
-		// The primary key's order is the table's own b-tree.
-		pk, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk`, o.name)
-		if err != nil {
-			return nil, err
-		}
-		var cols []string
-		for pk.Next() {
-			var c string
-			if err := pk.Scan(&c); err != nil {
-				pk.Close()
-				return nil, err
-			}
-			cols = append(cols, quoteIdent(c))
-		}
-		pk.Close()
-		if err := pk.Err(); err != nil {
-			return nil, err
-		}
-		objs[i].table = strings.Join(cols, ", ") // used by firstEntryQuery
 	}
-	return objs, nil
+	return objs, err
 }
 
 // firstEntryQuery reads the first entry of o's own b-tree.

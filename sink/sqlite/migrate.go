@@ -24,20 +24,11 @@ const applicationID = 1734700402
 type migration = sink.Migration
 
 // migrations returns the embedded migrations in version order.
-func migrations() ([]migration, error) { return allMigrations(nil) }
-
-// allMigrations is migrations followed by extra (tests simulate a newer
-// binary with them).
-func allMigrations(extra []migration) ([]migration, error) {
-	return sink.LoadMigrations(migrationFiles, extra)
-}
+func migrations() ([]migration, error) { return sink.LoadMigrations(migrationFiles) }
 
 // SchemaVersion is the schema version this build writes.
 func SchemaVersion() int {
-	ms, err := migrations()
-	if err != nil {
-		return 0
-	}
+	ms, _ := migrations()
 	return len(ms)
 }
 
@@ -56,16 +47,8 @@ func (s *db) migrate(ctx context.Context) error {
 		if err != nil {
 			return s.fail(err)
 		}
-		cur, app, err := versionOf(ctx, tx)
+		cur, err := checkSchema(ctx, tx, s.path, ms, s.fail)
 		if err != nil {
-			tx.Rollback()
-			return s.fail(err)
-		}
-		if err := s.checkVersion(ctx, tx, cur, app); err != nil {
-			tx.Rollback()
-			return err
-		}
-		if err := checkReader(ctx, tx, s.path, cur, ms); err != nil {
 			tx.Rollback()
 			return err
 		}
@@ -119,15 +102,31 @@ type rowQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// versionOf reads user_version and application_id.
-func versionOf(ctx context.Context, q rowQuerier) (version, app int, err error) {
-	if err := q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
-		return 0, 0, err
+// checkSchema reads the schema version of the database q reads and refuses
+// the database of another application (another application_id, or tables
+// but no gemrecon schema), and a schema newer than the migrations ms know
+// whose minimum reader is newer than they are too, or that records none.
+// fail turns an error reading it into the sink's.
+func checkSchema(ctx context.Context, q rowQuerier, path string, ms []migration, fail func(error) error) (int, error) {
+	var version, app, n, mr int
+	var hasMR bool
+	err := q.QueryRowContext(ctx, `SELECT (SELECT user_version FROM pragma_user_version),
+		(SELECT application_id FROM pragma_application_id), (SELECT count(*) FROM sqlite_schema)`).Scan(&version, &app, &n)
+	if err == nil && version > len(ms) {
+		mr, hasMR, err = storedMinReader(ctx, q)
 	}
-	if err := q.QueryRowContext(ctx, "PRAGMA application_id").Scan(&app); err != nil {
-		return 0, 0, err
+	switch {
+	case err != nil:
+		return 0, fail(err)
+	case app != 0 && app != applicationID:
+		return 0, fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
+	case version == 0 && n > 0:
+		return 0, fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d schema objects, no gemrecon schema): refusing to touch it", path, n)
 	}
-	return version, app, nil
+	if err := sink.CheckReader(version, mr, hasMR, len(ms)); err != nil {
+		return 0, fmt.Errorf("sqlite sink %s: %w", path, err)
+	}
+	return version, nil
 }
 
 // storedMinReader reads the minimum reader the database records; ok is false
@@ -147,67 +146,13 @@ func storedMinReader(ctx context.Context, q rowQuerier) (mr int, ok bool, err er
 	return mr, err == nil, err
 }
 
-// checkReader refuses a schema newer than the migrations ms know whose
-// minimum reader is newer than they are too (or that records none). A schema
-// this binary knows needs no check: it is one of ms's.
-func checkReader(ctx context.Context, q rowQuerier, path string, cur int, ms []migration) error {
-	if cur <= len(ms) {
-		return nil
-	}
-	mr, ok, err := storedMinReader(ctx, q)
-	if err != nil {
-		return classify(path, err, -1, 0)
-	}
-	return readerError(path, cur, mr, ok, len(ms))
-}
-
-// readerError is checkReader's rule: a binary that knows versions up to
-// latest may use schema version cur whose minimum reader is mr (ok: the
-// database records one).
-func readerError(path string, cur, mr int, ok bool, latest int) error {
-	switch {
-	case cur <= latest:
-		return nil
-	case !ok:
-		return fmt.Errorf("sqlite sink %s: schema version %d records no minimum reader, and this gemrecon knows versions up to %d (upgrade gemrecon): %w",
-			path, cur, latest, sink.ErrSchemaTooNew)
-	case mr > latest:
-		return fmt.Errorf("sqlite sink %s: schema version %d needs a gemrecon that knows schema version %d or later (its minimum reader), and this one knows versions up to %d (upgrade gemrecon): %w",
-			path, cur, mr, latest, sink.ErrSchemaTooNew)
-	}
-	return nil
-}
-
-// checkVersion refuses databases of other applications.
-func (s *db) checkVersion(ctx context.Context, q rowQuerier, cur, app int) error {
-	if app != 0 && app != applicationID {
-		return fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", s.path, app)
-	}
-	if cur == 0 {
-		var n int
-		if err := q.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&n); err != nil {
-			return s.fail(err)
-		}
-		if n > 0 {
-			return fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d tables, no gemrecon schema): refusing to touch it", s.path, n)
-		}
-	}
-	return nil
-}
-
 // checkReadable validates a read-only open, which never migrates: the schema
 // must be this build's, or a newer one whose minimum reader this build is. An
 // older schema is refused: this build's queries need its tables, and a
 // writing command upgrades it.
 func (s *db) checkReadable(ctx context.Context) error {
-	cur, app, err := versionOf(ctx, s.rdb)
+	cur, err := checkSchema(ctx, s.rdb, s.path, s.migrations, s.fail)
 	if err != nil {
-		return s.fail(err)
-	}
-	if err := s.checkVersion(ctx, s.rdb, cur, app); err != nil {
-		return err
-	}
-	if err := checkReader(ctx, s.rdb, s.path, cur, s.migrations); err != nil {
 		return err
 	}
 	if cur == 0 {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sinktest"
@@ -154,9 +155,11 @@ func TestMigrationMinReaderLine(t *testing.T) {
 	if err := sqlite.ParseMigration(fmt.Sprintf("%03d_x.sql", next), fmt.Sprintf("-- min_reader: %d\nCREATE TABLE x (a);\n", next)); err != nil {
 		t.Errorf("a valid migration: %v", err)
 	}
-	_, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "x.db"), sink.Options{}, quiet,
-		sqlite.WithExtraMigration(fmt.Sprintf("%03d_x.sql", next), "-- min_reader: 1\nCREATE TABLE x (a);\n"))
-	if next > 2 && (err == nil || !strings.Contains(err.Error(), "below its predecessor")) {
-		t.Errorf("a minimum reader below its predecessor's: Open = %v", err)
+	falling := fstest.MapFS{}
+	for i, mr := range []int{1, 2, 1} {
+		falling[fmt.Sprintf("migrations/%03d_x.sql", i+1)] = &fstest.MapFile{Data: fmt.Appendf(nil, "-- min_reader: %d\n", mr)}
+	}
+	if _, err := sink.LoadMigrations(falling); err == nil || !strings.Contains(err.Error(), "below its predecessor") {
+		t.Errorf("a minimum reader below its predecessor's: LoadMigrations = %v", err)
 	}
 }

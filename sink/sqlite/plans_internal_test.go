@@ -88,7 +88,7 @@ func TestDueKeysMergeOrder(t *testing.T) {
 				t.Fatal(err)
 			}
 			rows, err := s.db.rdb.QueryContext(ctx, `SELECT key FROM (`+dueQuery("key", false)+`)`, now, limit)
-			got, err := collectKeys(rows, err)
+			got, err := collect(rows, err, scanKey)
 			if err != nil {
 				t.Fatal(err)
 			}

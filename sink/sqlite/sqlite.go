@@ -12,7 +12,7 @@
 package sqlite
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -42,9 +42,9 @@ var ErrReadOnly = errors.New("sink opened read-only")
 type Option func(*config)
 
 type config struct {
-	logger          *slog.Logger
-	extraMigrations []migration // tests: a newer binary's migrations
-	dsnParams       string      // tests: appended to the writing pools' DSN
+	logger     *slog.Logger
+	migrations []migration // tests: a newer binary's (nil: the embedded ones)
+	dsnParams  string      // tests: appended to the writing pools' DSN
 }
 
 // WithLogger sets where conflicts, fenced outcomes and a broken file are
@@ -85,7 +85,7 @@ type db struct {
 	schemaFound, schemaNow int
 	ident                  *identity // the opened file; nil when read-only
 	dsnParams              string    // see config
-	broken                 atomic.Pointer[brokenErr]
+	broken                 atomic.Pointer[error]
 	opened                 atomic.Bool // Open has returned the sink (checkConn)
 
 	rdb *sql.DB // reader pool
@@ -172,9 +172,7 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 	for _, o := range extra {
 		o(&cfg)
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
+	cfg.logger = cmp.Or(cfg.logger, slog.Default())
 	opt = opt.WithDefaults()
 	if err := processSetup(); err != nil {
 		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
@@ -193,9 +191,12 @@ func Open(ctx context.Context, path string, opt sink.Options, extra ...Option) (
 
 // openOnce is one attempt of Open; on error it leaves nothing open.
 func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*db, error) {
-	ms, err := allMigrations(cfg.extraMigrations)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
+	var err error
+	ms := cfg.migrations
+	if ms == nil {
+		if ms, err = migrations(); err != nil {
+			return nil, fmt.Errorf("sqlite sink %s: %w", path, err)
+		}
 	}
 	if err := checkFile(path, opt, ms); err != nil {
 		return nil, err
@@ -206,11 +207,11 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 			return nil, s.fail(err)
 		}
 		s.rdb.SetMaxOpenConns(4)
-		if err := s.checkReadable(ctx); err != nil {
-			s.rdb.Close()
-			return nil, err
+		err := s.checkReadable(ctx)
+		if err == nil {
+			err = s.checkStructure(ctx, s.rdb)
 		}
-		if err := s.checkStructure(ctx, s.rdb); err != nil {
+		if err != nil {
 			s.rdb.Close()
 			return nil, err
 		}
@@ -238,8 +239,6 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		return fail(s.fail(err))
 	}
 	s.wdb.SetMaxOpenConns(1)
-	s.wdb.SetConnMaxLifetime(0)
-	s.wdb.SetConnMaxIdleTime(0)
 	// A damaged file is refused before anything is written to it.
 	if err := s.checkStructure(ctx, s.wdb); err != nil {
 		return fail(err)
@@ -486,49 +485,33 @@ func checkHeader(h []byte) error {
 // Otherwise, or should that read fail, SQLite reads it the ordinary way.
 func checkSchemaReadOnly(path string, head []byte, ms []migration) error {
 	// check reads the file named immutable as immutable, or when that is
-	// "", path the ordinary way. It returns unread when SQLite could not
-	// read the file.
-	check := func(immutable string) (unread bool, err error) {
+	// "", path the ordinary way.
+	check := func(immutable string) error {
 		var db *sql.DB
+		var err error
 		if immutable != "" {
 			db, err = openImmutable(immutable)
 		} else {
 			db, err = openDB(path, sink.DefaultBusyTimeout, true)
 		}
+		fail := func(err error) error { return classify(path, err, -1, sink.DefaultBusyTimeout) }
 		if err != nil {
-			return true, classify(path, err, -1, sink.DefaultBusyTimeout)
+			return fail(err)
 		}
 		defer db.Close()
-		ctx := context.Background()
-		var version, app, n, mr int
-		var hasMR bool
-		err = db.QueryRowContext(ctx, `SELECT (SELECT user_version FROM pragma_user_version),
-			(SELECT application_id FROM pragma_application_id), (SELECT count(*) FROM sqlite_schema)`).Scan(&version, &app, &n)
-		if err == nil && version > len(ms) {
-			mr, hasMR, err = storedMinReader(ctx, db)
-		}
-		if err != nil {
-			return true, classify(path, err, -1, sink.DefaultBusyTimeout)
-		}
-		switch {
-		case app != 0 && app != applicationID:
-			return false, fmt.Errorf("sqlite sink %s: not a gemrecon database (application_id %d): refusing to touch it", path, app)
-		case version == 0 && n > 0:
-			return false, fmt.Errorf("sqlite sink %s: an SQLite database of another application (%d schema objects, no gemrecon schema): refusing to touch it", path, n)
-		}
-		return false, readerError(path, version, mr, hasMR, len(ms))
+		_, err = checkSchema(context.Background(), db, path, ms, fail)
+		return err
 	}
 	if file, ok := immutableFile(path, head); ok {
 		// Trusted only for the newer-schema rule: a read that raced a
 		// checkpoint may mix two states, but versions and minimum readers
-		// only grow, so a refusal it gives is right. Anything else is
-		// decided by an ordinary read.
-		if unread, err := check(file); !unread && (err == nil || errors.Is(err, sink.ErrSchemaTooNew)) {
+		// only grow, so a refusal it gives is right. Anything else (a read
+		// that failed included) is decided by an ordinary read.
+		if err := check(file); err == nil || errors.Is(err, sink.ErrSchemaTooNew) {
 			return err
 		}
 	}
-	_, err := check("")
-	return err
+	return check("")
 }
 
 // immutableFile returns the file checkSchemaReadOnly may read as immutable:
@@ -581,24 +564,15 @@ func openDB(path string, busy time.Duration, readOnly bool) (*sql.DB, error) {
 
 // dsn is the driver's name for path, with the pragmas of openDB.
 func dsn(path string, busy time.Duration, readOnly bool) string {
-	pragmas := []string{fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds())}
-	if !readOnly {
-		pragmas = append(pragmas, fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
-	}
-	pragmas = append(pragmas, "foreign_keys(1)")
-	var b bytes.Buffer
-	for i, p := range pragmas {
-		if i > 0 {
-			b.WriteByte('&')
-		}
-		b.WriteString("_pragma=" + url.QueryEscape(p))
-	}
+	q := url.Values{"_pragma": {fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()), "foreign_keys(1)"}}
 	if readOnly {
-		b.WriteString("&mode=ro")
+		q.Set("mode", "ro")
 	} else {
-		b.WriteString("&_txlock=immediate&_journal_mode=WAL")
+		q["_pragma"] = append(q["_pragma"], fmt.Sprintf("page_size(%d)", PageSize), "synchronous(FULL)")
+		q.Set("_txlock", "immediate")
+		q.Set("_journal_mode", "WAL")
 	}
-	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: b.String()}
+	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: q.Encode()}
 	return u.String()
 }
 
@@ -676,32 +650,20 @@ func (s *db) checkConn(ctx context.Context, c driver.Conn) error {
 	return nil
 }
 
-// connText runs q on a driver connection and returns its one text value.
+// connText runs q, which answers one row of one text column, on a driver
+// connection.
 func connText(ctx context.Context, c driver.Conn, q string) (string, error) {
-	qc, ok := c.(driver.QueryerContext)
-	if !ok {
-		return "", fmt.Errorf("driver connection %T cannot query", c)
-	}
-	rows, err := qc.QueryContext(ctx, q, nil)
+	rows, err := c.(driver.QueryerContext).QueryContext(ctx, q, nil)
 	if err != nil {
 		return "", err
 	}
 	defer rows.Close()
-	v := make([]driver.Value, len(rows.Columns()))
-	if len(v) != 1 {
-		return "", fmt.Errorf("%s: %d columns, want 1", q, len(v))
-	}
+	v := make([]driver.Value, 1)
 	if err := rows.Next(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return "", fmt.Errorf("%s: no row", q)
-		}
-		return "", err
+		return "", fmt.Errorf("%s: %w", q, err)
 	}
-	switch x := v[0].(type) {
-	case string:
-		return x, nil
-	case []byte:
-		return string(x), nil
+	if s, ok := v[0].(string); ok {
+		return s, nil
 	}
 	return "", fmt.Errorf("%s: %T, want text", q, v[0])
 }

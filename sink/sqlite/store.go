@@ -87,15 +87,16 @@ func (t *tx) query(q string, args ...any) (*sql.Rows, error) {
 	return st.Query(args...)
 }
 
-// selectRow reads one key's row.
-const selectRow = `SELECT ` + rowColumns + ` FROM gemrecon_keys WHERE key = ?`
-
 func (t *tx) Load(key string) (sink.Row, bool, error) {
-	st, err := prepared(&t.db.wstmts, t.db.wconn, selectRow)
+	st, err := prepared(&t.db.wstmts, t.db.wconn, `SELECT `+rowColumns+` FROM gemrecon_keys WHERE key = ?`)
 	if err != nil {
 		return sink.Row{}, false, t.db.fail(err)
 	}
-	return t.db.peek(st.QueryRow(key))
+	r, err := scanRow(st.QueryRow(key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sink.Row{}, false, nil
+	}
+	return r, err == nil, t.db.fail(err)
 }
 
 // dueQuery lists claimable keys oldest first: by the time they became due
@@ -122,21 +123,32 @@ func limitArg(limit int) int {
 
 func (t *tx) Due(limit int, skipNeedsConfirm bool) ([]sink.Row, error) {
 	rows, err := t.query(dueQuery(rowColumns, skipNeedsConfirm), toNS(t.now), limitArg(limit))
+	return collect(rows, err, func(sc scanner) (sink.Row, error) {
+		var due, first int64 // the order's columns
+		return scanRow(scanFunc(func(dst ...any) error { return sc.Scan(append(dst, &due, &first)...) }))
+	})
+}
+
+// collect scans every row of rows (or returns err) with scan, and closes
+// rows; nil when there is none.
+func collect[T any](rows *sql.Rows, err error, scan func(scanner) (T, error)) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []sink.Row
+	var out []T
 	for rows.Next() {
-		var due, first int64
-		r, err := scanRow(scanFunc(func(dst ...any) error { return rows.Scan(append(dst, &due, &first)...) }))
+		v, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, r)
+		out = append(out, v)
 	}
 	return out, rows.Err()
 }
+
+// scanKey scans a row of one key.
+func scanKey(sc scanner) (k string, err error) { return k, sc.Scan(&k) }
 
 // scanFunc adapts a function to scanner.
 type scanFunc func(...any) error
@@ -225,23 +237,11 @@ func (t *tx) Purge(before time.Time) ([]string, error) {
 		return nil, err
 	}
 	rows, err := t.query(`DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < ? RETURNING key`, cut)
-	return collectKeys(rows, err)
-}
-
-func collectKeys(rows *sql.Rows, err error) ([]string, error) {
-	if err != nil {
-		return nil, err
+	keys, err := collect(rows, err, scanKey)
+	if keys == nil && err == nil {
+		keys = []string{}
 	}
-	defer rows.Close()
-	keys := []string{}
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return keys, err
 }
 
 func (t *tx) NoteLookback(d time.Duration) error {
@@ -345,15 +345,6 @@ func hash(p []byte) []byte {
 
 // The reads, on the reader pool.
 
-// peek scans one key row; ok is false when there is none.
-func (s *db) peek(row *sql.Row) (sink.Row, bool, error) {
-	r, err := scanRow(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return sink.Row{}, false, nil
-	}
-	return r, err == nil, s.fail(err)
-}
-
 // Peek reads under no context once ctx is checked: a read of one key by its
 // primary key is short, and a context that can end costs the database/sql
 // and driver goroutines that watch it more than the read.
@@ -412,46 +403,25 @@ func (s *db) Entry(ctx context.Context, key string) (sink.Entry, error) {
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT kind, token, command, holder, started, ended, outcome, error
 		FROM gemrecon_history WHERE key = ? ORDER BY seq`, key)
-	if err != nil {
-		return e, s.fail(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var a sink.Attempt
+	e.History, err = collect(rows, err, func(sc scanner) (a sink.Attempt, err error) {
 		var start, end int64
-		if err := rows.Scan(&a.Kind, &a.Token, &a.Command, &a.Holder, &start, &end, &a.Outcome, &a.Error); err != nil {
-			return e, s.fail(err)
-		}
+		err = sc.Scan(&a.Kind, &a.Token, &a.Command, &a.Holder, &start, &end, &a.Outcome, &a.Error)
 		a.Start, a.End = fromNS(start), fromNS(end)
-		e.History = append(e.History, a)
-	}
-	return e, s.fail(rows.Err())
+		return a, err
+	})
+	return e, s.fail(err)
 }
 
 func (s *db) Entries(ctx context.Context, o sink.ListOptions) ([]sink.Entry, error) {
 	rows, err := s.rdb.QueryContext(ctx, selectEntry+`WHERE ?1 = '' OR k.state = ?1
 		ORDER BY k.first_seen_at, k.key LIMIT ?2`, string(o.State), limitArg(o.Limit))
-	if err != nil {
-		return nil, s.fail(err)
-	}
-	defer rows.Close()
-	var out []sink.Entry
-	for rows.Next() {
-		e, err := scanEntry(rows)
-		if err != nil {
-			return nil, s.fail(err)
-		}
-		out = append(out, e)
-	}
-	return out, s.fail(rows.Err())
+	es, err := collect(rows, err, scanEntry)
+	return es, s.fail(err)
 }
 
 func (s *db) DueKeys(ctx context.Context, limit int, skipNeedsConfirm bool) ([]string, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT key FROM (`+dueQuery("key", skipNeedsConfirm)+`)`, toNS(s.opt.Now()), limitArg(limit))
-	keys, err := collectKeys(rows, err)
-	if len(keys) == 0 {
-		keys = nil
-	}
+	keys, err := collect(rows, err, scanKey)
 	return keys, s.fail(err)
 }
 
@@ -464,15 +434,15 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 		return st, s.fail(err)
 	}
 	defer tx.Rollback()
-	for q, into := range map[string]func(string, int64){
-		`SELECT state, count(*) FROM gemrecon_keys GROUP BY state`:               func(k string, n int64) { st.ByState[sink.State(k)] = n },
-		`SELECT first_source, count(*) FROM gemrecon_keys GROUP BY first_source`: func(k string, n int64) { st.FirstSource[k] = n },
-		`SELECT CASE WHEN dead_reason = '' THEN '` + sink.DeadEffect + `' ELSE dead_reason END, count(*)
-			FROM gemrecon_keys WHERE state = 'dead' GROUP BY 1`: func(k string, n int64) { st.DeadByReason[k] = n },
-	} {
-		if err := groupCount(ctx, tx, q, into); err != nil {
-			return st, s.fail(err)
+	rows, err := tx.QueryContext(ctx, `SELECT state, first_source, dead_reason, count(*) FROM gemrecon_keys GROUP BY 1, 2, 3`)
+	if _, err := collect(rows, err, func(sc scanner) (n int64, err error) {
+		var state, source, dead string
+		if err = sc.Scan(&state, &source, &dead, &n); err == nil {
+			st.AddKeys(sink.State(state), source, dead, n)
 		}
+		return n, err
+	}); err != nil {
+		return st, s.fail(err)
 	}
 	var oldest sql.NullInt64
 	if err := tx.QueryRowContext(ctx, `SELECT coalesce(sum(seen_count - 1), 0), coalesce(sum(conflicts), 0),
@@ -481,10 +451,10 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 		FROM gemrecon_keys`).Scan(&st.DuplicatesSuppressed, &st.Conflicts, &oldest, &st.Fenced); err != nil {
 		return st, s.fail(err)
 	}
-	if oldest.Valid {
-		st.OldestPendingAge = max(0, s.opt.Now().Sub(fromNS(oldest.Int64)))
-	}
 	now := s.opt.Now()
+	if oldest.Valid {
+		st.OldestPendingAge = max(0, now.Sub(fromNS(oldest.Int64)))
+	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
 		AND batch_end > ?1 AND batch_end <= ?2`, now.Add(-sink.ResultsKept).UnixNano(),
 		now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).Scan(&st.ResultsExpiring); err != nil {
@@ -516,15 +486,9 @@ func latencies(ctx context.Context, q querier, done int64, st *sink.Stats) error
 			row_number() OVER (ORDER BY done_at - first_seen_at) AS rn
 			FROM gemrecon_keys WHERE state = 'done')
 		WHERE rn IN (?1, ?2, ?3)`, r50, r99, rMax)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var rn, l int64
-		if err := rows.Scan(&rn, &l); err != nil {
-			return err
-		}
+	_, err = collect(rows, err, func(sc scanner) (rn int64, err error) {
+		var l int64
+		err = sc.Scan(&rn, &l)
 		for _, p := range []struct {
 			rank int64
 			d    *time.Duration
@@ -533,25 +497,9 @@ func latencies(ctx context.Context, q querier, done int64, st *sink.Stats) error
 				*p.d = time.Duration(l)
 			}
 		}
-	}
-	return rows.Err()
-}
-
-func groupCount(ctx context.Context, q querier, query string, f func(string, int64)) error {
-	rows, err := q.QueryContext(ctx, query)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k string
-		var n int64
-		if err := rows.Scan(&k, &n); err != nil {
-			return err
-		}
-		f(k, n)
-	}
-	return rows.Err()
+		return rn, err
+	})
+	return err
 }
 
 func (s *db) PassRecords(ctx context.Context) ([]sink.PassRecord, error) {
@@ -562,19 +510,14 @@ func (s *db) PassRecords(ctx context.Context) ([]sink.PassRecord, error) {
 // passRecords reads every record through q, ordered by scope; never nil.
 func passRecords(ctx context.Context, q querier) ([]sink.PassRecord, error) {
 	rows, err := q.QueryContext(ctx, `SELECT `+passColumns+` FROM gemrecon_passes ORDER BY scope`)
-	if err != nil {
-		return nil, err
+	recs, err := collect(rows, err, func(sc scanner) (sink.PassRecord, error) {
+		r, err := scanPass(sc)
+		return r.PassRecord, err
+	})
+	if recs == nil && err == nil {
+		recs = []sink.PassRecord{}
 	}
-	defer rows.Close()
-	recs := []sink.PassRecord{}
-	for rows.Next() {
-		r, err := scanPass(rows)
-		if err != nil {
-			return nil, err
-		}
-		recs = append(recs, r.PassRecord)
-	}
-	return recs, rows.Err()
+	return recs, err
 }
 
 func (s *db) MaxLookback(ctx context.Context) (time.Duration, bool, bool, error) {

@@ -79,15 +79,10 @@ func (s *db) writeLoop() {
 			s.runBatch(s.gather([]*op{o}))
 		case <-s.quit:
 			// Close holds off new writes; answer the queued ones.
-			for {
-				select {
-				case o := <-s.ops:
-					s.runBatch(s.gather([]*op{o}))
-					continue
-				default:
-				}
-				return
+			for len(s.ops) > 0 {
+				s.runBatch(s.gather([]*op{<-s.ops}))
 			}
+			return
 		}
 	}
 }

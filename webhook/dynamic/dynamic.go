@@ -19,7 +19,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,6 +30,8 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+
+	"github.com/gemrecon/gemrecon/canon"
 )
 
 // DefaultJWKSURL is where the Gemini API publishes the keys of its dynamic
@@ -103,10 +104,8 @@ type Config struct {
 	// aud is not checked (the Gemini API documents no audience).
 	Audience string
 	// Client fetches the key set; nil means a client of its own. Fetches
-	// are bounded by FetchTimeout whatever the client's own timeout.
+	// are bounded by DefaultFetchTimeout whatever the client's own timeout.
 	Client *http.Client
-	// FetchTimeout bounds one fetch; 0 means DefaultFetchTimeout.
-	FetchTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives one line per fetch (info on success, warn on failure);
@@ -135,12 +134,11 @@ func New(cfg Config) (*Verifier, error) {
 		now = time.Now
 	}
 	client := cmp.Or(cfg.Client, &http.Client{})
-	timeout := cmp.Or(max(cfg.FetchTimeout, 0), DefaultFetchTimeout)
 	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
 	return &Verifier{
 		audience: cfg.Audience,
 		now:      now,
-		keys:     &cache{url: u.String(), client: client, timeout: timeout, now: now, log: log, turn: make(chan struct{}, 1)},
+		keys:     &cache{url: u.String(), client: client, now: now, log: log, turn: make(chan struct{}, 1)},
 	}, nil
 }
 
@@ -182,9 +180,9 @@ func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Resu
 	if err != nil {
 		return Result{}, err
 	}
-	var msg []byte
+	var msg []byte // what a v1a entry signs: webhook-id "." webhook-timestamp "." body, as sent
 	if len(v1as) > 0 {
-		msg = v1aMessage(h, body)
+		msg = append([]byte(h.Get(HeaderID)+"."+h.Get(HeaderTimestamp)+"."), body...)
 	}
 
 	// Only now, with an entry that a key could verify, is the key set
@@ -264,7 +262,7 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 	for i, e := range entries {
 		n := i + 1
 		if value, v1a := strings.CutPrefix(e, "v1a,"); !v1a {
-			if j, ok := parseJWT(e, n, &reasons); ok {
+			if j, ok := v.parseJWT(e, n, now, &reasons); ok {
 				jwts = append(jwts, j)
 			}
 		} else if sig, ok := decodeSignature(value); ok {
@@ -279,7 +277,6 @@ func (v *Verifier) entries(h http.Header, now time.Time) ([]v1aEntry, []jwtEntry
 			v1as = nil
 		}
 	}
-	jwts = v.timelyJWTs(jwts, now, &reasons)
 	if len(v1as) == 0 && len(jwts) == 0 {
 		return nil, nil, nil, reasons.err(ErrUnverified)
 	}
@@ -304,38 +301,19 @@ func (v *Verifier) try(ks *keySet, v1as []v1aEntry, msg []byte, jwts []jwtEntry,
 		keys := ks.rsa[e.kid]
 		if len(keys) == 0 {
 			wantFresh = true
-			reasons.add(fmt.Sprintf("entry %d: the key set has no RSA key with the JWT's kid %s", e.n, quoteKid(e.kid)))
+			reasons.add(fmt.Sprintf("entry %d: the key set has no RSA key with the JWT's kid %s", e.n, canon.Quote(e.kid)))
 			continue
 		}
 		for _, k := range keys {
 			// Its claims were checked before any key was needed
-			// (timelyJWTs): the same bytes, verified now.
+			// (parseJWT): the same bytes, verified now.
 			if e.tok.Claims(k, new(jwt.Claims)) == nil {
 				return Result{Scheme: SchemeJWT, KeyID: e.kid}, true, false
 			}
 		}
-		reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, quoteKid(e.kid)))
+		reasons.add(fmt.Sprintf("entry %d: the JWT's RS256 signature does not verify with the key of kid %s", e.n, canon.Quote(e.kid)))
 	}
 	return Result{}, false, wantFresh
-}
-
-// timelyJWTs keeps the JWTs whose (not yet verified) claims pass
-// checkClaims, so that an expired or foreign token causes no fetch.
-func (v *Verifier) timelyJWTs(jwts []jwtEntry, now time.Time, reasons *reasonList) []jwtEntry {
-	out := jwts[:0]
-	for _, e := range jwts {
-		var c jwt.Claims
-		if err := e.tok.UnsafeClaimsWithoutVerification(&c); err != nil {
-			reasons.add(fmt.Sprintf("entry %d: JWT claims are not a JSON object of registered claims", e.n))
-			continue
-		}
-		if err := v.checkClaims(c, now); err != nil {
-			reasons.add(fmt.Sprintf("entry %d: JWT %v", e.n, err))
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // checkClaims applies the JWT rules of spec §6. A JWT signs no
@@ -374,41 +352,32 @@ func (v *Verifier) checkClaims(c jwt.Claims, now time.Time) error {
 	return nil
 }
 
-// parseJWT parses a compact JWS accepting RS256 only. go-jose refuses any
-// other alg at parse time (none, HS*, RS512, PS*, ES*, EdDSA, …), so an
-// HS256 token keyed with the RSA public key never reaches a key.
-func parseJWT(s string, n int, reasons *reasonList) (jwtEntry, bool) {
+// parseJWT parses a compact JWS accepting RS256 only, and keeps it when
+// its (not yet verified) claims pass checkClaims, so that an expired or
+// foreign token causes no fetch. go-jose refuses any other alg at parse
+// time (none, HS*, RS512, PS*, ES*, EdDSA, …), so an HS256 token keyed with
+// the RSA public key never reaches a key; its error names the alg it
+// refused.
+func (v *Verifier) parseJWT(s string, n int, now time.Time, reasons *reasonList) (jwtEntry, bool) {
 	tok, err := jwt.ParseSigned(s, []jose.SignatureAlgorithm{jose.RS256})
-	if err != nil {
-		if alg, ok := peekAlg(s); ok && alg != string(jose.RS256) {
-			reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, quoteKid(alg)))
-		} else {
-			reasons.add(fmt.Sprintf("entry %d: not a compact RS256 JWT", n))
-		}
-		return jwtEntry{}, false
-	}
-	if len(tok.Headers) != 1 || tok.Headers[0].KeyID == "" {
+	var alg *jose.ErrUnexpectedSignatureAlgorithm
+	var c jwt.Claims
+	switch {
+	case errors.As(err, &alg):
+		reasons.add(fmt.Sprintf("entry %d: JWT alg %s refused: only RS256 is accepted", n, canon.Quote(string(alg.Got))))
+	case err != nil:
+		reasons.add(fmt.Sprintf("entry %d: not a compact RS256 JWT", n))
+	case len(tok.Headers) != 1 || tok.Headers[0].KeyID == "":
 		reasons.add(fmt.Sprintf("entry %d: the JWT names no kid", n))
-		return jwtEntry{}, false
+	case tok.UnsafeClaimsWithoutVerification(&c) != nil:
+		reasons.add(fmt.Sprintf("entry %d: JWT claims are not a JSON object of registered claims", n))
+	default:
+		if err = v.checkClaims(c, now); err == nil {
+			return jwtEntry{n: n, tok: tok, kid: tok.Headers[0].KeyID}, true
+		}
+		reasons.add(fmt.Sprintf("entry %d: JWT %v", n, err))
 	}
-	return jwtEntry{n: n, tok: tok, kid: tok.Headers[0].KeyID}, true
-}
-
-// peekAlg reads the alg of a compact JWS's header without trusting it,
-// only to say why the token was refused.
-func peekAlg(s string) (string, bool) {
-	head, _, _ := strings.Cut(s, ".")
-	raw, err := base64.RawURLEncoding.DecodeString(head)
-	if err != nil {
-		return "", false
-	}
-	var hdr struct {
-		Alg string `json:"alg"`
-	}
-	if json.Unmarshal(raw, &hdr) != nil {
-		return "", false
-	}
-	return hdr.Alg, true
+	return jwtEntry{}, false
 }
 
 // v1aHeaders checks that the headers a v1a entry signs are there and the
@@ -432,12 +401,6 @@ func v1aHeaders(h http.Header, now time.Time) error {
 	return nil
 }
 
-// v1aMessage is what a v1a entry signs — webhook-id "." webhook-timestamp
-// "." body, the timestamp as sent (v1aHeaders checked them).
-func v1aMessage(h http.Header, body []byte) []byte {
-	return append([]byte(h.Get(HeaderID)+"."+h.Get(HeaderTimestamp)+"."), body...)
-}
-
 // decodeSignature decodes standard base64, padded or not, of exactly an
 // Ed25519 signature's length.
 func decodeSignature(s string) ([]byte, bool) {
@@ -446,16 +409,6 @@ func decodeSignature(s string) ([]byte, bool) {
 		sig, err = base64.RawStdEncoding.DecodeString(s)
 	}
 	return sig, err == nil && len(sig) == ed25519.SignatureSize
-}
-
-// quoteKid quotes a header value the sender chose (a kid, an alg), cut
-// short so that a long one cannot flood a log line.
-func quoteKid(s string) string {
-	const max = 64
-	if len(s) > max {
-		return strconv.Quote(s[:max]) + "…"
-	}
-	return strconv.Quote(s)
 }
 
 // reasonList gathers why entries failed, for one error message.

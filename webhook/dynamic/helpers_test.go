@@ -34,7 +34,7 @@ func served(t *testing.T, opts fakejwks.Options) (*fakejwks.Keys, *httptest.Serv
 
 func verifier(t *testing.T, url string, clk *testkit.Clock, audience string) *dynamic.Verifier {
 	t.Helper()
-	v, err := dynamic.New(dynamic.Config{JWKSURL: url, Now: clk.Now, Audience: audience, FetchTimeout: 5 * time.Second})
+	v, err := dynamic.New(dynamic.Config{JWKSURL: url, Now: clk.Now, Audience: audience})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,28 +77,26 @@ func parseKeySet(doc []byte) (*keySet, int, error) {
 	ks := &keySet{rsa: map[string][]*rsa.PublicKey{}}
 	skipped := 0
 	for _, r := range raw.Keys {
+		// Private halves, EC and symmetric keys are skipped: nothing here
+		// verifies with them, and a symmetric key must never be used as one.
 		var k jose.JSONWebKey
-		kept := false
-		if k.UnmarshalJSON(r) == nil && (k.Use == "" || k.Use == "sig") {
-			// Private halves, EC and symmetric keys are skipped: nothing
-			// here verifies with them, and a symmetric key must never be
-			// used as one.
-			switch pub := k.Key.(type) {
-			case ed25519.PublicKey:
-				kept = slices.Contains([]string{"", string(jose.EdDSA), "Ed25519"}, k.Algorithm) && len(ks.ed) < MaxEd25519Keys
-				if kept {
-					ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
-				}
-			case *rsa.PublicKey:
-				kept = (k.Algorithm == "" || k.Algorithm == string(jose.RS256)) && pub.N.BitLen() >= MinRSABits
-				if kept {
-					ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
-				}
+		if k.UnmarshalJSON(r) != nil || k.Use != "" && k.Use != "sig" {
+			skipped++
+			continue
+		}
+		switch pub := k.Key.(type) {
+		case ed25519.PublicKey:
+			if slices.Contains([]string{"", string(jose.EdDSA), "Ed25519"}, k.Algorithm) && len(ks.ed) < MaxEd25519Keys {
+				ks.ed = append(ks.ed, edKey{kid: k.KeyID, pub: pub})
+				continue
+			}
+		case *rsa.PublicKey:
+			if (k.Algorithm == "" || k.Algorithm == string(jose.RS256)) && pub.N.BitLen() >= MinRSABits {
+				ks.rsa[k.KeyID] = append(ks.rsa[k.KeyID], pub)
+				continue
 			}
 		}
-		if !kept {
-			skipped++
-		}
+		skipped++
 	}
 	if skipped == len(raw.Keys) {
 		return nil, skipped, fmt.Errorf("the key set has no usable Ed25519 or RSA signing key (%d keys, all skipped)", len(raw.Keys))
@@ -140,7 +138,6 @@ func cacheLifetime(h http.Header) time.Duration {
 type cache struct {
 	url     string
 	client  *http.Client
-	timeout time.Duration
 	now     func() time.Time
 	log     *slog.Logger
 	turn    chan struct{}
@@ -203,11 +200,11 @@ func (c *cache) attempt(ctx context.Context) {
 }
 
 // fetch GETs the key set. It runs on a context of its own (the values of
-// ctx, not its cancellation, and DefaultFetchTimeout or the configured
-// timeout), so that the request that happened to start it hanging up does
-// not fail the fetch for the others waiting on it.
+// ctx, not its cancellation, and DefaultFetchTimeout), so that the request
+// that happened to start it hanging up does not fail the fetch for the
+// others waiting on it.
 func (c *cache) fetch(ctx context.Context) (*keySet, int, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultFetchTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
