@@ -58,8 +58,8 @@ func (e *NoNameError) Error() string {
 	}
 	var listed []string
 	for i, f := range e.Fields {
-		if !plainField(f) {
-			f = Quote(f) // bounded, control characters escaped
+		if len(f) > 64 || strings.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ',' }) {
+			f = Quote(f) // not short printable ASCII: bounded, control characters escaped
 		}
 		if i == maxFieldsListed || len(strings.Join(listed, ", "))+len(f) > maxFieldsText {
 			listed = append(listed, fmt.Sprintf("… (%d more)", len(e.Fields)-i))
@@ -76,12 +76,6 @@ const (
 	maxFieldsListed = 20
 	maxFieldsText   = 600
 )
-
-// plainField reports whether a field name can be written as it is: short
-// printable ASCII.
-func plainField(f string) bool {
-	return len(f) <= 64 && !strings.ContainsFunc(f, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == ',' })
-}
 
 // NormalizeState returns an operation state in one spelling: upper case, with
 // the BATCH_STATE_ / JOB_STATE_ prefix (or a webhook type's "batch." prefix)

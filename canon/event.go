@@ -178,10 +178,7 @@ func findName(top, data object) (string, object, error) {
 			return n, obj, err
 		}
 	}
-	if data == nil {
-		return "", nil, nil
-	}
-	for _, f := range candidates {
+	for _, f := range candidates { // a nil data holds none
 		if n, obj, err := candidate("data."+f, data[f]); err != nil || n != "" {
 			return n, obj, err
 		}

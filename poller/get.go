@@ -76,21 +76,6 @@ func (e *TransientError) Error() string {
 // context.DeadlineExceeded).
 func (e *TransientError) Unwrap() []error { return []error{ErrTransient, e.Err} }
 
-// RequestCounts counts the HTTP requests a Poller has sent by purpose,
-// retries included.
-type RequestCounts struct {
-	List     int64 // list pages (Pass)
-	Get      int64 // Batches.Get (Get)
-	Probe    int64 // credential probes after a 403 (Get, Download)
-	Download int64 // file downloads (Download)
-}
-
-// RequestCounts returns how many requests of each kind this Poller sent.
-func (p *Poller) RequestCounts() RequestCounts {
-	n := &p.transport.byKind
-	return RequestCounts{List: n[kindList].Load(), Get: n[kindGet].Load(), Probe: n[kindProbe].Load(), Download: n[kindDownload].Load()}
-}
-
 // Get fetches one batch — the request the SDK's Batches.Get sends, GET
 // {base}/{apiVersion}/batches/<id> — through the same HTTP client, rate
 // limiter and retry rules as Pass (spec §9, confirmation: one rate limit
@@ -266,8 +251,11 @@ func keyInvalid(e genai.APIError) bool {
 		(strings.Contains(e.Message, "API key not valid") || strings.Contains(fmt.Sprint(e.Details), "API_KEY_INVALID"))
 }
 
+// describe is e for a message: its code, its status without the code that
+// an HTTP status line repeats ("NOT_FOUND", or "Not Found"), its message.
 func describe(e genai.APIError) string {
-	return fmt.Sprintf("HTTP %d %s: %s", e.Code, statusWord(e), truncate(e.Message, 200))
+	status := cmp.Or(strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" "), http.StatusText(e.Code))
+	return fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
 }
 
 // fromAPI reports whether e was read from the API's own error document
@@ -277,12 +265,6 @@ func describe(e genai.APIError) string {
 // "404 Not Found".
 func fromAPI(e genai.APIError) bool {
 	return !strings.HasPrefix(e.Status, strconv.Itoa(e.Code)+" ")
-}
-
-// statusWord is e's status for a message, without the code that an HTTP
-// status line repeats: "NOT_FOUND", or "Not Found".
-func statusWord(e genai.APIError) string {
-	return cmp.Or(strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" "), http.StatusText(e.Code))
 }
 
 // downloadBuffer is the one buffer a download copies through: memory stays
@@ -367,9 +349,12 @@ func (p *Poller) Download(ctx context.Context, file string, w io.Writer) (int64,
 		return n, fail(fmt.Errorf("after %d bytes: %w", n, body.err))
 	case err != nil:
 		return n, fmt.Errorf("poller: %s: after %d bytes: %w", op, n, err)
-	case unframed(resp):
-		// The end of this body is only the connection closing: a dropped
-		// connection looks the same. Ask the API how long the file is.
+	case resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed:
+		// An HTTP/1 body delimited only by the end of the connection: no
+		// Content-Length, no chunked encoding (whose last chunk marks the
+		// end), and not decompressed by the transport (gzip has its own
+		// end); HTTP/2 and later frame every body. A dropped connection
+		// looks the same: ask the API how long the file is.
 		return n, p.checkSize(ctx, op, id, n)
 	}
 	return n, nil
@@ -394,14 +379,6 @@ func (ir *idleReader) Read(p []byte) (int, error) {
 		ir.err = err
 	}
 	return n, err
-}
-
-// unframed reports an HTTP/1 response body delimited only by the end of
-// the connection: no Content-Length, no chunked encoding (whose last chunk
-// marks the end), and not decompressed by the transport (gzip has its own
-// end). HTTP/2 and later frame every body.
-func unframed(resp *http.Response) bool {
-	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed
 }
 
 // ErrSizeUnknown: a download's body had no length of its own (no
@@ -431,12 +408,10 @@ func (p *Poller) checkSize(ctx context.Context, op, id string, n int64) error {
 	var f struct {
 		SizeBytes json.RawMessage `json:"sizeBytes"`
 	}
-	size, perr := int64(-1), json.Unmarshal(body, &f)
-	if perr == nil {
-		// An int64: a JSON string, or a number.
-		size, perr = strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
-	}
-	if perr != nil || size < 0 {
+	_ = json.Unmarshal(body, &f) // a body that does not decode has no sizeBytes
+	// An int64: a JSON string, or a number.
+	size, err := strconv.ParseInt(strings.Trim(string(f.SizeBytes), `"`), 10, 64)
+	if err != nil || size < 0 {
 		return fmt.Errorf("poller: %s: %w after %d bytes without a length: files.get has no sizeBytes", op, ErrSizeUnknown, n)
 	}
 	if size != n {

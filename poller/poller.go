@@ -163,16 +163,11 @@ func DefaultConfig() Config {
 // Burst with their defaults first).
 func (c Config) Validate() error {
 	const p = "poller: "
-	switch c.Backend {
-	case BackendGemini:
-		if c.Project != "" || c.Location != "" {
-			return field.Errorf(p, "{Project} and {Location} apply to the vertex backend only")
-		}
-	case BackendVertex:
-	default:
-		return field.Errorf(p, "{Backend} %q: want %s or %s", c.Backend, BackendGemini, BackendVertex)
-	}
 	switch {
+	case c.Backend != BackendGemini && c.Backend != BackendVertex:
+		return field.Errorf(p, "{Backend} %q: want %s or %s", c.Backend, BackendGemini, BackendVertex)
+	case c.Backend == BackendGemini && (c.Project != "" || c.Location != ""):
+		return field.Errorf(p, "{Project} and {Location} apply to the vertex backend only")
 	case c.PageSize < 1 || c.PageSize > MaxPageSize:
 		return field.Errorf(p, "{PageSize} %d: want 1..%d", c.PageSize, MaxPageSize)
 	case c.Lookback < 0:
@@ -194,26 +189,20 @@ var ErrNoAPIKey = errors.New("no API key: set GEMINI_API_KEY (or GOOGLE_API_KEY)
 
 // CheckCredentials says what c lacks to reach the API: ErrNoAPIKey for the
 // Gemini API without a key, a field.Error for Vertex AI without a project
-// and a location; nil when HasCredentials.
+// and a location (whose Application Default Credentials the SDK looks up);
+// nil when it names them.
 func (c Config) CheckCredentials() error {
 	switch {
-	case c.HasCredentials():
-		return nil
-	case c.Backend == BackendVertex:
+	case c.Backend != BackendVertex && c.APIKey == "":
+		return ErrNoAPIKey
+	case c.Backend == BackendVertex && (c.Project == "" || c.Location == ""):
 		return field.Errorf("poller: ", "{Backend} vertex needs {Project} and {Location} (or GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION)")
 	}
-	return ErrNoAPIKey
+	return nil
 }
 
-// HasCredentials reports whether c names API credentials: an API key for
-// the Gemini API; a project and a location for Vertex AI (whose Application
-// Default Credentials the SDK looks up).
-func (c Config) HasCredentials() bool {
-	if c.Backend == BackendVertex {
-		return c.Project != "" && c.Location != ""
-	}
-	return c.APIKey != ""
-}
+// HasCredentials reports whether c names API credentials (CheckCredentials).
+func (c Config) HasCredentials() bool { return c.CheckCredentials() == nil }
 
 // Operation is one listed batch operation in a terminal state.
 type Operation struct {
@@ -309,10 +298,9 @@ type PassOptions struct {
 // Poller lists batch operations. One Poller may run passes one after the
 // other or concurrently; they share its rate limiter.
 type Poller struct {
-	cfg       Config
-	client    *genai.Client // resolves the key, base URL and version; sends nothing
-	httpc     *http.Client  // the client's HTTP client: list, get and probe
-	transport *transport
+	cfg    Config
+	client *genai.Client // resolves the key, base URL and version; sends nothing
+	httpc  *http.Client  // the client's HTTP client: list, get and probe
 }
 
 // New builds a Poller and its genai client. It sends no request.
@@ -366,7 +354,7 @@ func New(ctx context.Context, cfg Config) (*Poller, error) {
 	// The SDK's client is kept for what it resolves (key, base URL and
 	// version from the config or the environment; on Vertex the
 	// credentials around the transport); the requests are gemrecon's own.
-	p.client, p.transport = client, t
+	p.client = client
 	p.httpc = &http.Client{Transport: client.ClientConfig().HTTPClient.Transport, CheckRedirect: dropKeyAcrossHosts}
 	return p, nil
 }
@@ -390,12 +378,9 @@ func (p *Poller) Scope() string {
 		u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
 		base = u.String()
 	}
-	parts := []string{BackendGemini, base}
-	if cc.Backend == genai.BackendVertexAI {
-		parts[0] = BackendVertex
-		if cc.Project != "" || cc.Location != "" {
-			parts = append(parts, "project="+cc.Project, "location="+cc.Location)
-		}
+	parts := []string{p.cfg.Backend, base}
+	if cc.Backend == genai.BackendVertexAI && (cc.Project != "" || cc.Location != "") {
+		parts = append(parts, "project="+cc.Project, "location="+cc.Location)
 	}
 	if cc.APIKey != "" && (cc.Backend != genai.BackendVertexAI || cc.Project == "") {
 		sum := sha256.Sum256([]byte(cc.APIKey))

@@ -24,9 +24,8 @@ import (
 type passTrace struct {
 	requests atomic.Int64
 	retries  atomic.Int64
-	// kind says what the requests are for, to count them apart (the zero
-	// value is a list page).
-	kind reqKind
+	// kind says what the requests are for: kindList, …
+	kind string
 	// stream hands a successful body to the caller unread: never buffered,
 	// never captured (a file download, download.go).
 	stream bool
@@ -35,22 +34,18 @@ type passTrace struct {
 	lastDelay time.Duration
 }
 
-// reqKind is what a request is for; kindNames names each in errors.
-type reqKind int
-
+// What a request is for, as errors name it (BodyTooLargeError.Kind).
 const (
-	kindList reqKind = iota
-	kindGet
-	kindProbe
-	kindDownload
+	kindList     = "list page"
+	kindGet      = "get operation"
+	kindProbe    = "credential probe (list page)"
+	kindDownload = "files.get"
 )
-
-var kindNames = [...]string{"list page", "get operation", "credential probe (list page)", "files.get"}
 
 type traceKey struct{}
 
 // withTrace returns ctx carrying a new trace of requests of kind.
-func withTrace(ctx context.Context, kind reqKind) (context.Context, *passTrace) {
+func withTrace(ctx context.Context, kind string) (context.Context, *passTrace) {
 	t := &passTrace{kind: kind}
 	return context.WithValue(ctx, traceKey{}, t), t
 }
@@ -70,8 +65,6 @@ type transport struct {
 	// BodyTooLargeError) and maxBody, how much of one response the
 	// transport buffers.
 	cfg *Config
-	// byKind counts every HTTP attempt by what it was for.
-	byKind [len(kindNames)]atomic.Int64
 }
 
 // MaxResponseBody is the most the poller reads of one API response (a list
@@ -131,14 +124,13 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	trace, _ := ctx.Value(traceKey{}).(*passTrace)
 	if trace == nil {
-		trace = &passTrace{}
+		trace = &passTrace{kind: kindList}
 	}
 	for attempt := 0; ; attempt++ {
 		if err := t.limiter.Wait(ctx); err != nil {
 			return nil, fmt.Errorf("rate limiter: %w", err)
 		}
 		trace.requests.Add(1)
-		t.byKind[trace.kind].Add(1)
 		resp, body, err := t.try(req, trace)
 		var big *BodyTooLargeError
 		if errors.As(err, &big) || err == nil && resp.StatusCode/100 == 2 {
@@ -225,7 +217,7 @@ func (t *transport) read(resp *http.Response, err error, trace *passTrace) (*htt
 	defer resp.Body.Close()
 	ok := resp.StatusCode/100 == 2
 	tooLarge := func(length int64) error {
-		e := &BodyTooLargeError{Kind: kindNames[trace.kind], Status: resp.StatusCode, Limit: t.cfg.maxBody, Length: length}
+		e := &BodyTooLargeError{Kind: trace.kind, Status: resp.StatusCode, Limit: t.cfg.maxBody, Length: length}
 		if trace.kind == kindList {
 			e.PageSize = t.cfg.PageSize
 		}

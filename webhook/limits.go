@@ -205,10 +205,6 @@ type limitListener struct {
 	once  sync.Once
 }
 
-func newLimitListener(ln net.Listener, max int) *limitListener {
-	return &limitListener{Listener: ln, max: max, slots: make(chan struct{}, max+ProbeConns), done: make(chan struct{})}
-}
-
 func (l *limitListener) Accept() (net.Conn, error) {
 	select {
 	case l.slots <- struct{}{}:

@@ -77,7 +77,8 @@ func Serve(ctx context.Context, ln net.Listener, h *Handler, o ServerOptions) er
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(newLimitListener(ln, h.cfg.MaxConns)) }()
+	ll := &limitListener{Listener: ln, max: h.cfg.MaxConns, slots: make(chan struct{}, h.cfg.MaxConns+ProbeConns), done: make(chan struct{})}
+	go func() { errc <- srv.Serve(ll) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("webhook server: %w", err)

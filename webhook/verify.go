@@ -86,16 +86,13 @@ func (v *Verifier) Verify(body []byte, h http.Header) error {
 	}
 	// Try every secret even after a match, so the time taken does not say
 	// which secret (old or new) signed the request.
-	ok := false
+	err = ErrBadSignature
 	for _, wh := range v.hooks {
 		if wh.VerifyIgnoringTimestamp(body, signed) == nil {
-			ok = true
+			err = nil
 		}
 	}
-	if !ok {
-		return ErrBadSignature
-	}
-	return nil
+	return err
 }
 
 // Check judges the headers alone, as Verify does before it looks at the
@@ -141,9 +138,7 @@ func (v *Verifier) headers(h http.Header) (http.Header, error) {
 	}
 	// The library reads only the first webhook-signature line (Get): hand
 	// it every entry of every line as one line, which it splits on spaces.
-	signed := http.Header{}
-	signed.Set(standardwebhooks.HeaderWebhookID, id)
-	signed.Set(standardwebhooks.HeaderWebhookTimestamp, ts)
+	signed := h.Clone()
 	signed.Set(standardwebhooks.HeaderWebhookSignature, strings.Join(sigs, " "))
 	return signed, nil
 }
