@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
@@ -45,7 +46,7 @@ func writeLockFree(t *testing.T, path string) bool {
 // same 200 keys through an exec effect; each key's effect runs exactly once.
 // It runs on SQLite and on PostgreSQL.
 func TestR1EightProcessesOneEffectPerKey(t *testing.T) {
-	t.Parallel()
+	testkit.ParallelUnlessRace(t)
 	if testing.Short() {
 		t.Skip("multi-process")
 	}
@@ -115,7 +116,7 @@ func testR1(t *testing.T, db, dir string) {
 // over when their lease expires); a process has at most Concurrency attempts
 // running, so one kill leaves at most Concurrency of them.
 func TestR2KillNemesis(t *testing.T) {
-	t.Parallel()
+	testkit.ParallelUnlessRace(t)
 	if testing.Short() {
 		t.Skip("multi-process")
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gemrecon/gemrecon/effect"
 	"github.com/gemrecon/gemrecon/effect/sqlscript"
 	"github.com/gemrecon/gemrecon/internal/pgtest"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/dial"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
@@ -429,7 +430,7 @@ func TestSQLFailureRollsBackAndRetries(t *testing.T) {
 // a child's time instead (≈ 6.5 ms of ≈ 12 ms per key under -race): ten
 // kills all missing a transaction has odds of about 2^-10.
 func TestSQLKillNemesis(t *testing.T) {
-	t.Parallel()
+	testkit.ParallelUnlessRace(t)
 	forEachSQLBackend(t, func(t *testing.T, w *sqlWorld) {
 		const n, kills = 1000, 10
 		ctx := context.Background()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,24 @@ func gemrecon(t *testing.T, args ...string) result {
 	var out, errb bytes.Buffer
 	code := execute(context.Background(), &interrupts{}, args, strings.NewReader(""), &out, &errb)
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// gemreconWith runs one command line as a child process (child) with env
+// added to the test's environment: what gemrecon (in-process) does for a
+// test that must not change its own environment (t.Setenv), so that it can
+// run in parallel.
+func gemreconWith(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := child(t, args...)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("gemrecon %s: %v", strings.Join(args, " "), err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errb.String()}
 }
 
 func (r result) String() string {

@@ -196,8 +196,8 @@ func TestPollResultsDirAndPurge(t *testing.T) {
 // run out) finds no temporary file left, downloads the file again, and the
 // effect runs once, with the complete file.
 func TestKillDuringDownloadThenRestart(t *testing.T) {
-	t.Setenv("GEMINI_API_KEY", testAPIKey)
-	t.Setenv("GOOGLE_API_KEY", "")
+	parallel(t)
+	env := []string{"GEMINI_API_KEY=" + testAPIKey, "GOOGLE_API_KEY="}
 	const size = 8 << 20
 	api := fakeAPI(t, "SUCCEEDED")
 	api.Update("batches/b0", func(b *geminifake.Batch) { b.ResponsesFile = "files/big" })
@@ -210,6 +210,7 @@ func TestKillDuringDownloadThenRestart(t *testing.T) {
 			"--lease", "2s", "--effect-timeout", "1s", "--exec", effect}
 	}
 	first := child(t, args("poll")...)
+	first.Env = append(first.Env, env...)
 	var stderr testkit.Buffer
 	first.Stderr = &stderr
 	if err := first.Start(); err != nil {
@@ -244,7 +245,7 @@ func TestKillDuringDownloadThenRestart(t *testing.T) {
 	// Restart: drain until the dead process's lease has expired and the
 	// key is taken over.
 	waitFor(t, 60*time.Second, func() bool {
-		r := gemrecon(t, args("drain")...)
+		r := gemreconWith(t, env, args("drain")...)
 		if r.code != exitOK {
 			t.Fatalf("drain: %v", r)
 		}
@@ -268,7 +269,7 @@ func TestKillDuringDownloadThenRestart(t *testing.T) {
 	}
 	// Once more: nothing runs again, nothing is fetched again.
 	downloads := api.Count(http.MethodGet, "/v1beta/files/big:download")
-	wantCode(t, gemrecon(t, args("poll")...), exitOK)
+	wantCode(t, gemreconWith(t, env, args("poll")...), exitOK)
 	if n := api.Count(http.MethodGet, "/v1beta/files/big:download"); n != downloads || len(readLines(t, log)) != 1 {
 		t.Fatalf("a later poll fetched %d more times, ran %d effects", n-downloads, len(readLines(t, log))-1)
 	}

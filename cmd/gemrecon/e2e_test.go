@@ -33,6 +33,7 @@ import (
 // another, so the seeded drops and duplicates (drawn per message in queue
 // order) are the same on every run.
 func TestEndToEndEmulatorServePoll(t *testing.T) {
+	parallel(t)
 	if testing.Short() {
 		t.Skip("starts the emulator, serve and several polls as processes")
 	}
@@ -45,10 +46,8 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 
 	emu := startEmulator(t, "--batches", itoa(generated), "--finish-within", "0", "--created-finish-after", "1500ms",
 		"--seed", "15", "--drop", "0.3", "--duplicate", "0.5")
-	t.Setenv("GEMINI_API_KEY", emu.key)
-	t.Setenv("GOOGLE_API_KEY", "")
-	t.Setenv("GEMRECON_WEBHOOK_SECRET", "")
-	r := gemrecon(t, "webhooks", "--base-url", emu.url, "create", "--url", hook,
+	env := []string{"GEMINI_API_KEY=" + emu.key, "GOOGLE_API_KEY=", "GEMRECON_WEBHOOK_SECRET="}
+	r := gemreconWith(t, env, "webhooks", "--base-url", emu.url, "create", "--url", hook,
 		"--events", "batch.succeeded,batch.failed,batch.expired,batch.cancelled", "--secret-file", secrets)
 	wantCode(t, r, exitOK)
 	id := match(t, idLine, r.stdout)
@@ -56,6 +55,7 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 	effect := `--exec=echo "$GEMRECON_KEY $GEMRECON_SOURCE $GEMRECON_CONFIRMED" >> ` + shellQuote(log)
 	serve := child(t, "--db", db, "serve", "--listen", serveAddr, "--secret-file", secrets, "--dynamic",
 		"--jwks-url", emu.jwks, "--base-url", emu.url, "--retry-base", "200ms", "--retry-max", "1s", effect)
+	serve.Env = append(serve.Env, env...)
 	var serveErr testkit.Buffer
 	serve.Stderr = &serveErr
 	if err := serve.Start(); err != nil {
@@ -88,8 +88,9 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 	// every batch finished, then one last pass.
 	poll := func() {
 		t.Helper()
-		code, stderr, _ := runBounded(t, child(t, "--db", db, "poll", "--base-url", emu.url, "--qps", "0",
-			"--retry-base", "200ms", "--retry-max", "1s", effect), 60*time.Second)
+		cmd := child(t, "--db", db, "poll", "--base-url", emu.url, "--qps", "0", "--retry-base", "200ms", "--retry-max", "1s", effect)
+		cmd.Env = append(cmd.Env, env...)
+		code, stderr, _ := runBounded(t, cmd, 60*time.Second)
 		if code != exitOK {
 			t.Errorf("poll exited %d\n%s", code, stderr)
 		}
@@ -174,7 +175,7 @@ func TestEndToEndEmulatorServePoll(t *testing.T) {
 		return sent, statuses
 	}
 	for i := 1; ; i++ {
-		wantCode(t, gemrecon(t, "webhooks", "--base-url", emu.url, "ping", id), exitOK)
+		wantCode(t, gemreconWith(t, env, "webhooks", "--base-url", emu.url, "ping", id), exitOK)
 		waitFor(t, 30*time.Second, func() bool { n, _ := pings(); return n >= i })
 		if _, statuses := pings(); len(statuses) > 0 {
 			break

@@ -323,12 +323,11 @@ func TestEmulatorCreateDeliversDynamically(t *testing.T) {
 // emulator; the batches that finish afterwards reach it signed with the
 // secret create wrote, which webhook.Verifier accepts.
 func TestEmulatorStaticWebhookFromCLI(t *testing.T) {
+	parallel(t)
 	p := startEmulator(t, "--batches", "6", "--finish-within", "3s", "--seed", "3")
 	rc := newHookReceiver(t)
-	t.Setenv("GEMINI_API_KEY", p.key)
-	t.Setenv("GOOGLE_API_KEY", "")
 	secrets := filepath.Join(t.TempDir(), "whsec")
-	r := gemrecon(t, "webhooks", "--base-url", p.url, "create", "--url", rc.srv.URL+"/webhook",
+	r := gemreconWith(t, []string{"GEMINI_API_KEY=" + p.key, "GOOGLE_API_KEY="}, "webhooks", "--base-url", p.url, "create", "--url", rc.srv.URL+"/webhook",
 		"--events", "batch.succeeded,batch.failed,batch.expired,batch.cancelled", "--secret-file", secrets)
 	wantCode(t, r, exitOK)
 	p.waitIdle(t, func(st emulator.Status) bool { return st.Finished == 6 })
@@ -486,12 +485,11 @@ func TestEmulatorResultsDownloadByteForByte(t *testing.T) {
 // some 5xx), and `gemrecon poll` retries them: the pass exits 0 and records
 // every completion.
 func TestEmulatorFailRatePollRetries(t *testing.T) {
+	parallel(t)
 	p := startEmulator(t, "--batches", "6", "--finish-within", "0", "--seed", "5", "--fail-rate", "0.3")
-	t.Setenv("GEMINI_API_KEY", p.key)
-	t.Setenv("GOOGLE_API_KEY", "")
 	db := newDB(t)
 	out := filepath.Join(t.TempDir(), "effects.log")
-	r := gemrecon(t, "--db", db, "poll", "--base-url", p.url, "--page-size", "1", "--qps", "0",
+	r := gemreconWith(t, []string{"GEMINI_API_KEY=" + p.key, "GOOGLE_API_KEY="}, "--db", db, "poll", "--base-url", p.url, "--page-size", "1", "--qps", "0",
 		"--exec", `echo "$GEMRECON_KEY" >> `+shellQuote(out))
 	wantCode(t, r, exitOK)
 	if lines := readLines(t, out); len(lines) != 6 {

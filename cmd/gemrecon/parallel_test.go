@@ -11,8 +11,8 @@ import (
 // other, and with no other parallel test of the package. A test calls
 // parallel or parallelTimed instead of t.Parallel, unless it has parallel
 // subtests (TestScripts): those would need -parallel slots that tests
-// waiting for their group hold, so such a test keeps to t.Parallel and may
-// overlap the replica tests.
+// waiting for their group hold, so such a test keeps to t.Parallel and its
+// subtests join the group instead (TestScripts: each script, in Setup).
 
 // parallel is t.Parallel for a test that may share the machine with any
 // test but a replica test.
@@ -46,6 +46,12 @@ var testGroups = func() *groups {
 func (g *groups) enter(t *testing.T, group int) {
 	t.Helper()
 	t.Parallel()
+	t.Cleanup(g.join(group))
+}
+
+// join waits until a test of group may run, and returns the function that
+// says it has ended.
+func (g *groups) join(group int) (leave func()) {
 	g.mu.Lock()
 	g.waiting[group]++
 	for g.running[1-group] > 0 || (group == anyTests && g.waiting[timedTests] > 0) {
@@ -54,10 +60,10 @@ func (g *groups) enter(t *testing.T, group int) {
 	g.waiting[group]--
 	g.running[group]++
 	g.mu.Unlock()
-	t.Cleanup(func() {
+	return func() {
 		g.mu.Lock()
 		g.running[group]--
 		g.changed.Broadcast()
 		g.mu.Unlock()
-	})
+	}
 }

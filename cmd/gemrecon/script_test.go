@@ -61,14 +61,14 @@ func TestMain(m *testing.M) {
 // no script reaches the network. The commands beyond testscript's own are
 // in scriptCmds.
 func TestScripts(t *testing.T) {
-	// Not parallel(t): a test that holds a group must have no parallel
-	// subtests (they would wait for slots that tests waiting on the group hold).
+	// Not parallel(t): its scripts join the group (Setup), not the test.
 	t.Parallel()
 	testscript.Run(t, testscript.Params{
 		Dir:                 "../../testdata/script",
 		RequireExplicitExec: true,
 		RequireUniqueNames:  true,
 		Setup: func(env *testscript.Env) error {
+			env.Defer(testGroups.join(anyTests)) // see parallel
 			// No script may reach the network: the SDK's default endpoint
 			// is replaced by a closed port on loopback (fakeapi sets the
 			// stand-in's URL), so a command given an API key and no

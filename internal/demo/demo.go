@@ -271,7 +271,10 @@ func (r *run) startServe(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	r.server = serve.Start(ctx, serve.Config{Listener: ln, Handler: h, Dispatcher: r.disp, Logger: r.log,
-		Server: webhook.ServerOptions{DrainTimeout: 5 * time.Second, Logger: r.log}})
+		// The default drain: net/http's Shutdown waits up to 5 s for a
+		// connection accepted with no request yet, so a 5 s drain could
+		// time out on a slow machine with nothing in flight.
+		Server: webhook.ServerOptions{Logger: r.log}})
 	return nil
 }
 

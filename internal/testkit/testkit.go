@@ -104,17 +104,22 @@ func Main(m testscript.TestingM, commands map[string]func() int) {
 }
 
 // ParallelTests is how many parallel tests (t.Parallel) of a package whose
-// TestMain is Main run at once, unless go test's -parallel says otherwise.
-// Such tests spend their time waiting (on children, on their sleeps and
-// timeouts, on the disk), not computing, so go test's default, GOMAXPROCS,
-// would leave a two-core machine idle while they wait.
+// TestMain is Main run at once, unless go test's -parallel says otherwise
+// or the race detector is on. Such tests spend their time waiting (on
+// children, on their sleeps and timeouts, on the disk), not computing, so
+// go test's default, GOMAXPROCS, would leave a two-core machine idle while
+// they wait. Under the race detector the children compute several times
+// as much, so the default stays.
 const ParallelTests = 6
 
 // waitingTests runs m with -parallel at least ParallelTests when go test's
-// command line did not set it.
+// command line did not set it and the race detector is off.
 type waitingTests struct{ m testscript.TestingM }
 
 func (w waitingTests) Run() int {
+	if Race {
+		return w.m.Run()
+	}
 	if !flag.Parsed() {
 		flag.Parse()
 	}
@@ -236,6 +241,16 @@ func RaceEnv() string {
 		return "GORACE=" + old
 	}
 	return "GORACE=" + strings.TrimSpace(old+" atexit_sleep_ms=0")
+}
+
+// ParallelUnlessRace is t.Parallel for a test whose children keep the CPU
+// busy (many processes racing on one database, a kill nemesis): under the
+// race detector they compute several times as much, and such a test runs
+// alone, as a lease-bound test must, rather than beside others.
+func ParallelUnlessRace(t *testing.T) {
+	if !Race {
+		t.Parallel()
+	}
 }
 
 // Nobody is the user and group id tests drop to where file modes must

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
@@ -97,7 +98,7 @@ func raceChild(path string) int {
 // before the race: every key ends done, completed exactly once, no busy error
 // surfaces, and the file passes integrity_check.
 func TestMultiProcess(t *testing.T) {
-	t.Parallel()
+	testkit.ParallelUnlessRace(t)
 	if testing.Short() {
 		t.Skip("short")
 	}

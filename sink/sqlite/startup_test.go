@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gemrecon/gemrecon/internal/testkit"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
 	"github.com/gemrecon/gemrecon/sink/sqlite/sqlitetest"
@@ -110,13 +111,13 @@ func TestStartTogether(t *testing.T) {
 		rounds = n
 	}
 	// The rounds are independent (each its own new file), so they run as
-	// startGroups parallel subtests: most of a round is waiting for its
-	// children to start and sync.
-	t.Parallel()
+	// startGroups parallel subtests (unless the race detector is on): most
+	// of a round is waiting for its children to start and sync.
+	testkit.ParallelUnlessRace(t)
 	const startGroups = 3
 	for g := range startGroups {
 		t.Run(fmt.Sprintf("rounds%d", g), func(t *testing.T) {
-			t.Parallel()
+			testkit.ParallelUnlessRace(t)
 			var fails []string
 			n := 0
 			for i := g; i < rounds; i += startGroups {
