@@ -158,6 +158,11 @@ var processSetup = sync.OnceValue(func() error {
 // sqliteHeader starts every SQLite database file.
 const sqliteHeader = "SQLite format 3\x00"
 
+// readers is the size of the reader pool. All of them stay open when idle:
+// a connection closed and opened again costs its files' opens, a schema
+// read and the WAL check of checkConn.
+const readers = 4
+
 // Open opens (and, unless opt.ReadOnly, creates and migrates) the sink stored
 // in the SQLite file at path.
 //
@@ -206,7 +211,8 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 		if s.rdb, err = openDB(path, opt.BusyTimeout, true); err != nil {
 			return nil, s.fail(err)
 		}
-		s.rdb.SetMaxOpenConns(4)
+		s.rdb.SetMaxOpenConns(readers)
+		s.rdb.SetMaxIdleConns(readers)
 		err := s.checkReadable(ctx)
 		if err == nil {
 			err = s.checkStructure(ctx, s.rdb)
@@ -249,7 +255,8 @@ func openOnce(ctx context.Context, path string, opt sink.Options, cfg config) (*
 	if s.rdb, err = s.openWritable(); err != nil {
 		return fail(s.fail(err))
 	}
-	s.rdb.SetMaxOpenConns(4)
+	s.rdb.SetMaxOpenConns(readers)
+	s.rdb.SetMaxIdleConns(readers)
 	if s.wconn, err = s.wdb.Conn(ctx); err != nil {
 		return fail(s.fail(err))
 	}
