@@ -173,14 +173,11 @@ func asObject(raw json.RawMessage) object {
 // level first, then inside data (where the webhook's id also counts), and the
 // object that held it when the candidate was an object.
 func findName(top, data object) (string, object, error) {
-	for _, f := range candidates {
-		if n, obj, err := candidate(f, top[f]); err != nil || n != "" {
-			return n, obj, err
-		}
-	}
-	for _, f := range candidates { // a nil data holds none
-		if n, obj, err := candidate("data."+f, data[f]); err != nil || n != "" {
-			return n, obj, err
+	for i, in := range [...]object{top, data} { // a nil data holds none
+		for _, f := range candidates {
+			if n, obj, err := candidate([...]string{"", "data."}[i]+f, in[f]); err != nil || n != "" {
+				return n, obj, err
+			}
 		}
 	}
 	return candidate("data.id", data["id"])

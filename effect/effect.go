@@ -78,11 +78,6 @@ func mark[K any](err error, after time.Duration) error {
 	return &marked[K]{err: err, after: after}
 }
 
-func markOf[K any](err error) (*marked[K], bool) {
-	var m *marked[K]
-	return m, errors.As(err, &m)
-}
-
 // Permanent marks err as permanent: the dispatcher sends the key to dead at
 // once instead of scheduling a retry. Permanent(nil) is nil.
 func Permanent(err error) error { return mark[permanent](err, 0) }
@@ -90,7 +85,7 @@ func Permanent(err error) error { return mark[permanent](err, 0) }
 // IsPermanent reports whether err, or any error it wraps, was marked with
 // Permanent.
 func IsPermanent(err error) bool {
-	_, ok := markOf[permanent](err)
+	_, ok := errors.AsType[*marked[permanent]](err)
 	return ok
 }
 
@@ -106,7 +101,7 @@ func WithRetryAfter(err error, d time.Duration) error {
 // RetryAfterOf returns the delay attached with WithRetryAfter anywhere in
 // err's chain; ok is false when there is none.
 func RetryAfterOf(err error) (time.Duration, bool) {
-	if m, ok := markOf[retryAfter](err); ok {
+	if m, ok := errors.AsType[*marked[retryAfter]](err); ok {
 		return m.after, true
 	}
 	return 0, false
@@ -122,6 +117,6 @@ func Broken(err error) error { return mark[broken](err, 0) }
 // IsBroken reports whether err, or any error it wraps, was marked with
 // Broken.
 func IsBroken(err error) bool {
-	_, ok := markOf[broken](err)
+	_, ok := errors.AsType[*marked[broken]](err)
 	return ok
 }

@@ -48,7 +48,7 @@ type Forward struct {
 	url    string
 	wh     *standardwebhooks.Webhook
 	client *http.Client
-	// Now stamps webhook-timestamp; nil means time.Now.
+	// Now stamps webhook-timestamp (NewForward sets time.Now).
 	Now func() time.Time
 }
 
@@ -69,7 +69,7 @@ func NewForward(rawURL, secret string, client *http.Client) (*Forward, error) {
 	// permanent (fix the URL).
 	c := *cmp.Or(client, http.DefaultClient)
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	f := &Forward{url: rawURL, client: &c}
+	f := &Forward{url: rawURL, client: &c, Now: time.Now}
 	if secret != "" {
 		if !strings.HasPrefix(secret, "whsec_") {
 			return nil, errors.New("forward: the signing secret must start with whsec_ (a Standard Webhooks secret)")
@@ -113,12 +113,8 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderIdempotencyKey, ev.Key)
 	req.Header.Set(HeaderFencingToken, strconv.FormatInt(ev.Token, 10))
-	now := time.Now
-	if f.Now != nil {
-		now = f.Now
-	}
 	if f.wh != nil {
-		ts := now()
+		ts := f.Now()
 		id := MessageID(ev.Key, ev.Token)
 		sig, err := f.wh.Sign(id, ts, body)
 		if err != nil {
@@ -149,7 +145,7 @@ func (f *Forward) Run(ctx context.Context, ev Event) error {
 	if !retryableStatus(resp.StatusCode) {
 		return Permanent(ferr)
 	}
-	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now()); ok {
+	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), f.Now()); ok {
 		return WithRetryAfter(ferr, d)
 	}
 	return ferr

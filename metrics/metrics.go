@@ -61,7 +61,8 @@ type Metrics struct {
 	fenced         prometheus.Counter
 	effectDuration *prometheus.HistogramVec
 	requests       *prometheus.HistogramVec
-	webhook        webhookCounters        // webhook.go
+	ignored        *prometheus.CounterVec // gemrecon_webhook_ignored_total (ObserveIgnored, webhook.go)
+	invalid        *prometheus.CounterVec // gemrecon_webhook_invalid_total (ObserveInvalid, webhook.go)
 	passes         *prometheus.CounterVec // gemrecon_poll_passes_total (ObservePass, passes.go)
 	stats          *statsCollector        // nil without a sink
 }
@@ -83,39 +84,28 @@ type StatsReader interface {
 func New(s StatsReader) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	r := promauto.With(m.reg)
-	m.deliveries = r.NewCounterVec(prometheus.CounterOpts{
-		Name: "gemrecon_deliveries_total",
-		Help: "Sightings handled by this process, by source (webhook, poll) and outcome (accepted, duplicate, done, ignored, invalid, bad_request, too_large, unverified, unavailable).",
-	}, []string{"source", "outcome"})
-	m.duplicates = r.NewCounterVec(prometheus.CounterOpts{
-		Name: "gemrecon_duplicates_suppressed_total",
-		Help: "Sightings of an already known key that this process recorded without starting anything, by source.",
-	}, []string{"source"})
-	m.effects = r.NewCounterVec(prometheus.CounterOpts{
-		Name: "gemrecon_effects_total",
-		Help: "Dispatch attempts finished by this process, by result (done, retry, dead, fenced, busy, skipped).",
-	}, []string{"result"})
+	counters := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return r.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
+	histograms := func(name, help string, buckets []float64, label string) *prometheus.HistogramVec {
+		return r.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, []string{label})
+	}
+	m.deliveries = counters("gemrecon_deliveries_total", "Sightings handled by this process, by source (webhook, poll) and outcome (accepted, duplicate, done, ignored, invalid, bad_request, too_large, unverified, unavailable).", "source", "outcome")
+	m.duplicates = counters("gemrecon_duplicates_suppressed_total", "Sightings of an already known key that this process recorded without starting anything, by source.", "source")
+	m.effects = counters("gemrecon_effects_total", "Dispatch attempts finished by this process, by result (done, retry, dead, fenced, busy, skipped).", "result")
 	// A plain counter is exposed as 0 from the start, so rate() and
 	// alerts see the series before the first increase.
-	m.fenced = r.NewCounter(prometheus.CounterOpts{
-		Name: "gemrecon_fenced_total",
-		Help: "Effect outcomes this process discarded because the claim's fencing token was no longer current.",
-	})
-	m.effectDuration = r.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "gemrecon_effect_duration_seconds",
-		Help:    "Wall time of one effect attempt in this process, by result.",
-		Buckets: effectBuckets,
-	}, []string{"result"})
-	m.requests = r.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "gemrecon_webhook_request_duration_seconds",
-		Help:    "Time from reading a webhook request to writing its response, by status code.",
-		Buckets: requestBuckets,
-	}, []string{"code"})
-	m.passes = r.NewCounterVec(prometheus.CounterOpts{
-		Name: "gemrecon_poll_passes_total",
-		Help: "Poll passes this process began, by scope and outcome (listed, forced, skipped_held, skipped_recent, lease_lost, error). Replicas sharing a database list one at a time: sum listed over processes for the fleet's passes.",
-	}, []string{"scope", "outcome"})
-	m.webhook = newWebhookCounters(r)
+	m.fenced = r.NewCounter(prometheus.CounterOpts{Name: "gemrecon_fenced_total", Help: "Effect outcomes this process discarded because the claim's fencing token was no longer current."})
+	m.effectDuration = histograms("gemrecon_effect_duration_seconds", "Wall time of one effect attempt in this process, by result.", effectBuckets, "result")
+	m.requests = histograms("gemrecon_webhook_request_duration_seconds", "Time from reading a webhook request to writing its response, by status code.", requestBuckets, "code")
+	m.passes = counters("gemrecon_poll_passes_total", "Poll passes this process began, by scope and outcome (listed, forced, skipped_held, skipped_recent, lease_lost, error). Replicas sharing a database list one at a time: sum listed over processes for the fleet's passes.", "scope", "outcome")
+	m.ignored = counters("gemrecon_webhook_ignored_total", "Webhook events answered 200 ignored and not recorded (not a batch event, or not a completion), by type (known types by name, none, other).", "type")
+	m.invalid = counters("gemrecon_webhook_invalid_total", "Verified webhook bodies that could not be used, answered 200 invalid and not recorded, by reason (bad_json, bad_envelope, no_name, bad_field, bad_name, other).", "reason")
+	// A fixed set of reasons: expose each as 0 from the start, so that an
+	// alert on any increase sees the series before the first one.
+	for _, reason := range invalidReasons {
+		m.invalid.WithLabelValues(reason)
+	}
 	if s != nil {
 		m.stats = newStatsCollector(s)
 		m.reg.MustRegister(m.stats)

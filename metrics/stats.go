@@ -14,10 +14,9 @@ import (
 // gauges and counters at scrape time, reusing one result for ttl so that
 // frequent scrapes cost at most one query per ttl.
 type statsCollector struct {
-	s       StatsReader
-	ttl     time.Duration
-	timeout time.Duration
-	now     func() time.Time
+	s   StatsReader
+	ttl time.Duration
+	now func() time.Time
 
 	mu      sync.Mutex
 	at      time.Time
@@ -32,7 +31,7 @@ type statsCollector struct {
 }
 
 func newStatsCollector(s StatsReader) *statsCollector {
-	c := &statsCollector{s: s, ttl: DefaultStatsTTL, timeout: 5 * time.Second, now: time.Now}
+	c := &statsCollector{s: s, ttl: DefaultStatsTTL, now: time.Now}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		d := prometheus.NewDesc(name, help, labels, nil)
 		c.descs = append(c.descs, d)
@@ -65,7 +64,7 @@ func (c *statsCollector) get() (sink.Stats, error) {
 	if age := now.Sub(c.at); c.fetched && age >= 0 && age < c.ttl {
 		return c.stats, c.err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // one query's bound
 	defer cancel()
 	c.stats, c.err = c.s.Stats(ctx)
 	c.at, c.fetched = now, true

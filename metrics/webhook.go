@@ -4,9 +4,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
-
 	"github.com/gemrecon/gemrecon/sink"
 )
 
@@ -43,32 +40,6 @@ var KnownEventTypes = []string{
 	"video.generated", "ping", "webhook.ping",
 }
 
-// webhookCounters are the receiver's counters of bodies it answered 200
-// without recording anything.
-type webhookCounters struct {
-	ignored *prometheus.CounterVec
-	invalid *prometheus.CounterVec
-}
-
-func newWebhookCounters(r promauto.Factory) webhookCounters {
-	c := webhookCounters{
-		ignored: r.NewCounterVec(prometheus.CounterOpts{
-			Name: "gemrecon_webhook_ignored_total",
-			Help: "Webhook events answered 200 ignored and not recorded (not a batch event, or not a completion), by type (known types by name, none, other).",
-		}, []string{"type"}),
-		invalid: r.NewCounterVec(prometheus.CounterOpts{
-			Name: "gemrecon_webhook_invalid_total",
-			Help: "Verified webhook bodies that could not be used, answered 200 invalid and not recorded, by reason (bad_json, bad_envelope, no_name, bad_field, bad_name, other).",
-		}, []string{"reason"}),
-	}
-	// A fixed set of reasons: expose each as 0 from the start, so that an
-	// alert on any increase sees the series before the first one.
-	for _, r := range invalidReasons {
-		c.invalid.WithLabelValues(r)
-	}
-	return c
-}
-
 // EventTypeLabel returns the type label of gemrecon_webhook_ignored_total
 // for an event type: the known type's spelling (matched ignoring case),
 // IgnoredTypeNone for an event without a type, IgnoredTypeOther otherwise.
@@ -89,7 +60,7 @@ func (m *Metrics) ObserveIgnored(eventType string, hasType bool) {
 	if m == nil {
 		return
 	}
-	m.webhook.ignored.WithLabelValues(EventTypeLabel(eventType, hasType)).Inc()
+	m.ignored.WithLabelValues(EventTypeLabel(eventType, hasType)).Inc()
 	m.ObserveDelivery(sink.SourceWebhook, OutcomeIgnored)
 }
 
@@ -104,6 +75,6 @@ func (m *Metrics) ObserveInvalid(reason string) {
 	if !slices.Contains(invalidReasons, reason) {
 		reason = InvalidOther
 	}
-	m.webhook.invalid.WithLabelValues(reason).Inc()
+	m.invalid.WithLabelValues(reason).Inc()
 	m.ObserveDelivery(sink.SourceWebhook, OutcomeInvalid)
 }

@@ -93,9 +93,8 @@ func (h *Handler) readVerified(w http.ResponseWriter, r *http.Request) ([]byte, 
 	} else {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
 	}
-	var tooBig *http.MaxBytesError
 	switch {
-	case errors.As(err, &tooBig):
+	case errors.As(err, new(*http.MaxBytesError)):
 		h.reject(w, r, http.StatusRequestEntityTooLarge, metrics.OutcomeTooLarge,
 			fmt.Sprintf("body is over the %d-byte limit", h.cfg.MaxBody))
 		return nil, 0, false

@@ -103,9 +103,6 @@ type Config struct {
 	// Audience, when set, must be among a JWT's aud values; when empty,
 	// aud is not checked (the Gemini API documents no audience).
 	Audience string
-	// Client fetches the key set; nil means a client of its own. Fetches
-	// are bounded by DefaultFetchTimeout whatever the client's own timeout.
-	Client *http.Client
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives one line per fetch (info on success, warn on failure);
@@ -117,8 +114,7 @@ type Config struct {
 // use; requests share the cached key set and any fetch in progress.
 type Verifier struct {
 	audience string
-	now      func() time.Time
-	keys     *cache
+	keys     *cache // its clock is the Verifier's
 }
 
 // New makes a Verifier. Nothing is fetched until a request needs the key
@@ -129,17 +125,12 @@ func New(cfg Config) (*Verifier, error) {
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return nil, fmt.Errorf("JWKS URL %q: not an absolute http or https URL", raw)
 	}
-	now := cfg.Now
-	if now == nil {
-		now = time.Now
+	// A client of its own; fetches are bounded by DefaultFetchTimeout.
+	c := &cache{url: u.String(), client: &http.Client{}, now: cfg.Now, log: cmp.Or(cfg.Log, slog.New(slog.DiscardHandler)), turn: make(chan struct{}, 1)}
+	if c.now == nil {
+		c.now = time.Now
 	}
-	client := cmp.Or(cfg.Client, &http.Client{})
-	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
-	return &Verifier{
-		audience: cfg.Audience,
-		now:      now,
-		keys:     &cache{url: u.String(), client: client, now: now, log: log, turn: make(chan struct{}, 1)},
-	}, nil
+	return &Verifier{audience: cfg.Audience, keys: c}, nil
 }
 
 // URL is the key set's address.
@@ -175,7 +166,7 @@ type jwtEntry struct {
 // ErrUnverified (answer 401) or ErrUnavailable (answer 503); it names
 // what failed and never quotes a signature, a token or a key.
 func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Result, error) {
-	now := v.now()
+	now := v.keys.now()
 	v1as, jwts, reasons, err := v.entries(h, now)
 	if err != nil {
 		return Result{}, err
@@ -225,7 +216,7 @@ func (v *Verifier) Verify(ctx context.Context, body []byte, h http.Header) (Resu
 // nil when some entry could still verify. It never fetches the key set. The
 // receiver calls it before it reads a body (spec §6).
 func (v *Verifier) Check(h http.Header) error {
-	_, _, _, err := v.entries(h, v.now())
+	_, _, _, err := v.entries(h, v.keys.now())
 	return err
 }
 
