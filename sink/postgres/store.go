@@ -126,8 +126,7 @@ func (t *pgTx) Due(limit int, skipNeedsConfirm bool) ([]sink.Row, error) {
 func (t *pgTx) Insert(r sink.Row, payload []byte) (bool, error) {
 	var sha []byte
 	if len(payload) > 0 {
-		h := sink.PayloadHash(payload)
-		sha = h[:]
+		sha = sink.PayloadHash(payload)
 	} else {
 		payload = nil
 	}
@@ -162,8 +161,7 @@ func (t *pgTx) SetOperation(key string, op []byte, moveWebhook bool) error {
 			return err
 		}
 	}
-	h := sink.PayloadHash(op)
-	return t.exec(`UPDATE gemrecon_keys SET payload = $2, payload_sha256 = $3 WHERE key = $1`, key, op, h[:])
+	return t.exec(`UPDATE gemrecon_keys SET payload = $2, payload_sha256 = $3 WHERE key = $1`, key, op, sink.PayloadHash(op))
 }
 
 func (t *pgTx) SetResults(key, file string) error {

@@ -168,7 +168,7 @@ func (t *tx) Insert(r sink.Row, payload []byte) (bool, error) {
 		return false, nil
 	}
 	if len(payload) > 0 {
-		_, err = t.exec(`INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`, r.Key, payload, hash(payload))
+		_, err = t.exec(`INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`, r.Key, payload, sink.PayloadHash(payload))
 	}
 	return true, err
 }
@@ -194,7 +194,7 @@ func (t *tx) SetOperation(key string, op []byte, moveWebhook bool) error {
 	_, err := t.exec(`INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?1, ?2, ?3)
 		ON CONFLICT (key) DO UPDATE SET
 			webhook = CASE WHEN ?4 THEN coalesce(webhook, payload) ELSE webhook END,
-			payload = excluded.payload, payload_sha = excluded.payload_sha`, key, op, hash(op), moveWebhook)
+			payload = excluded.payload, payload_sha = excluded.payload_sha`, key, op, sink.PayloadHash(op), moveWebhook)
 	return err
 }
 
@@ -336,11 +336,6 @@ func (t *tx) EndAttempt(key string, token int64, end time.Time, outcome, errText
 	_, err := t.exec(`UPDATE gemrecon_history SET ended = ?1, outcome = ?2, error = ?3
 		WHERE key = ?4 AND token = ?5 AND kind = 'attempt' AND outcome = 'running'`, toNS(end), outcome, errText, key, token)
 	return err
-}
-
-func hash(p []byte) []byte {
-	h := sink.PayloadHash(p)
-	return h[:]
 }
 
 // The reads, on the reader pool.
