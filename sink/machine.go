@@ -747,6 +747,9 @@ func (m *Machine) Purge(ctx context.Context, olderThan time.Duration) ([]string,
 	if err != nil {
 		return nil, err
 	}
+	if keys == nil {
+		keys = []string{} // never nil
+	}
 	return keys, nil
 }
 

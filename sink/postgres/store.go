@@ -234,11 +234,7 @@ func (t *pgTx) Purge(before time.Time) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if keys == nil {
-		keys = []string{}
-	}
-	return keys, err
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func (t *pgTx) NoteLookback(d time.Duration) error {

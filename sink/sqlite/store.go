@@ -237,11 +237,7 @@ func (t *tx) Purge(before time.Time) ([]string, error) {
 		return nil, err
 	}
 	rows, err := t.query(`DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < ? RETURNING key`, cut)
-	keys, err := collect(rows, err, scanKey)
-	if keys == nil && err == nil {
-		keys = []string{}
-	}
-	return keys, err
+	return collect(rows, err, scanKey)
 }
 
 func (t *tx) NoteLookback(d time.Duration) error {
