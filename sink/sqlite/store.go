@@ -25,15 +25,16 @@ const rowColumns = `key, state, attempts, token, lease_owner, lease_until, next_
 
 type scanner interface{ Scan(...any) error }
 
-func scanRow(sc scanner) (sink.Row, error) {
+// scanRow scans a row of rowColumns, and then into extra the columns after them.
+func scanRow(sc scanner, extra ...any) (sink.Row, error) {
 	var (
 		r                                  sink.Row
 		st                                 string
 		leaseUntil, next, done, first, end int64
 	)
-	err := sc.Scan(&r.Key, &st, &r.Attempts, &r.Token, &r.Owner, &leaseUntil, &next, &done, &r.LastError,
+	err := sc.Scan(append([]any{&r.Key, &st, &r.Attempts, &r.Token, &r.Owner, &leaseUntil, &next, &done, &r.LastError,
 		&r.FirstSource, &first, &r.Confirmed, &r.BatchState, &r.NeedsConfirm, &r.DeadReason, &r.Conflicts,
-		&r.Retries, &r.Reruns, &r.NoResults, &end)
+		&r.Retries, &r.Reruns, &r.NoResults, &end}, extra...)...)
 	r.State = sink.State(st)
 	r.LeaseUntil, r.NextAttempt, r.DoneAt, r.FirstSeenAt = fromNS(leaseUntil), fromNS(next), fromNS(done), fromNS(first)
 	r.BatchEnd = fromNS(end)
@@ -125,7 +126,7 @@ func (t *tx) Due(limit int, skipNeedsConfirm bool) ([]sink.Row, error) {
 	rows, err := t.query(dueQuery(rowColumns, skipNeedsConfirm), toNS(t.now), limitArg(limit))
 	return collect(rows, err, func(sc scanner) (sink.Row, error) {
 		var due, first int64 // the order's columns
-		return scanRow(scanFunc(func(dst ...any) error { return sc.Scan(append(dst, &due, &first)...) }))
+		return scanRow(sc, &due, &first)
 	})
 }
 
@@ -149,11 +150,6 @@ func collect[T any](rows *sql.Rows, err error, scan func(scanner) (T, error)) ([
 
 // scanKey scans a row of one key.
 func scanKey(sc scanner) (k string, err error) { return k, sc.Scan(&k) }
-
-// scanFunc adapts a function to scanner.
-type scanFunc func(...any) error
-
-func (f scanFunc) Scan(dst ...any) error { return f(dst...) }
 
 func (t *tx) Insert(r sink.Row, payload []byte) (bool, error) {
 	res, err := t.exec(`INSERT INTO gemrecon_keys (key, state, attempts, token, lease_owner, lease_until, next_attempt_at,
