@@ -488,18 +488,14 @@ func (s *pg) Stats(ctx context.Context) (sink.Stats, error) {
 					FILTER (WHERE state = 'done'),
 				percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
 					FILTER (WHERE state = 'done'),
-				(max(extract(epoch FROM done_at - first_seen_at)) FILTER (WHERE state = 'done')) * 1e6
-			FROM gemrecon_keys`, now).
-			Scan(&st.DuplicatesSuppressed, &st.Conflicts, &st.Fenced, &oldest, &p50, &p99, &max)
+				(max(extract(epoch FROM done_at - first_seen_at)) FILTER (WHERE state = 'done')) * 1e6,
+				count(*) FILTER (WHERE state <> 'done' AND batch_state = 'SUCCEEDED' AND batch_end > $2 AND batch_end <= $3)
+			FROM gemrecon_keys`, now, now.Add(-sink.ResultsKept), now.Add(sink.ResultsWarning-sink.ResultsKept)).
+			Scan(&st.DuplicatesSuppressed, &st.Conflicts, &st.Fenced, &oldest, &p50, &p99, &max, &st.ResultsExpiring)
 		if err != nil {
 			return st, err
 		}
 		st.OldestPendingAge = microsDuration(oldest)
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
-			AND batch_end > $1 AND batch_end <= $2`, now.Add(-sink.ResultsKept), now.Add(sink.ResultsWarning-sink.ResultsKept)).
-			Scan(&st.ResultsExpiring); err != nil {
-			return st, err
-		}
 		st.LatencyP50, st.LatencyP99, st.LatencyMax = microsDuration(p50), microsDuration(p99), microsDuration(max)
 		st.Passes, err = passRecords(ctx, tx)
 		return st, err

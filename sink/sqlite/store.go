@@ -432,20 +432,18 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 		return st, s.fail(err)
 	}
 	var oldest sql.NullInt64
+	now := s.opt.Now()
 	if err := tx.QueryRowContext(ctx, `SELECT coalesce(sum(seen_count - 1), 0), coalesce(sum(conflicts), 0),
 		(SELECT min(first_seen_at) FROM gemrecon_keys WHERE state = 'pending'),
-		coalesce((SELECT value FROM gemrecon_meta WHERE name = 'fenced'), 0)
-		FROM gemrecon_keys`).Scan(&st.DuplicatesSuppressed, &st.Conflicts, &oldest, &st.Fenced); err != nil {
+		coalesce((SELECT value FROM gemrecon_meta WHERE name = 'fenced'), 0),
+		(SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
+			AND batch_end > ?1 AND batch_end <= ?2)
+		FROM gemrecon_keys`, now.Add(-sink.ResultsKept).UnixNano(), now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).
+		Scan(&st.DuplicatesSuppressed, &st.Conflicts, &oldest, &st.Fenced, &st.ResultsExpiring); err != nil {
 		return st, s.fail(err)
 	}
-	now := s.opt.Now()
 	if oldest.Valid {
 		st.OldestPendingAge = max(0, now.Sub(fromNS(oldest.Int64)))
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
-		AND batch_end > ?1 AND batch_end <= ?2`, now.Add(-sink.ResultsKept).UnixNano(),
-		now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).Scan(&st.ResultsExpiring); err != nil {
-		return st, s.fail(err)
 	}
 	if done := st.ByState[sink.StateDone]; done > 0 {
 		if err := latencies(ctx, tx, done, &st); err != nil {
