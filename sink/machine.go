@@ -184,14 +184,16 @@ func (m *Machine) write(ctx context.Context, op, key string, fn func(tx Tx) (out
 	return err
 }
 
-// load is Load for an operation on a stored key: a key that is not stored
-// is the outcome ErrNotFound, any other error the transaction's.
-func load(tx Tx, key string) (r Row, out, err error) {
-	r, ok, err := tx.Load(key)
-	if err == nil && !ok {
-		out = ErrNotFound
-	}
-	return r, out, err
+// keyWrite is write for an operation on a stored key: fn gets its row, and
+// a key that is not stored is the outcome ErrNotFound.
+func (m *Machine) keyWrite(ctx context.Context, op, key string, fn func(tx Tx, r Row) (out error, err error)) error {
+	return m.write(ctx, op, key, func(tx Tx) (error, error) {
+		r, ok, err := tx.Load(key)
+		if err != nil || !ok {
+			return ErrNotFound, err
+		}
+		return fn(tx, r)
+	})
 }
 
 // fenced counts and logs a write refused by fence (spec §3): its error is
@@ -511,13 +513,9 @@ func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Durat
 		return Claim{}, m.errorf("claim", key, err)
 	}
 	var c Claim
-	err := m.write(ctx, "claim", key, func(tx Tx) (error, error) {
-		r, nf, err := load(tx, key)
-		if nf != nil || err != nil {
-			return nf, err
-		}
-		c, nf, err = m.take(tx, r, owner, lease, ClaimOptionsOf(opts))
-		return nf, err
+	err := m.keyWrite(ctx, "claim", key, func(tx Tx, r Row) (out, err error) {
+		c, out, err = m.take(tx, r, owner, lease, ClaimOptionsOf(opts))
+		return out, err
 	})
 	if err != nil {
 		return Claim{}, err
@@ -597,11 +595,7 @@ func (m *Machine) Renew(ctx context.Context, key string, token int64, lease time
 // fencedWrite runs fn on the key's row when token is its current claim's,
 // else counts the write as fenced (spec §3).
 func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, fn func(tx Tx, r Row) error) error {
-	return m.write(ctx, op, key, func(tx Tx) (error, error) {
-		r, out, err := load(tx, key)
-		if out != nil || err != nil {
-			return out, err
-		}
+	return m.keyWrite(ctx, op, key, func(tx Tx, r Row) (error, error) {
 		if out, err := m.fenced(tx, op, r, token); out != nil || err != nil {
 			return out, err
 		}
@@ -682,11 +676,7 @@ func (m *Machine) NoteResults(ctx context.Context, key string, token int64, file
 
 // Retry moves a dead key to pending, or with o.Rerun a done key (see Sink).
 func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
-	return m.write(ctx, "retry", key, func(tx Tx) (error, error) {
-		r, nf, err := load(tx, key)
-		if nf != nil || err != nil {
-			return nf, err
-		}
+	return m.keyWrite(ctx, "retry", key, func(tx Tx, r Row) (error, error) {
 		out, rerr := retry(r, o, tx.Now())
 		if rerr != nil {
 			return rerr, nil
@@ -756,6 +746,9 @@ func (m *Machine) Purge(ctx context.Context, olderThan time.Duration) ([]string,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if keys == nil {
+		keys = []string{} // never nil
 	}
 	return keys, nil
 }
@@ -835,17 +828,10 @@ func (m *Machine) RenewPass(ctx context.Context, l PassLease, lease time.Duratio
 	if err != nil {
 		return PassLease{}, m.errorf(op, "", err)
 	}
-	err = m.write(ctx, op, "", func(tx Tx) (error, error) {
-		r, found, err := tx.LoadPass(l.Scope)
-		if err != nil {
-			return nil, err
-		}
-		if err := passFence(r, found, l); err != nil {
-			return err, nil
-		}
+	err = m.passWrite(ctx, op, l, func(tx Tx, r PassRow) error {
 		r.HeldUntil = LeaseEnd(tx.Now(), lease)
 		l.Until = r.HeldUntil
-		return nil, tx.StorePass(r)
+		return tx.StorePass(r)
 	})
 	if err != nil {
 		return PassLease{}, err
@@ -863,6 +849,16 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 	if err != nil {
 		return m.errorf(op, "", err)
 	}
+	return m.passWrite(ctx, op, l, func(tx Tx, r PassRow) error {
+		r.Scope = l.Scope
+		return tx.StorePass(endPass(r, l, o, tx.Now()))
+	})
+}
+
+// passWrite runs fn on the scope's pass record in a write transaction,
+// unless l is not the current lease (passFence); a pass that held no lease
+// (token 0) is not fenced.
+func (m *Machine) passWrite(ctx context.Context, op string, l PassLease, fn func(tx Tx, r PassRow) error) error {
 	return m.write(ctx, op, "", func(tx Tx) (error, error) {
 		r, found, err := tx.LoadPass(l.Scope)
 		if err != nil {
@@ -873,8 +869,7 @@ func (m *Machine) EndPass(ctx context.Context, l PassLease, o PassOutcome) error
 				return err, nil
 			}
 		}
-		r.Scope = l.Scope
-		return nil, tx.StorePass(endPass(r, l, o, tx.Now()))
+		return nil, fn(tx, r)
 	})
 }
 

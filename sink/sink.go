@@ -614,4 +614,7 @@ func (st *Stats) AddKeys(state State, firstSource, deadReason string, n int64) {
 }
 
 // PayloadHash is the SHA-256 both backends keep beside a stored payload.
-func PayloadHash(p []byte) [32]byte { return sha256.Sum256(p) }
+func PayloadHash(p []byte) []byte {
+	h := sha256.Sum256(p)
+	return h[:]
+}

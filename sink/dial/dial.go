@@ -138,18 +138,18 @@ func Open(ctx context.Context, dsn string, opt sink.Options, logger *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	// Return a nil interface, not a typed nil, on error.
 	if t.Backend == Postgres {
 		s, err := postgres.Open(ctx, t.DSN, opt, postgres.WithLogger(logger))
 		if errors.Is(err, postgres.ErrInvalidDSN) {
 			return nil, invalidDSN{err}
 		}
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
+		return opened(s, err)
 	}
-	s, err := sqlite.Open(ctx, t.DSN, opt, sqlite.WithLogger(logger))
+	return opened(sqlite.Open(ctx, t.DSN, opt, sqlite.WithLogger(logger)))
+}
+
+// opened returns a nil interface, not a typed nil, on error.
+func opened[S sink.Sink](s S, err error) (sink.Sink, error) {
 	if err != nil {
 		return nil, err
 	}

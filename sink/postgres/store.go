@@ -126,8 +126,7 @@ func (t *pgTx) Due(limit int, skipNeedsConfirm bool) ([]sink.Row, error) {
 func (t *pgTx) Insert(r sink.Row, payload []byte) (bool, error) {
 	var sha []byte
 	if len(payload) > 0 {
-		h := sink.PayloadHash(payload)
-		sha = h[:]
+		sha = sink.PayloadHash(payload)
 	} else {
 		payload = nil
 	}
@@ -162,8 +161,7 @@ func (t *pgTx) SetOperation(key string, op []byte, moveWebhook bool) error {
 			return err
 		}
 	}
-	h := sink.PayloadHash(op)
-	return t.exec(`UPDATE gemrecon_keys SET payload = $2, payload_sha256 = $3 WHERE key = $1`, key, op, h[:])
+	return t.exec(`UPDATE gemrecon_keys SET payload = $2, payload_sha256 = $3 WHERE key = $1`, key, op, sink.PayloadHash(op))
 }
 
 func (t *pgTx) SetResults(key, file string) error {
@@ -236,11 +234,7 @@ func (t *pgTx) Purge(before time.Time) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if keys == nil {
-		keys = []string{}
-	}
-	return keys, err
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func (t *pgTx) NoteLookback(d time.Duration) error {
@@ -494,18 +488,14 @@ func (s *pg) Stats(ctx context.Context) (sink.Stats, error) {
 					FILTER (WHERE state = 'done'),
 				percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM done_at - first_seen_at) * 1e6)
 					FILTER (WHERE state = 'done'),
-				(max(extract(epoch FROM done_at - first_seen_at)) FILTER (WHERE state = 'done')) * 1e6
-			FROM gemrecon_keys`, now).
-			Scan(&st.DuplicatesSuppressed, &st.Conflicts, &st.Fenced, &oldest, &p50, &p99, &max)
+				(max(extract(epoch FROM done_at - first_seen_at)) FILTER (WHERE state = 'done')) * 1e6,
+				count(*) FILTER (WHERE state <> 'done' AND batch_state = 'SUCCEEDED' AND batch_end > $2 AND batch_end <= $3)
+			FROM gemrecon_keys`, now, now.Add(-sink.ResultsKept), now.Add(sink.ResultsWarning-sink.ResultsKept)).
+			Scan(&st.DuplicatesSuppressed, &st.Conflicts, &st.Fenced, &oldest, &p50, &p99, &max, &st.ResultsExpiring)
 		if err != nil {
 			return st, err
 		}
 		st.OldestPendingAge = microsDuration(oldest)
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
-			AND batch_end > $1 AND batch_end <= $2`, now.Add(-sink.ResultsKept), now.Add(sink.ResultsWarning-sink.ResultsKept)).
-			Scan(&st.ResultsExpiring); err != nil {
-			return st, err
-		}
 		st.LatencyP50, st.LatencyP99, st.LatencyMax = microsDuration(p50), microsDuration(p99), microsDuration(max)
 		st.Passes, err = passRecords(ctx, tx)
 		return st, err

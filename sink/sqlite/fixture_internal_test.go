@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/gemrecon/gemrecon/sink"
 )
 
 // fixtureV1 is a database written by schema version 1 (before retries and
@@ -55,7 +57,7 @@ func TestWriteFixtureV1(t *testing.T) {
 			first_seen_at, last_seen_at, lease_owner, lease_until, next_attempt_at, done_at, last_error, payload, payload_sha)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			r.key, r.state, r.attempts, r.token, r.first, r.sources, r.seen, t0, t0, "", r.lease, r.next, r.done, r.lastErr,
-			[]byte(`{"name":"`+r.key[len("gemini:"):]+`"}`), hash([]byte(`{"name":"`+r.key[len("gemini:"):]+`"}`))); err != nil {
+			[]byte(`{"name":"`+r.key[len("gemini:"):]+`"}`), sink.PayloadHash([]byte(`{"name":"`+r.key[len("gemini:"):]+`"}`))); err != nil {
 			t.Fatal(err)
 		}
 	}

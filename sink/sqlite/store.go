@@ -25,15 +25,16 @@ const rowColumns = `key, state, attempts, token, lease_owner, lease_until, next_
 
 type scanner interface{ Scan(...any) error }
 
-func scanRow(sc scanner) (sink.Row, error) {
+// scanRow scans a row of rowColumns, and then into extra the columns after them.
+func scanRow(sc scanner, extra ...any) (sink.Row, error) {
 	var (
 		r                                  sink.Row
 		st                                 string
 		leaseUntil, next, done, first, end int64
 	)
-	err := sc.Scan(&r.Key, &st, &r.Attempts, &r.Token, &r.Owner, &leaseUntil, &next, &done, &r.LastError,
+	err := sc.Scan(append([]any{&r.Key, &st, &r.Attempts, &r.Token, &r.Owner, &leaseUntil, &next, &done, &r.LastError,
 		&r.FirstSource, &first, &r.Confirmed, &r.BatchState, &r.NeedsConfirm, &r.DeadReason, &r.Conflicts,
-		&r.Retries, &r.Reruns, &r.NoResults, &end)
+		&r.Retries, &r.Reruns, &r.NoResults, &end}, extra...)...)
 	r.State = sink.State(st)
 	r.LeaseUntil, r.NextAttempt, r.DoneAt, r.FirstSeenAt = fromNS(leaseUntil), fromNS(next), fromNS(done), fromNS(first)
 	r.BatchEnd = fromNS(end)
@@ -125,7 +126,7 @@ func (t *tx) Due(limit int, skipNeedsConfirm bool) ([]sink.Row, error) {
 	rows, err := t.query(dueQuery(rowColumns, skipNeedsConfirm), toNS(t.now), limitArg(limit))
 	return collect(rows, err, func(sc scanner) (sink.Row, error) {
 		var due, first int64 // the order's columns
-		return scanRow(scanFunc(func(dst ...any) error { return sc.Scan(append(dst, &due, &first)...) }))
+		return scanRow(sc, &due, &first)
 	})
 }
 
@@ -150,11 +151,6 @@ func collect[T any](rows *sql.Rows, err error, scan func(scanner) (T, error)) ([
 // scanKey scans a row of one key.
 func scanKey(sc scanner) (k string, err error) { return k, sc.Scan(&k) }
 
-// scanFunc adapts a function to scanner.
-type scanFunc func(...any) error
-
-func (f scanFunc) Scan(dst ...any) error { return f(dst...) }
-
 func (t *tx) Insert(r sink.Row, payload []byte) (bool, error) {
 	res, err := t.exec(`INSERT INTO gemrecon_keys (key, state, attempts, token, lease_owner, lease_until, next_attempt_at,
 		done_at, last_error, confirmed, batch_state, needs_confirm, dead_reason, conflicts, retries, reruns, no_results, due_at,
@@ -168,7 +164,7 @@ func (t *tx) Insert(r sink.Row, payload []byte) (bool, error) {
 		return false, nil
 	}
 	if len(payload) > 0 {
-		_, err = t.exec(`INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`, r.Key, payload, hash(payload))
+		_, err = t.exec(`INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?, ?, ?)`, r.Key, payload, sink.PayloadHash(payload))
 	}
 	return true, err
 }
@@ -194,7 +190,7 @@ func (t *tx) SetOperation(key string, op []byte, moveWebhook bool) error {
 	_, err := t.exec(`INSERT INTO gemrecon_payloads (key, payload, payload_sha) VALUES (?1, ?2, ?3)
 		ON CONFLICT (key) DO UPDATE SET
 			webhook = CASE WHEN ?4 THEN coalesce(webhook, payload) ELSE webhook END,
-			payload = excluded.payload, payload_sha = excluded.payload_sha`, key, op, hash(op), moveWebhook)
+			payload = excluded.payload, payload_sha = excluded.payload_sha`, key, op, sink.PayloadHash(op), moveWebhook)
 	return err
 }
 
@@ -237,11 +233,7 @@ func (t *tx) Purge(before time.Time) ([]string, error) {
 		return nil, err
 	}
 	rows, err := t.query(`DELETE FROM gemrecon_keys WHERE state = 'done' AND done_at < ? RETURNING key`, cut)
-	keys, err := collect(rows, err, scanKey)
-	if keys == nil && err == nil {
-		keys = []string{}
-	}
-	return keys, err
+	return collect(rows, err, scanKey)
 }
 
 func (t *tx) NoteLookback(d time.Duration) error {
@@ -336,11 +328,6 @@ func (t *tx) EndAttempt(key string, token int64, end time.Time, outcome, errText
 	_, err := t.exec(`UPDATE gemrecon_history SET ended = ?1, outcome = ?2, error = ?3
 		WHERE key = ?4 AND token = ?5 AND kind = 'attempt' AND outcome = 'running'`, toNS(end), outcome, errText, key, token)
 	return err
-}
-
-func hash(p []byte) []byte {
-	h := sink.PayloadHash(p)
-	return h[:]
 }
 
 // The reads, on the reader pool.
@@ -445,20 +432,18 @@ func (s *db) Stats(ctx context.Context) (sink.Stats, error) {
 		return st, s.fail(err)
 	}
 	var oldest sql.NullInt64
+	now := s.opt.Now()
 	if err := tx.QueryRowContext(ctx, `SELECT coalesce(sum(seen_count - 1), 0), coalesce(sum(conflicts), 0),
 		(SELECT min(first_seen_at) FROM gemrecon_keys WHERE state = 'pending'),
-		coalesce((SELECT value FROM gemrecon_meta WHERE name = 'fenced'), 0)
-		FROM gemrecon_keys`).Scan(&st.DuplicatesSuppressed, &st.Conflicts, &oldest, &st.Fenced); err != nil {
+		coalesce((SELECT value FROM gemrecon_meta WHERE name = 'fenced'), 0),
+		(SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
+			AND batch_end > ?1 AND batch_end <= ?2)
+		FROM gemrecon_keys`, now.Add(-sink.ResultsKept).UnixNano(), now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).
+		Scan(&st.DuplicatesSuppressed, &st.Conflicts, &oldest, &st.Fenced, &st.ResultsExpiring); err != nil {
 		return st, s.fail(err)
 	}
-	now := s.opt.Now()
 	if oldest.Valid {
 		st.OldestPendingAge = max(0, now.Sub(fromNS(oldest.Int64)))
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM gemrecon_keys WHERE state <> 'done' AND batch_state = 'SUCCEEDED'
-		AND batch_end > ?1 AND batch_end <= ?2`, now.Add(-sink.ResultsKept).UnixNano(),
-		now.Add(sink.ResultsWarning-sink.ResultsKept).UnixNano()).Scan(&st.ResultsExpiring); err != nil {
-		return st, s.fail(err)
 	}
 	if done := st.ByState[sink.StateDone]; done > 0 {
 		if err := latencies(ctx, tx, done, &st); err != nil {
