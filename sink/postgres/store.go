@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -260,6 +261,15 @@ func scanPass(row pgx.Row) (sink.PassRow, error) {
 }
 
 func (t *pgTx) LoadPass(scope string) (sink.PassRow, bool, error) {
+	// FOR UPDATE locks no row of a scope that has no record yet: the
+	// scope's advisory lock, held to the transaction's end, makes
+	// concurrent first acquisitions take turns (two scopes whose hashes
+	// collide only take turns too).
+	h := fnv.New64a()
+	h.Write([]byte("gemrecon_passes\x00" + scope))
+	if err := t.exec(`SELECT pg_advisory_xact_lock($1)`, int64(h.Sum64())); err != nil {
+		return sink.PassRow{}, false, err
+	}
 	r, err := scanPass(t.tx.QueryRow(t.ctx, `SELECT `+passColumns+` FROM gemrecon_passes WHERE scope = $1 FOR UPDATE`, scope))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return sink.PassRow{}, false, nil
