@@ -440,20 +440,13 @@ func (p *Poll) unfinished(r *Result, rec sink.PassRecord, op poller.Operation) {
 func (p *Poll) recordPage(ctx context.Context, r *Result) error {
 	ops := r.page
 	r.page = r.page[:0]
-	outs, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.RecordPage(ctx, ops)
+	news, dups, invalid, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.RecordPage(ctx, ops)
 	if err != nil {
 		return err
 	}
-	for _, out := range outs {
-		switch {
-		case out.Invalid:
-			r.Invalid++ // spec §12: never recorded, never a reason to fail the pass
-		case out.Result.New:
-			r.New++
-		default:
-			r.Duplicates++
-		}
-	}
+	r.New += news
+	r.Duplicates += dups
+	r.Invalid += invalid // spec §12: never recorded, never a reason to fail the pass
 	return nil
 }
 
