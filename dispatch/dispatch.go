@@ -246,11 +246,13 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// The sink must run the script in its own transaction (that Effect is
+	// not set too is Validate's).
 	var completer sink.SQLCompleter
 	if cfg.SQL != nil {
-		var err error
-		if completer, err = sqlCompleter(cfg); err != nil {
-			return nil, err
+		var ok bool
+		if completer, ok = cfg.Sink.(sink.SQLCompleter); !ok {
+			return nil, fmt.Errorf("dispatch: an SQL script needs a sink that runs SQL in its own transaction (sink.SQLCompleter); %T does not", cfg.Sink)
 		}
 	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
