@@ -57,7 +57,7 @@ import (
 // file (or its inlined responses) is written to the results directory
 // before the effect, bounded by DownloadTimeout; the lease is renewed
 // meanwhile. A failed download is a failure of the attempt (retried with
-// backoff), except results that expired (ResultsKept): dead at once.
+// backoff), except results that expired (sink.ResultsKept): dead at once.
 
 // API is what dispatch needs of the Gemini API: *poller.Poller.
 type API interface {
@@ -78,14 +78,6 @@ const (
 // BatchExpiry is how long after its creation the API reports a batch that
 // is still pending or running as EXPIRED (48 h).
 const BatchExpiry = 48 * time.Hour
-
-// ResultsKept is how long the API keeps a batch's responses file after the
-// batch ended (files are kept 48 h): a 404, or a 403 while the credential
-// works, for the file (or its files.get) of a batch that ended longer ago
-// means the results expired, and the key goes dead at once
-// (sink.DeadResultsExpired) instead of being retried until its attempts
-// run out.
-const ResultsKept = 48 * time.Hour
 
 // OutcomeUnconfirmed: the key was handed back without using an attempt
 // because the API has not confirmed it yet (not terminal, or no answer); it
@@ -285,11 +277,11 @@ func (d *Dispatcher) writeResults(ctx context.Context, log *slog.Logger, c sink.
 		if dctx.Err() != nil {
 			err = fmt.Errorf("%w (--download-timeout %v)", err, d.cfg.DownloadTimeout)
 		}
-		if errors.Is(err, poller.ErrNotFound) && !r.EndTime.IsZero() && d.cfg.Now().Sub(r.EndTime) > ResultsKept {
+		if errors.Is(err, poller.ErrNotFound) && !r.EndTime.IsZero() && d.cfg.Now().Sub(r.EndTime) > sink.ResultsKept {
 			log.Warn("dispatch: the batch's results expired; the key is dead", "ended", r.EndTime, "err", err)
 			return &verdict{failure: sink.Failure{Permanent: true, DeadReason: sink.DeadResultsExpired, Cause: fmt.Sprintf(
 				"results expired: the batch ended %s, more than %v ago, and the API no longer has its results (%v)",
-				r.EndTime.UTC().Format(time.RFC3339), ResultsKept, err)}}
+				r.EndTime.UTC().Format(time.RFC3339), sink.ResultsKept, err)}}
 		}
 		log.Warn("dispatch: writing the batch's results failed; the attempt fails and is retried", "err", err)
 		return &verdict{failure: sink.Failure{Cause: "results: " + err.Error()}}

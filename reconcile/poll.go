@@ -27,11 +27,6 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// BatchExpiry is how long a batch may run before the API expires it
-// (48 h): a batch that completes is at most this old, so a lookback window
-// must reach at least this far back, plus the time until the next full scan.
-const BatchExpiry = 48 * time.Hour
-
 // DefaultFullScanEvery is the default of --full-scan-every (spec §5.2).
 const DefaultFullScanEvery = 12 * time.Hour
 
@@ -43,8 +38,8 @@ const recordTimeout = 10 * time.Second
 // ValidateFullScanEvery checks PollConfig.FullScanEvery against the
 // poller's Lookback (spec §5.2): a completion must still be inside the
 // window when the next full scan comes, so every must be shorter than
-// lookback − BatchExpiry. Lookback 0 reads every page on every pass, so any
-// every is fine. every 0 makes every pass a full scan. Errors are
+// lookback − dispatch.BatchExpiry. Lookback 0 reads every page on every
+// pass, so any every is fine. every 0 makes every pass a full scan. Errors are
 // field.Errors naming FullScanEvery and Lookback.
 func ValidateFullScanEvery(lookback, every time.Duration) error {
 	const p = "reconcile: "
@@ -53,10 +48,10 @@ func ValidateFullScanEvery(lookback, every time.Duration) error {
 		return field.Errorf(p, "{FullScanEvery} %v is negative (0 makes every pass a full scan)", every)
 	case lookback == 0:
 		return nil
-	case lookback <= BatchExpiry:
-		return field.Errorf(p, "{Lookback} %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, BatchExpiry, BatchExpiry)
-	case every >= lookback-BatchExpiry:
-		return field.Errorf(p, "{FullScanEvery} %v must be shorter than {the lookback|Lookback} − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower {FullScanEvery} or raise {the lookback|Lookback}", every, lookback-BatchExpiry)
+	case lookback <= dispatch.BatchExpiry:
+		return field.Errorf(p, "{Lookback} %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, dispatch.BatchExpiry, dispatch.BatchExpiry)
+	case every >= lookback-dispatch.BatchExpiry:
+		return field.Errorf(p, "{FullScanEvery} %v must be shorter than {the lookback|Lookback} − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower {FullScanEvery} or raise {the lookback|Lookback}", every, lookback-dispatch.BatchExpiry)
 	}
 	return nil
 }
@@ -407,11 +402,8 @@ func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
 
 // StuckAfter is how long a batch may stay pending or running before each
 // pass warns of it (spec §5.5): the API targets a day, and expires a batch
-// that has not finished after ExpiresAfter.
-const (
-	StuckAfter   = 24 * time.Hour
-	ExpiresAfter = 48 * time.Hour
-)
+// that has not finished after dispatch.BatchExpiry.
+const StuckAfter = 24 * time.Hour
 
 // unfinished counts a listed batch that has not finished, and warns of one
 // pending or running for longer than StuckAfter: at most once per hour of
@@ -430,7 +422,7 @@ func (p *Poll) unfinished(r *Result, rec sink.PassRecord, op poller.Operation) {
 		(rec.LastStart.IsZero() || rec.LastStart.Before(op.CreateTime.Add(StuckAfter)) || hour(rec.LastStart) < hour(r.Start)) {
 		p.cfg.Logger.Warn("a batch has not finished for over a day: the API expires it 48 h after its creation",
 			"batch", canon.Quote(op.Name), "state", op.State, "age", age.Round(time.Minute),
-			"expires_in", (ExpiresAfter - age).Round(time.Minute))
+			"expires_in", (dispatch.BatchExpiry - age).Round(time.Minute))
 	}
 }
 
