@@ -140,25 +140,21 @@ func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim
 	return ev, nil
 }
 
-// apiName is the name to hand Batches.Get for a key: its canonical name,
-// except that a Vertex job goes by its numeric id (the SDK rebuilds the
-// path from the client's own project and location).
-func apiName(key string) string {
-	name := canon.Name(key)
-	if id, ok := strings.CutPrefix(name, "batchPredictionJobs/"); ok {
-		return id
-	}
-	return name
-}
-
 // confirm fetches the batch and applies the rules of spec §9.2 (see the
 // comment at the top of this file).
 func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim, ev effect.Event, wait time.Duration) (effect.Event, *verdict) {
 	if wait <= 0 {
 		wait = DefaultConfirmTimeout
 	}
+	// Batches.Get is handed the key's canonical name, except that a Vertex
+	// job goes by its numeric id (the SDK rebuilds the path from the
+	// client's own project and location).
+	name := canon.Name(c.Key)
+	if id, ok := strings.CutPrefix(name, "batchPredictionJobs/"); ok {
+		name = id
+	}
 	gctx, cancel := context.WithTimeout(ctx, wait)
-	op, err := d.cfg.API.Get(gctx, apiName(c.Key))
+	op, err := d.cfg.API.Get(gctx, name)
 	cancel()
 	now := d.cfg.Now()
 	recheck := func(cause string, serverDelay time.Duration) *verdict {

@@ -193,10 +193,9 @@ type Dispatcher struct {
 	// the claim in one transaction: it replaces Effect and Complete (sql.go).
 	completer sink.SQLCompleter
 
-	// brokenMu guards broken: the first effect.Broken error an attempt
-	// returned. Once set, nothing more is claimed.
-	brokenMu sync.Mutex
-	broken   error
+	// broken is the first effect.Broken error an attempt returned. Once
+	// set, nothing more is claimed.
+	broken atomic.Pointer[error]
 
 	// outcomeMu orders a Drain's batch claims against failures: a batch
 	// claim holds it exclusively, every Fail shares it. So a batch claim
@@ -293,10 +292,7 @@ var ErrEffectBroken = errors.New("the effect cannot run in this process any more
 
 // markBroken notes the first effect.Broken error.
 func (d *Dispatcher) markBroken(err error) {
-	d.brokenMu.Lock()
-	defer d.brokenMu.Unlock()
-	if d.broken == nil {
-		d.broken = err
+	if d.broken.CompareAndSwap(nil, &err) {
 		d.log.Error("dispatch: the effect cannot run any more; claiming stops, and the keys held are handed back without using an attempt", "err", err)
 	}
 }
@@ -304,14 +300,13 @@ func (d *Dispatcher) markBroken(err error) {
 // brokenErr returns an error wrapping ErrEffectBroken and its cause once
 // the effect broke, else nil.
 func (d *Dispatcher) brokenErr() error {
-	d.brokenMu.Lock()
-	defer d.brokenMu.Unlock()
-	if d.broken == nil {
+	broken := d.broken.Load()
+	if broken == nil {
 		return nil
 	}
 	// The cause as text only: its chain may hold a context error (a
 	// stall), which callers must not take for their own cancellation.
-	return fmt.Errorf("dispatch: stopped claiming: %w: %v (the keys it held are pending again; no attempt was used)", ErrEffectBroken, d.broken)
+	return fmt.Errorf("dispatch: stopped claiming: %w: %v (the keys it held are pending again; no attempt was used)", ErrEffectBroken, *broken)
 }
 
 // Owner returns the owner name this Dispatcher claims with.
@@ -765,21 +760,16 @@ type effectTimeoutError struct{ d time.Duration }
 
 func (e *effectTimeoutError) Error() string { return fmt.Sprintf("effect timeout %v exceeded", e.d) }
 
-// stoppedByContext reports whether an effect's error says the effect was
-// stopped by its context (it wraps the context's error), as opposed to
-// failing on its own. Only then does the context's cause explain the
-// failure: the context may well have ended after the effect had failed, or
-// succeeded, by itself (issue 12 item 3).
-func stoppedByContext(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-}
-
 // failureOf is the failure an effect's error records. The error decides
 // what is said about it: the effect context's state after the run does not
 // (it may have ended after the effect failed on its own).
 func (d *Dispatcher) failureOf(effCtx context.Context, runErr error) sink.Failure {
 	cause := runErr.Error()
-	if stoppedByContext(runErr) {
+	// Only an error that says the effect was stopped by its context (it
+	// wraps the context's error), as opposed to failing on its own, is
+	// explained by the context's cause: the context may well have ended
+	// after the effect had failed, or succeeded, by itself (issue 12 item 3).
+	if errors.Is(runErr, context.DeadlineExceeded) || errors.Is(runErr, context.Canceled) {
 		var te *effectTimeoutError
 		switch why := context.Cause(effCtx); {
 		case errors.Is(why, errShutdown):
