@@ -98,10 +98,7 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	// commit, and a claim per freed slot would cost a commit per key.
 	batch := max(1, conc/2)
 	ahead := conc // not more: a claim held ahead is a key other processes cannot run
-	for {
-		if ctx.Err() != nil || d.brokenErr() != nil {
-			break
-		}
+	for ctx.Err() == nil && d.brokenErr() == nil {
 		startReady()
 		if ctx.Err() != nil {
 			break

@@ -21,6 +21,7 @@ import (
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/internal/ctxsleep"
 	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
@@ -457,12 +458,8 @@ func (p *Poll) Watch(ctx context.Context, each func(Result)) error {
 		}
 		started := time.Now()
 		each(p.Pass(ctx))
-		t := time.NewTimer(time.Until(started.Add(p.cfg.Interval)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := ctxsleep.Sleep(ctx, time.Until(started.Add(p.cfg.Interval))); err != nil {
+			return err
 		}
 	}
 }
