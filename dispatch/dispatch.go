@@ -693,18 +693,16 @@ func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
 		if err == nil {
 			return nil, nil
 		}
-		if errors.Is(err, sink.ErrFenced) {
-			if try > 1 {
-				if e := a.readBack(w.landed); e != nil {
-					return e, nil // an earlier try had committed
-				}
+		if errors.Is(err, sink.ErrFenced) && try > 1 {
+			if e := a.readBack(w.landed); e != nil {
+				return e, nil // an earlier try had committed
 			}
-			return nil, err
 		}
-		if errors.Is(err, sink.ErrUnusable) {
-			// Damaged, deleted or replaced: it will not come back in this
-			// process, so trying until the lease runs short only delays the
-			// exit (the command ends with exit 1 and says what to do).
+		if errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrUnusable) {
+			// Unusable: damaged, deleted or replaced, it will not come back
+			// in this process, so trying until the lease runs short only
+			// delays the exit (the command ends with exit 1 and says what
+			// to do).
 			return nil, err
 		}
 		now := d.cfg.Now()

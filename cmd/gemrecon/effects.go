@@ -405,7 +405,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 // effect may have run twice.
 func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {
 	asJSON := a.logFormat == "json"
-	if err := sum.Line(took).Write(a.stderr, asJSON); err != nil {
+	if err := dispatch.WriteLine(a.stderr, sum.Line(took), asJSON); err != nil {
 		a.logger.Error("writing the drain summary", "err", err)
 	}
 	if sum.Fenced == 0 {
