@@ -103,11 +103,6 @@ type verdict struct {
 	fenced  bool    // the claim was taken over: nothing is recorded
 }
 
-// needsPrep reports whether the claim needs work before its effect.
-func (d *Dispatcher) needsPrep(c sink.Claim) bool {
-	return (!c.Confirmed && (d.cfg.Confirm || c.NeedsConfirm)) || d.cfg.Results != nil && !c.NoResults
-}
-
 // prepare confirms the claim when it must be, fills in what the document
 // says of the batch, and writes its results. ev is the document built from
 // the claim; confirmWait bounds the Get (0: DefaultConfirmTimeout). It returns the

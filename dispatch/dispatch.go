@@ -335,7 +335,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.live.Store(s)
 	defer func() {
 		d.live.Store(nil)
-		s.stop()
+		s.wg.Wait() // the grace applies once ctx is done
+		s.release()
 	}()
 	failures := 0
 	for {
@@ -551,7 +552,8 @@ func (a *attempt) run(mark func(Outcome), confirmWait time.Duration) (out Outcom
 	start := d.cfg.Now()
 	ev := eventFor(a.c)
 	var v *verdict
-	if d.needsPrep(a.c) {
+	// Work before the effect: a confirmation, results to write.
+	if !a.c.Confirmed && (d.cfg.Confirm || a.c.NeedsConfirm) || d.cfg.Results != nil && !a.c.NoResults {
 		ev, v = a.prepareUnderLease(ev, confirmWait)
 	}
 	ran := v == nil
