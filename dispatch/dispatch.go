@@ -354,10 +354,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if failures&(failures-1) == 0 {
 				d.log.Error("dispatch: drain failed", "err", err, "consecutive", failures)
 			}
-		} else {
-			if failures > 0 {
-				d.log.Info("dispatch: drain recovered", "after_failures", failures)
-			}
+		} else if failures > 0 {
+			d.log.Info("dispatch: drain recovered", "after_failures", failures)
 			failures = 0
 		}
 		if sum.Claimed > 0 {
