@@ -138,9 +138,6 @@ func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim
 // confirm fetches the batch and applies the rules of spec §9.2 (see the
 // comment at the top of this file).
 func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim, ev effect.Event, wait time.Duration) (effect.Event, *verdict) {
-	if wait <= 0 {
-		wait = DefaultConfirmTimeout
-	}
 	// Batches.Get is handed the key's canonical name, except that a Vertex
 	// job goes by its numeric id (the SDK rebuilds the path from the
 	// client's own project and location).
@@ -148,7 +145,7 @@ func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim
 	if id, ok := strings.CutPrefix(name, "batchPredictionJobs/"); ok {
 		name = id
 	}
-	gctx, cancel := context.WithTimeout(ctx, wait)
+	gctx, cancel := context.WithTimeout(ctx, cmp.Or(max(wait, 0), DefaultConfirmTimeout)) // wait <= 0: the default
 	op, err := d.cfg.API.Get(gctx, name)
 	cancel()
 	now := d.cfg.Now()

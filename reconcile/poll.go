@@ -372,7 +372,8 @@ func (p *Poll) observe(r *Result) {
 	p.cfg.Metrics.ObservePass(p.scope, outcome)
 }
 
-// record returns the scope's pass record (zero and false when there is none).
+// record returns the scope's pass record (one with only its scope when
+// there is none yet), and true unless it could not be read.
 func (p *Poll) record(ctx context.Context) (sink.PassRecord, bool, error) {
 	recs, err := p.cfg.Sink.PassRecords(ctx)
 	if err != nil {
