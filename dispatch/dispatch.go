@@ -95,8 +95,6 @@ type Config struct {
 	// the key done in one transaction (the --sql effect; see sql.go). Sink
 	// must then be a sink.SQLCompleter.
 	SQL *sqlscript.Script
-	// Owner names this holder in leases (default hostname:pid:random).
-	Owner string
 	// Command names what claims (poll, serve, drain) in the keys' history.
 	Command string
 	// Lease is how long a claim holds before another process may take it
@@ -186,9 +184,10 @@ func (s *Summary) add(o Outcome) {
 // Dispatcher claims due keys and runs the effect for them. Its methods are
 // safe for concurrent use.
 type Dispatcher struct {
-	cfg  Config
-	log  *slog.Logger
-	kick chan struct{}
+	cfg   Config
+	owner string // names this holder in leases (DefaultOwner)
+	log   *slog.Logger
+	kick  chan struct{}
 	// completer, when set, is the sink that runs Config.SQL and completes
 	// the claim in one transaction: it replaces Effect and Complete (sql.go).
 	completer sink.SQLCompleter
@@ -261,12 +260,11 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	cfg.Owner = cmp.Or(cfg.Owner, DefaultOwner())
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
 	hurry, endGrace := context.WithCancel(context.Background())
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
+	return &Dispatcher{cfg: cfg, owner: DefaultOwner(), log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
 		slots: make(chan struct{}, cfg.Concurrency), freed: make(chan struct{}, 1),
 		hurry: hurry, endGrace: endGrace}, nil
 }
@@ -310,7 +308,7 @@ func (d *Dispatcher) brokenErr() error {
 }
 
 // Owner returns the owner name this Dispatcher claims with.
-func (d *Dispatcher) Owner() string { return d.cfg.Owner }
+func (d *Dispatcher) Owner() string { return d.owner }
 
 // Grace returns how long running effects may still finish once Run's
 // context is done (0: none).
@@ -435,7 +433,7 @@ func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait t
 	}
 	asked := d.cfg.Now() // the lease cannot have started earlier
 	wctx, cancel := writeContext(ctx)
-	c, err := d.cfg.Sink.Claim(wctx, key, d.cfg.Owner, d.cfg.Lease, d.claimOpts()...)
+	c, err := d.cfg.Sink.Claim(wctx, key, d.owner, d.cfg.Lease, d.claimOpts()...)
 	cancel()
 	switch {
 	case errors.Is(err, sink.ErrNotFound):

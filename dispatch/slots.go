@@ -96,7 +96,7 @@ func (d *Dispatcher) RunClaimWithin(ctx context.Context, c sink.Claim, asked tim
 
 // Request is the claim this dispatcher makes (sink.RecordAndClaim).
 func (d *Dispatcher) Request() sink.ClaimRequest {
-	return sink.ClaimRequest{Owner: d.cfg.Owner, Lease: d.cfg.Lease, Opts: d.claimOpts()}
+	return sink.ClaimRequest{Owner: d.owner, Lease: d.cfg.Lease, Opts: d.claimOpts()}
 }
 
 // takeSlot takes a free slot without waiting.
