@@ -57,7 +57,7 @@ import (
 // file (or its inlined responses) is written to the results directory
 // before the effect, bounded by DownloadTimeout; the lease is renewed
 // meanwhile. A failed download is a failure of the attempt (retried with
-// backoff), except results that expired (ResultsKept): dead at once.
+// backoff), except results that expired (sink.ResultsKept): dead at once.
 
 // API is what dispatch needs of the Gemini API: *poller.Poller.
 type API interface {
@@ -78,14 +78,6 @@ const (
 // BatchExpiry is how long after its creation the API reports a batch that
 // is still pending or running as EXPIRED (48 h).
 const BatchExpiry = 48 * time.Hour
-
-// ResultsKept is how long the API keeps a batch's responses file after the
-// batch ended (files are kept 48 h): a 404, or a 403 while the credential
-// works, for the file (or its files.get) of a batch that ended longer ago
-// means the results expired, and the key goes dead at once
-// (sink.DeadResultsExpired) instead of being retried until its attempts
-// run out.
-const ResultsKept = 48 * time.Hour
 
 // OutcomeUnconfirmed: the key was handed back without using an attempt
 // because the API has not confirmed it yet (not terminal, or no answer); it
@@ -109,11 +101,6 @@ type verdict struct {
 	failure sink.Failure
 	outcome Outcome // OutcomeUnconfirmed, OutcomeDone, or "" to let the recorded state decide
 	fenced  bool    // the claim was taken over: nothing is recorded
-}
-
-// needsPrep reports whether the claim needs work before its effect.
-func (d *Dispatcher) needsPrep(c sink.Claim) bool {
-	return (!c.Confirmed && (d.cfg.Confirm || c.NeedsConfirm)) || d.cfg.Results != nil && !c.NoResults
 }
 
 // prepare confirms the claim when it must be, fills in what the document
@@ -148,25 +135,18 @@ func (d *Dispatcher) prepare(ctx context.Context, log *slog.Logger, c sink.Claim
 	return ev, nil
 }
 
-// apiName is the name to hand Batches.Get for a key: its canonical name,
-// except that a Vertex job goes by its numeric id (the SDK rebuilds the
-// path from the client's own project and location).
-func apiName(key string) string {
-	name := canon.Name(key)
-	if id, ok := strings.CutPrefix(name, "batchPredictionJobs/"); ok {
-		return id
-	}
-	return name
-}
-
 // confirm fetches the batch and applies the rules of spec §9.2 (see the
 // comment at the top of this file).
 func (d *Dispatcher) confirm(ctx context.Context, log *slog.Logger, c sink.Claim, ev effect.Event, wait time.Duration) (effect.Event, *verdict) {
-	if wait <= 0 {
-		wait = DefaultConfirmTimeout
+	// Batches.Get is handed the key's canonical name, except that a Vertex
+	// job goes by its numeric id (the SDK rebuilds the path from the
+	// client's own project and location).
+	name := canon.Name(c.Key)
+	if id, ok := strings.CutPrefix(name, "batchPredictionJobs/"); ok {
+		name = id
 	}
-	gctx, cancel := context.WithTimeout(ctx, wait)
-	op, err := d.cfg.API.Get(gctx, apiName(c.Key))
+	gctx, cancel := context.WithTimeout(ctx, cmp.Or(max(wait, 0), DefaultConfirmTimeout)) // wait <= 0: the default
+	op, err := d.cfg.API.Get(gctx, name)
 	cancel()
 	now := d.cfg.Now()
 	recheck := func(cause string, serverDelay time.Duration) *verdict {
@@ -285,11 +265,11 @@ func (d *Dispatcher) writeResults(ctx context.Context, log *slog.Logger, c sink.
 		if dctx.Err() != nil {
 			err = fmt.Errorf("%w (--download-timeout %v)", err, d.cfg.DownloadTimeout)
 		}
-		if errors.Is(err, poller.ErrNotFound) && !r.EndTime.IsZero() && d.cfg.Now().Sub(r.EndTime) > ResultsKept {
+		if errors.Is(err, poller.ErrNotFound) && !r.EndTime.IsZero() && d.cfg.Now().Sub(r.EndTime) > sink.ResultsKept {
 			log.Warn("dispatch: the batch's results expired; the key is dead", "ended", r.EndTime, "err", err)
 			return &verdict{failure: sink.Failure{Permanent: true, DeadReason: sink.DeadResultsExpired, Cause: fmt.Sprintf(
 				"results expired: the batch ended %s, more than %v ago, and the API no longer has its results (%v)",
-				r.EndTime.UTC().Format(time.RFC3339), ResultsKept, err)}}
+				r.EndTime.UTC().Format(time.RFC3339), sink.ResultsKept, err)}}
 		}
 		log.Warn("dispatch: writing the batch's results failed; the attempt fails and is retried", "err", err)
 		return &verdict{failure: sink.Failure{Cause: "results: " + err.Error()}}

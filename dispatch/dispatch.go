@@ -95,8 +95,6 @@ type Config struct {
 	// the key done in one transaction (the --sql effect; see sql.go). Sink
 	// must then be a sink.SQLCompleter.
 	SQL *sqlscript.Script
-	// Owner names this holder in leases (default hostname:pid:random).
-	Owner string
 	// Command names what claims (poll, serve, drain) in the keys' history.
 	Command string
 	// Lease is how long a claim holds before another process may take it
@@ -186,17 +184,17 @@ func (s *Summary) add(o Outcome) {
 // Dispatcher claims due keys and runs the effect for them. Its methods are
 // safe for concurrent use.
 type Dispatcher struct {
-	cfg  Config
-	log  *slog.Logger
-	kick chan struct{}
+	cfg   Config
+	owner string // names this holder in leases (DefaultOwner)
+	log   *slog.Logger
+	kick  chan struct{}
 	// completer, when set, is the sink that runs Config.SQL and completes
 	// the claim in one transaction: it replaces Effect and Complete (sql.go).
 	completer sink.SQLCompleter
 
-	// brokenMu guards broken: the first effect.Broken error an attempt
-	// returned. Once set, nothing more is claimed.
-	brokenMu sync.Mutex
-	broken   error
+	// broken is the first effect.Broken error an attempt returned. Once
+	// set, nothing more is claimed.
+	broken atomic.Pointer[error]
 
 	// outcomeMu orders a Drain's batch claims against failures: a batch
 	// claim holds it exclusively, every Fail shares it. So a batch claim
@@ -246,11 +244,13 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// The sink must run the script in its own transaction (that Effect is
+	// not set too is Validate's).
 	var completer sink.SQLCompleter
 	if cfg.SQL != nil {
-		var err error
-		if completer, err = sqlCompleter(cfg); err != nil {
-			return nil, err
+		var ok bool
+		if completer, ok = cfg.Sink.(sink.SQLCompleter); !ok {
+			return nil, fmt.Errorf("dispatch: an SQL script needs a sink that runs SQL in its own transaction (sink.SQLCompleter); %T does not", cfg.Sink)
 		}
 	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
@@ -260,12 +260,11 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = ctxsleep.Sleep
 	}
-	cfg.Owner = cmp.Or(cfg.Owner, DefaultOwner())
 	if cfg.Rand == nil {
 		cfg.Rand = mrand.Float64
 	}
 	hurry, endGrace := context.WithCancel(context.Background())
-	return &Dispatcher{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
+	return &Dispatcher{cfg: cfg, owner: DefaultOwner(), log: cfg.Logger, kick: make(chan struct{}, 1), completer: completer,
 		slots: make(chan struct{}, cfg.Concurrency), freed: make(chan struct{}, 1),
 		hurry: hurry, endGrace: endGrace}, nil
 }
@@ -291,10 +290,7 @@ var ErrEffectBroken = errors.New("the effect cannot run in this process any more
 
 // markBroken notes the first effect.Broken error.
 func (d *Dispatcher) markBroken(err error) {
-	d.brokenMu.Lock()
-	defer d.brokenMu.Unlock()
-	if d.broken == nil {
-		d.broken = err
+	if d.broken.CompareAndSwap(nil, &err) {
 		d.log.Error("dispatch: the effect cannot run any more; claiming stops, and the keys held are handed back without using an attempt", "err", err)
 	}
 }
@@ -302,18 +298,17 @@ func (d *Dispatcher) markBroken(err error) {
 // brokenErr returns an error wrapping ErrEffectBroken and its cause once
 // the effect broke, else nil.
 func (d *Dispatcher) brokenErr() error {
-	d.brokenMu.Lock()
-	defer d.brokenMu.Unlock()
-	if d.broken == nil {
+	broken := d.broken.Load()
+	if broken == nil {
 		return nil
 	}
 	// The cause as text only: its chain may hold a context error (a
 	// stall), which callers must not take for their own cancellation.
-	return fmt.Errorf("dispatch: stopped claiming: %w: %v (the keys it held are pending again; no attempt was used)", ErrEffectBroken, d.broken)
+	return fmt.Errorf("dispatch: stopped claiming: %w: %v (the keys it held are pending again; no attempt was used)", ErrEffectBroken, *broken)
 }
 
 // Owner returns the owner name this Dispatcher claims with.
-func (d *Dispatcher) Owner() string { return d.cfg.Owner }
+func (d *Dispatcher) Owner() string { return d.owner }
 
 // Grace returns how long running effects may still finish once Run's
 // context is done (0: none).
@@ -338,7 +333,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.live.Store(s)
 	defer func() {
 		d.live.Store(nil)
-		s.stop()
+		s.wg.Wait() // the grace applies once ctx is done
+		s.release()
 	}()
 	failures := 0
 	for {
@@ -356,10 +352,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if failures&(failures-1) == 0 {
 				d.log.Error("dispatch: drain failed", "err", err, "consecutive", failures)
 			}
-		} else {
-			if failures > 0 {
-				d.log.Info("dispatch: drain recovered", "after_failures", failures)
-			}
+		} else if failures > 0 {
+			d.log.Info("dispatch: drain recovered", "after_failures", failures)
 			failures = 0
 		}
 		if sum.Claimed > 0 {
@@ -439,7 +433,7 @@ func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait t
 	}
 	asked := d.cfg.Now() // the lease cannot have started earlier
 	wctx, cancel := writeContext(ctx)
-	c, err := d.cfg.Sink.Claim(wctx, key, d.cfg.Owner, d.cfg.Lease, d.claimOpts()...)
+	c, err := d.cfg.Sink.Claim(wctx, key, d.owner, d.cfg.Lease, d.claimOpts()...)
 	cancel()
 	switch {
 	case errors.Is(err, sink.ErrNotFound):
@@ -554,7 +548,8 @@ func (a *attempt) run(mark func(Outcome), confirmWait time.Duration) (out Outcom
 	start := d.cfg.Now()
 	ev := eventFor(a.c)
 	var v *verdict
-	if d.needsPrep(a.c) {
+	// Work before the effect: a confirmation, results to write.
+	if !a.c.Confirmed && (d.cfg.Confirm || a.c.NeedsConfirm) || d.cfg.Results != nil && !a.c.NoResults {
 		ev, v = a.prepareUnderLease(ev, confirmWait)
 	}
 	ran := v == nil
@@ -696,18 +691,16 @@ func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
 		if err == nil {
 			return nil, nil
 		}
-		if errors.Is(err, sink.ErrFenced) {
-			if try > 1 {
-				if e := a.readBack(w.landed); e != nil {
-					return e, nil // an earlier try had committed
-				}
+		if errors.Is(err, sink.ErrFenced) && try > 1 {
+			if e := a.readBack(w.landed); e != nil {
+				return e, nil // an earlier try had committed
 			}
-			return nil, err
 		}
-		if errors.Is(err, sink.ErrUnusable) {
-			// Damaged, deleted or replaced: it will not come back in this
-			// process, so trying until the lease runs short only delays the
-			// exit (the command ends with exit 1 and says what to do).
+		if errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrUnusable) {
+			// Unusable: damaged, deleted or replaced, it will not come back
+			// in this process, so trying until the lease runs short only
+			// delays the exit (the command ends with exit 1 and says what
+			// to do).
 			return nil, err
 		}
 		now := d.cfg.Now()
@@ -763,21 +756,16 @@ type effectTimeoutError struct{ d time.Duration }
 
 func (e *effectTimeoutError) Error() string { return fmt.Sprintf("effect timeout %v exceeded", e.d) }
 
-// stoppedByContext reports whether an effect's error says the effect was
-// stopped by its context (it wraps the context's error), as opposed to
-// failing on its own. Only then does the context's cause explain the
-// failure: the context may well have ended after the effect had failed, or
-// succeeded, by itself (issue 12 item 3).
-func stoppedByContext(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-}
-
 // failureOf is the failure an effect's error records. The error decides
 // what is said about it: the effect context's state after the run does not
 // (it may have ended after the effect failed on its own).
 func (d *Dispatcher) failureOf(effCtx context.Context, runErr error) sink.Failure {
 	cause := runErr.Error()
-	if stoppedByContext(runErr) {
+	// Only an error that says the effect was stopped by its context (it
+	// wraps the context's error), as opposed to failing on its own, is
+	// explained by the context's cause: the context may well have ended
+	// after the effect had failed, or succeeded, by itself (issue 12 item 3).
+	if errors.Is(runErr, context.DeadlineExceeded) || errors.Is(runErr, context.Canceled) {
 		var te *effectTimeoutError
 		switch why := context.Cause(effCtx); {
 		case errors.Is(why, errShutdown):

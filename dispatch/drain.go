@@ -98,10 +98,7 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	// commit, and a claim per freed slot would cost a commit per key.
 	batch := max(1, conc/2)
 	ahead := conc // not more: a claim held ahead is a key other processes cannot run
-	for {
-		if ctx.Err() != nil || d.brokenErr() != nil {
-			break
-		}
+	for ctx.Err() == nil && d.brokenErr() == nil {
 		startReady()
 		if ctx.Err() != nil {
 			break
@@ -208,7 +205,7 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 			return nil, nil
 		}
 		asked := d.cfg.Now() // the leases cannot have started earlier
-		granted, err := d.cfg.Sink.ClaimDue(wctx, d.cfg.Owner, d.cfg.Lease, claims, d.claimOpts()...)
+		granted, err := d.cfg.Sink.ClaimDue(wctx, d.owner, d.cfg.Lease, claims, d.claimOpts()...)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: claim due keys: %w", err)
 		}
@@ -260,7 +257,7 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 		}
 		j.claimedAt = d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
-		c, err := d.cfg.Sink.Claim(wctx, j.key, d.cfg.Owner, d.cfg.Lease, d.claimOpts()...)
+		c, err := d.cfg.Sink.Claim(wctx, j.key, d.owner, d.cfg.Lease, d.claimOpts()...)
 		cancel()
 		if err != nil {
 			st.mu.Lock()

@@ -20,20 +20,14 @@ import (
 
 // session is where claims made where keys are recorded run: under its
 // context, with the dispatcher's grace once that is done (graceContext),
-// until stop. Run opens one for the dispatcher's TakeSlot (serve's
-// webhooks); the claims' outcomes are logged, not summed.
+// until Run ends. Run opens one for the dispatcher's TakeSlot (serve's
+// webhooks), and waits for its claims when it ends; the claims' outcomes
+// are logged, not summed.
 type session struct {
 	d           *Dispatcher
 	ctx, runCtx context.Context
 	release     func()
 	wg          sync.WaitGroup
-}
-
-// stop waits for the session's claims — the grace applies once its
-// context is done.
-func (s *session) stop() {
-	s.wg.Wait()
-	s.release()
 }
 
 // takeSlot takes a free slot for a claim made where a key is recorded: req
@@ -102,7 +96,7 @@ func (d *Dispatcher) RunClaimWithin(ctx context.Context, c sink.Claim, asked tim
 
 // Request is the claim this dispatcher makes (sink.RecordAndClaim).
 func (d *Dispatcher) Request() sink.ClaimRequest {
-	return sink.ClaimRequest{Owner: d.cfg.Owner, Lease: d.cfg.Lease, Opts: d.claimOpts()}
+	return sink.ClaimRequest{Owner: d.owner, Lease: d.cfg.Lease, Opts: d.claimOpts()}
 }
 
 // takeSlot takes a free slot without waiting.

@@ -30,16 +30,6 @@ import (
 // lock), and a periodic renewal queued behind the transaction's own commit
 // would find the key done and be counted as a fenced outcome.
 
-// sqlCompleter checks that cfg's sink can run a script in its own
-// transaction (that Effect is not set too is Validate's).
-func sqlCompleter(cfg Config) (sink.SQLCompleter, error) {
-	sc, ok := cfg.Sink.(sink.SQLCompleter)
-	if !ok {
-		return nil, fmt.Errorf("dispatch: an SQL script needs a sink that runs SQL in its own transaction (sink.SQLCompleter); %T does not", cfg.Sink)
-	}
-	return sc, nil
-}
-
 // completeClaim renews the lease once, then runs the script and marks the
 // key done, in one transaction.
 func (d *Dispatcher) completeClaim(ctx context.Context, ev effect.Event) error {

@@ -29,10 +29,6 @@ func (l DrainLine) String() string {
 		l.Claimed, l.OK, l.Failed, l.Dead, l.Fenced, l.Unconfirmed, l.HandedBack, l.Duration)
 }
 
-// Write writes the line to w: the text line, or with asJSON one JSON object
-// with the same field names.
-func (l DrainLine) Write(w io.Writer, asJSON bool) error { return WriteLine(w, l, asJSON) }
-
 // WriteLine writes a summary line (drain's, a poll pass's) to w: its text,
 // or with asJSON the line as one JSON object.
 func WriteLine(w io.Writer, line fmt.Stringer, asJSON bool) error {

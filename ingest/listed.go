@@ -31,26 +31,17 @@ type Listed struct {
 	Logger  *slog.Logger     // nil: discard
 }
 
-// ListedOutcome is what Record did with one operation.
-type ListedOutcome struct {
-	// Invalid: the name can never be a key (spec §12): logged, counted,
-	// never recorded.
-	Invalid bool
-	Key     string
-	Result  sink.RecordResult
-}
-
 // RecordPage records the listed terminal operations of one page, those
 // that must commit in one commit (sink.RecordAll: a pass moves to the next
-// page only once this page's keys are durable). Only a database error is
-// returned (the pass stops listing); a name that cannot be a key is an
-// Invalid outcome.
-func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]ListedOutcome, error) {
+// page only once this page's keys are durable), and counts them: recorded
+// for the first time, already known, or invalid — a name that can never be
+// a key (spec §12): logged, counted, never recorded, never a reason to
+// fail the pass. Only a database error is returned (the pass stops
+// listing).
+func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) (news, dups, invalid int, err error) {
 	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler))
-	outs := make([]ListedOutcome, len(ops))
 	var sgs []sink.Sighting
-	var at []int // the outcome of each sighting
-	for i, op := range ops {
+	for _, op := range ops {
 		key, err := canon.Key(op.Name)
 		if err == nil {
 			err = canon.CheckKey(key)
@@ -61,32 +52,34 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) ([]Liste
 		if err != nil {
 			l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
 			log.Warn("listed operation has a name that cannot be a key; skipped", "name", canon.Quote(op.Name), "err", err)
-			outs[i].Invalid = true
+			invalid++
 			continue
 		}
-		outs[i].Key = key
 		sgs = append(sgs, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: op.Raw, State: op.State, FromAPI: true, EndTime: op.EndTime})
-		at = append(at, i)
 	}
 	if len(sgs) == 0 {
-		return outs, nil
+		return 0, 0, invalid, nil
 	}
 	res, err := l.Sink.RecordAll(ctx, sgs)
 	if err != nil {
 		for range sgs {
 			l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeUnavailable)
 		}
-		return outs, err
+		return 0, 0, invalid, err
 	}
-	for j, i := range at {
-		outs[i].Result = res[j]
+	for j, sg := range sgs {
 		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.RecordOutcome(res[j]))
-		logRecord(log, sgs[j].Key, sink.SourcePoll, res[j])
+		logRecord(log, sg.Key, sink.SourcePoll, res[j])
 		if res[j].Confirmed {
-			log.Info("a key first seen by webhook is confirmed by the listing", "key", sgs[j].Key, "batch_state", ops[i].State, "state", res[j].State)
+			log.Info("a key first seen by webhook is confirmed by the listing", "key", sg.Key, "batch_state", sg.State, "state", res[j].State)
+		}
+		if res[j].New {
+			news++
+		} else {
+			dups++
 		}
 	}
-	return outs, nil
+	return news, dups, invalid, nil
 }
 
 // logRecord says what Record did with a sighting: at the default level for

@@ -98,19 +98,18 @@ func (p *Poller) Get(ctx context.Context, name string) (Operation, error) {
 	op := "get " + truncate(name, 120)
 	tctx, trace := withTrace(ctx, kindGet)
 	body, err := p.call(tctx, path, nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return Operation{}, &TransientError{Op: op, Err: ctx.Err()}
-		}
-		var apiErr genai.APIError
-		if errors.As(err, &apiErr) {
-			return Operation{}, p.classify(ctx, op, apiErr, trace.lastDelay)
-		}
-		var big *BodyTooLargeError
-		if errors.As(err, &big) {
-			// An answer, too large to read: asking again gets the same one.
-			return Operation{}, fmt.Errorf("poller: %s: %w: %w", op, ErrUnexpected, big)
-		}
+	var apiErr genai.APIError
+	var big *BodyTooLargeError
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return Operation{}, &TransientError{Op: op, Err: ctx.Err()}
+	case errors.As(err, &apiErr):
+		return Operation{}, p.classify(ctx, op, apiErr, trace.lastDelay)
+	case errors.As(err, &big):
+		// An answer, too large to read: asking again gets the same one.
+		return Operation{}, fmt.Errorf("poller: %s: %w: %w", op, ErrUnexpected, big)
+	default:
 		// A transport failure (or a per-attempt timeout) after the retry
 		// budget.
 		return Operation{}, &TransientError{Op: op, Err: err}
@@ -194,8 +193,12 @@ func (p *Poller) classify(ctx context.Context, op string, e genai.APIError, dela
 	switch {
 	case keyInvalid(e) || e.Code == http.StatusUnauthorized:
 		return p.authError(op, what)
-	case e.Code == http.StatusNotFound && !fromAPI(e):
-		// Not the API's word on the batch: a proxy's or another server's
+	case e.Code == http.StatusNotFound && strings.HasPrefix(e.Status, strconv.Itoa(e.Code)+" "):
+		// Not the API's word on the batch: the API's own error document
+		// ({"error":{"code","message","status"}}) has a canonical status
+		// such as NOT_FOUND, while for any other body (an HTML page, JSON
+		// without an "error") the SDK, like apiErrorOf, sets Status to the
+		// HTTP status line, "404 Not Found": a proxy's or another server's
 		// page. Dead at once as "unknown" would be wrong for every key.
 		return fmt.Errorf("poller: %s: %w (%s: not the API's error answer; is --base-url the API, or is a proxy in between answering?)",
 			op, ErrUnexpected, what)
@@ -256,15 +259,6 @@ func keyInvalid(e genai.APIError) bool {
 func describe(e genai.APIError) string {
 	status := cmp.Or(strings.TrimPrefix(e.Status, strconv.Itoa(e.Code)+" "), http.StatusText(e.Code))
 	return fmt.Sprintf("HTTP %d %s: %s", e.Code, status, truncate(e.Message, 200))
-}
-
-// fromAPI reports whether e was read from the API's own error document
-// ({"error":{"code","message","status"}}), whose status is a canonical code
-// such as NOT_FOUND. For any other body (an HTML page, JSON without an
-// "error") the SDK, like apiErrorOf, sets Status to the HTTP status line,
-// "404 Not Found".
-func fromAPI(e genai.APIError) bool {
-	return !strings.HasPrefix(e.Status, strconv.Itoa(e.Code)+" ")
 }
 
 // downloadBuffer is the one buffer a download copies through: memory stays

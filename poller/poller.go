@@ -201,9 +201,6 @@ func (c Config) CheckCredentials() error {
 	return nil
 }
 
-// HasCredentials reports whether c names API credentials (CheckCredentials).
-func (c Config) HasCredentials() bool { return c.CheckCredentials() == nil }
-
 // Operation is one listed batch operation in a terminal state.
 type Operation struct {
 	// Name as listed: "batches/x" (Gemini API) or
@@ -438,9 +435,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 			op := &ops[i]
 			stats.Listed++
 			old := !cutoff.IsZero() && createdBefore(op, cutoff)
-			if !old {
-				allOld = false
-			}
+			allOld = allOld && old
 			if !op.Terminal {
 				if opt.Unfinished != nil {
 					opt.Unfinished(*op)
@@ -607,20 +602,19 @@ func (p *Poller) page(ctx context.Context, trace *passTrace, token string, n int
 		q.Set("pageToken", token)
 	}
 	body, err := p.call(ctx, p.collection(), q)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, "", fmt.Errorf("poller: page %d: %w", n, ctx.Err())
-		}
-		var apiErr genai.APIError
-		if errors.As(err, &apiErr) {
-			return nil, "", p.apiError(n, apiErr, trace.lastDelay)
-		}
-		var big *BodyTooLargeError
-		if errors.As(err, &big) {
-			// Not malformed, and not transient: the transport read no more
-			// of it than the limit and did not retry.
-			return nil, "", fmt.Errorf("poller: page %d: %w", n, big)
-		}
+	var apiErr genai.APIError
+	var big *BodyTooLargeError
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return nil, "", fmt.Errorf("poller: page %d: %w", n, ctx.Err())
+	case errors.As(err, &apiErr):
+		return nil, "", p.apiError(n, apiErr, trace.lastDelay)
+	case errors.As(err, &big):
+		// Not malformed, and not transient: the transport read no more of
+		// it than the limit and did not retry.
+		return nil, "", fmt.Errorf("poller: page %d: %w", n, big)
+	default:
 		// A transport failure after the retry budget.
 		return nil, "", fmt.Errorf("poller: listing page %d: %w", n, err)
 	}

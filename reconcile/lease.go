@@ -148,8 +148,7 @@ func (h *lease) run(ctx context.Context, valid time.Time) {
 		case errors.Is(err, sink.ErrFenced), errors.Is(err, sink.ErrNotFound):
 			h.lose(fmt.Errorf("%w: another process took it over and lists now: %w", ErrPassLost, err))
 			return
-		}
-		if now := p.cfg.Now(); !now.Before(valid) {
+		case !p.cfg.Now().Before(valid):
 			h.lose(fmt.Errorf("%w: it could not be renewed for %v and ran out (last error: %w)", ErrPassLost, p.cfg.PassLease, err))
 			return
 		}

@@ -21,16 +21,12 @@ import (
 	"github.com/gemrecon/gemrecon/canon"
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/ingest"
+	"github.com/gemrecon/gemrecon/internal/ctxsleep"
 	"github.com/gemrecon/gemrecon/internal/field"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/sink"
 )
-
-// BatchExpiry is how long a batch may run before the API expires it
-// (48 h): a batch that completes is at most this old, so a lookback window
-// must reach at least this far back, plus the time until the next full scan.
-const BatchExpiry = 48 * time.Hour
 
 // DefaultFullScanEvery is the default of --full-scan-every (spec §5.2).
 const DefaultFullScanEvery = 12 * time.Hour
@@ -43,8 +39,8 @@ const recordTimeout = 10 * time.Second
 // ValidateFullScanEvery checks PollConfig.FullScanEvery against the
 // poller's Lookback (spec §5.2): a completion must still be inside the
 // window when the next full scan comes, so every must be shorter than
-// lookback − BatchExpiry. Lookback 0 reads every page on every pass, so any
-// every is fine. every 0 makes every pass a full scan. Errors are
+// lookback − dispatch.BatchExpiry. Lookback 0 reads every page on every
+// pass, so any every is fine. every 0 makes every pass a full scan. Errors are
 // field.Errors naming FullScanEvery and Lookback.
 func ValidateFullScanEvery(lookback, every time.Duration) error {
 	const p = "reconcile: "
@@ -53,10 +49,10 @@ func ValidateFullScanEvery(lookback, every time.Duration) error {
 		return field.Errorf(p, "{FullScanEvery} %v is negative (0 makes every pass a full scan)", every)
 	case lookback == 0:
 		return nil
-	case lookback <= BatchExpiry:
-		return field.Errorf(p, "{Lookback} %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, BatchExpiry, BatchExpiry)
-	case every >= lookback-BatchExpiry:
-		return field.Errorf(p, "{FullScanEvery} %v must be shorter than {the lookback|Lookback} − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower {FullScanEvery} or raise {the lookback|Lookback}", every, lookback-BatchExpiry)
+	case lookback <= dispatch.BatchExpiry:
+		return field.Errorf(p, "{Lookback} %v is not longer than the %v a batch may run: a completion could be outside the window before any pass sees it; use a lookback over %v (the default is 72h) or 0 (read every page)", lookback, dispatch.BatchExpiry, dispatch.BatchExpiry)
+	case every >= lookback-dispatch.BatchExpiry:
+		return field.Errorf(p, "{FullScanEvery} %v must be shorter than {the lookback|Lookback} − 48h (%v), so that a completion is still inside the window when the next full scan comes; lower {FullScanEvery} or raise {the lookback|Lookback}", every, lookback-dispatch.BatchExpiry)
 	}
 	return nil
 }
@@ -376,7 +372,8 @@ func (p *Poll) observe(r *Result) {
 	p.cfg.Metrics.ObservePass(p.scope, outcome)
 }
 
-// record returns the scope's pass record (zero and false when there is none).
+// record returns the scope's pass record (one with only its scope when
+// there is none yet), and true unless it could not be read.
 func (p *Poll) record(ctx context.Context) (sink.PassRecord, bool, error) {
 	recs, err := p.cfg.Sink.PassRecords(ctx)
 	if err != nil {
@@ -407,11 +404,8 @@ func (p *Poll) fullScanDue(rec sink.PassRecord, now time.Time) bool {
 
 // StuckAfter is how long a batch may stay pending or running before each
 // pass warns of it (spec §5.5): the API targets a day, and expires a batch
-// that has not finished after ExpiresAfter.
-const (
-	StuckAfter   = 24 * time.Hour
-	ExpiresAfter = 48 * time.Hour
-)
+// that has not finished after dispatch.BatchExpiry.
+const StuckAfter = 24 * time.Hour
 
 // unfinished counts a listed batch that has not finished, and warns of one
 // pending or running for longer than StuckAfter: at most once per hour of
@@ -430,7 +424,7 @@ func (p *Poll) unfinished(r *Result, rec sink.PassRecord, op poller.Operation) {
 		(rec.LastStart.IsZero() || rec.LastStart.Before(op.CreateTime.Add(StuckAfter)) || hour(rec.LastStart) < hour(r.Start)) {
 		p.cfg.Logger.Warn("a batch has not finished for over a day: the API expires it 48 h after its creation",
 			"batch", canon.Quote(op.Name), "state", op.State, "age", age.Round(time.Minute),
-			"expires_in", (ExpiresAfter - age).Round(time.Minute))
+			"expires_in", (dispatch.BatchExpiry - age).Round(time.Minute))
 	}
 }
 
@@ -440,20 +434,13 @@ func (p *Poll) unfinished(r *Result, rec sink.PassRecord, op poller.Operation) {
 func (p *Poll) recordPage(ctx context.Context, r *Result) error {
 	ops := r.page
 	r.page = r.page[:0]
-	outs, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.RecordPage(ctx, ops)
+	news, dups, invalid, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.RecordPage(ctx, ops)
 	if err != nil {
 		return err
 	}
-	for _, out := range outs {
-		switch {
-		case out.Invalid:
-			r.Invalid++ // spec §12: never recorded, never a reason to fail the pass
-		case out.Result.New:
-			r.New++
-		default:
-			r.Duplicates++
-		}
-	}
+	r.New += news
+	r.Duplicates += dups
+	r.Invalid += invalid // spec §12: never recorded, never a reason to fail the pass
 	return nil
 }
 
@@ -472,12 +459,8 @@ func (p *Poll) Watch(ctx context.Context, each func(Result)) error {
 		}
 		started := time.Now()
 		each(p.Pass(ctx))
-		t := time.NewTimer(time.Until(started.Add(p.cfg.Interval)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := ctxsleep.Sleep(ctx, time.Until(started.Add(p.cfg.Interval))); err != nil {
+			return err
 		}
 	}
 }

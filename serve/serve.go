@@ -111,22 +111,18 @@ func Start(ctx context.Context, cfg Config) *Server {
 	// and the running ones are killed at once (their grace is over), so
 	// that a long drain neither keeps them running nor starts effects that
 	// would be killed when it ends, each a used attempt.
-	go func() {
-		select {
-		case <-serveCtx.Done():
-		case <-s.done:
-			return
-		}
+	stopWatching := context.AfterFunc(serveCtx, func() {
 		select {
 		case <-cfg.Dispatcher.GraceEnded():
 			log.Info("grace ended: stopping the background workers before the HTTP drain is over")
 			stopWork()
 		case <-s.done:
 		}
-	}()
+	})
 	go func() {
 		defer close(s.done)
 		defer stopWork()
+		defer stopWatching()
 		serveErr := webhook.Serve(serveCtx, cfg.Listener, cfg.Handler, cfg.Server)
 		log.Info("webhook server stopped; finishing running effects", "grace", cfg.Dispatcher.Grace())
 		stopWork()

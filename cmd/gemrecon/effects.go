@@ -268,7 +268,7 @@ func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
 // rate limiter per process for list, get and downloads).
 func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
 	pcfg := a.pollerConfig(pf)
-	creds := p != nil || pcfg.HasCredentials()
+	creds := p != nil || pcfg.CheckCredentials() == nil
 	var out apiSetup
 	var err error
 	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
@@ -405,7 +405,7 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 // effect may have run twice.
 func (a *app) printDrainSummary(sum dispatch.Summary, took time.Duration) {
 	asJSON := a.logFormat == "json"
-	if err := sum.Line(took).Write(a.stderr, asJSON); err != nil {
+	if err := dispatch.WriteLine(a.stderr, sum.Line(took), asJSON); err != nil {
 		a.logger.Error("writing the drain summary", "err", err)
 	}
 	if sum.Fenced == 0 {

@@ -1,6 +1,6 @@
 // Package ctxsleep holds the one context-aware sleep that the libraries
 // with an injectable Sleep (dispatch, poller, the stand-in's delivery
-// engine) take as their default.
+// engine) take as their default, and that reconcile's Watch waits with.
 package ctxsleep
 
 import (
