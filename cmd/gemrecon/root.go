@@ -62,8 +62,8 @@ func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader
 		err = withCode(exitUsage, err)
 	}
 	code := exitCode(err)
-	var ee *exitError // a nil err in it: the command said what it had to
-	if err != nil && (!errors.As(err, &ee) || ee.err != nil) {
+	// An exitError with a nil err: the command said what it had to.
+	if ee, ok := errors.AsType[*exitError](err); err != nil && (!ok || ee.err != nil) {
 		attrs := []any{"exit", code}
 		if code == exitUsage {
 			attrs = append(attrs, "hint", usageHint)
@@ -103,8 +103,7 @@ func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
 // isCobraUsageError recognises the errors cobra itself returns for wrong
 // words on the command line (it has no typed errors for them).
 func isCobraUsageError(err error) bool {
-	var ee *exitError
-	if errors.As(err, &ee) {
+	if _, ok := errors.AsType[*exitError](err); ok {
 		return false
 	}
 	msg := err.Error()
@@ -132,11 +131,9 @@ and never again once it is done.`,
   GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --forward https://internal/hook
   gemrecon status batches/abc123`,
-		SilenceErrors: true,
-		SilenceUsage:  true,
-		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			return a.setup(cmd)
-		},
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error { return a.setup(cmd) },
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		if strings.Contains(err.Error(), "time: unknown unit") {
@@ -255,19 +252,18 @@ func (a *app) withBrokenSink(err error) error {
 	a.sinksMu.Lock()
 	defer a.sinksMu.Unlock()
 	for _, s := range a.sinks {
-		b, ok := s.(interface{ Broken() error })
-		if !ok {
-			continue
+		var berr error
+		if b, ok := s.(interface{ Broken() error }); ok {
+			berr = b.Broken()
 		}
-		berr := b.Broken()
 		if berr == nil {
 			continue
 		}
-		var ee *exitError
+		ee, isExit := errors.AsType[*exitError](err)
 		switch {
 		case errors.Is(err, sink.ErrUnusable): // it says so already
 			return withCode(exitFatal, err)
-		case err == nil || (errors.As(err, &ee) && ee.err == nil):
+		case err == nil || (isExit && ee.err == nil):
 			return berr
 		default:
 			return withCode(exitFatal, errors.Join(err, berr))
