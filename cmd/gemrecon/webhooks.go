@@ -142,8 +142,8 @@ func apiError(what string, err error, advice ...string) error {
 	for _, a := range advice {
 		tail += "; " + a
 	}
-	var ae *apierrors.APIError
-	if !errors.As(err, &ae) {
+	ae, ok := errors.AsType[*apierrors.APIError](err)
+	if !ok {
 		return withCode(exitFatal, fmt.Errorf("%s: %w%s", what, err, tail))
 	}
 	var body struct {
@@ -152,14 +152,12 @@ func apiError(what string, err error, advice ...string) error {
 			Status  string `json:"status"`
 		} `json:"error"`
 	}
-	msg := ""
+	msg := canon.Quote(strings.TrimSpace(ae.Body))
 	if json.Unmarshal([]byte(ae.Body), &body) == nil && body.Error.Message != "" {
 		msg = body.Error.Message
 		if body.Error.Status != "" {
 			msg = body.Error.Status + ": " + msg
 		}
-	} else {
-		msg = canon.Quote(strings.TrimSpace(ae.Body))
 	}
 	hint := ""
 	switch ae.StatusCode {
@@ -382,13 +380,11 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 	res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
 	if err != nil {
 		sf.abandon()
-		var ae *apierrors.APIError
-		var dial *net.OpError
-		if errors.As(err, &dial) && dial.Op == "dial" {
+		if dial, ok := errors.AsType[*net.OpError](err); ok && dial.Op == "dial" {
 			// No connection, so no request: nothing can have been created.
 			return apiError("webhooks create", err, "could not connect, so nothing was created: check --base-url (or GOOGLE_GEMINI_BASE_URL) and the network, then try again")
 		}
-		if !errors.As(err, &ae) || ae.StatusCode >= 500 {
+		if ae, ok := errors.AsType[*apierrors.APIError](err); !ok || ae.StatusCode >= 500 {
 			return apiError("webhooks create", err, "the webhook may have been created before the answer was lost: run 'gemrecon webhooks list' before trying again")
 		}
 		return apiError("webhooks create", err)
@@ -449,16 +445,22 @@ func toJSON(w webhooks.Webhook) webhookJSON {
 
 // secretsSummary says how many secrets sign and when the first one ends.
 func secretsSummary(ss []secretJSON) string {
-	var first *time.Time
-	for _, s := range ss {
-		if s.ExpireTime != nil && (first == nil || s.ExpireTime.Before(*first)) {
-			first = s.ExpireTime
-		}
-	}
+	first := expiry(ss, -1)
 	if first == nil {
 		return strconv.Itoa(len(ss))
 	}
 	return fmt.Sprintf("%d (one expires %s)", len(ss), first.UTC().Format(time.RFC3339))
+}
+
+// expiry is the earliest (want -1) or the latest (want 1) expire time of
+// the secrets; nil when none has one.
+func expiry(ss []secretJSON, want int) (t *time.Time) {
+	for _, s := range ss {
+		if s.ExpireTime != nil && (t == nil || s.ExpireTime.Compare(*t) == want) {
+			t = s.ExpireTime
+		}
+	}
+	return t
 }
 
 const maxListPages = 10000
@@ -654,15 +656,8 @@ func (a *app) previousSecretsEnd(ctx context.Context, wc *interactions.Webhooks,
 	if now {
 		return "revoked now"
 	}
-	res, err := wc.Get(ctx, operations.GetWebhookRequest{ID: id})
-	if err == nil && res.Webhook != nil {
-		var last *time.Time
-		for _, s := range res.Webhook.SigningSecrets {
-			if s.ExpireTime != nil && (last == nil || s.ExpireTime.After(*last)) {
-				last = s.ExpireTime
-			}
-		}
-		if last != nil {
+	if res, err := wc.Get(ctx, operations.GetWebhookRequest{ID: id}); err == nil && res.Webhook != nil {
+		if last := expiry(toJSON(*res.Webhook).SigningSecrets, 1); last != nil {
 			return "valid until " + last.UTC().Format(time.RFC3339)
 		}
 	}
