@@ -166,18 +166,13 @@ func (a *app) dispatchConfig(f *effectFlags) (dispatch.Config, error) {
 	if err := f.checkChoice(); err != nil {
 		return cfg, err
 	}
+	var err error
 	if f.sql != "" { // checked at start-up (unreadable file, unknown parameter)
-		q, err := sqlscript.Load(f.sql)
-		if err != nil {
+		if cfg.SQL, err = sqlscript.Load(f.sql); err != nil {
 			return cfg, usageError("--sql %v", err)
 		}
-		cfg.SQL = q
-	} else {
-		eff, err := a.effect(f)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Effect = eff
+	} else if cfg.Effect, err = a.effect(f); err != nil {
+		return cfg, err
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
@@ -326,17 +321,6 @@ func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.
 	return s, d, nil
 }
 
-// summaryExit maps a dispatch summary to the exit status of spec §5: 4 when
-// some effect failed (a retry is scheduled or the key went dead) or some
-// outcome was fenced (another attempt took the key over: the effect may have
-// run twice).
-func summaryExit(sum dispatch.Summary) error {
-	if sum.Failed > 0 || sum.Dead > 0 || sum.Fenced > 0 {
-		return withCode(exitNotDone, nil)
-	}
-	return nil
-}
-
 // drainOptions are drain's flags.
 type drainOptions struct {
 	ef effectFlags
@@ -396,7 +380,13 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	if err != nil {
 		return err
 	}
-	return summaryExit(sum)
+	// The exit status of spec §5: 4 when some effect failed (a retry is
+	// scheduled or the key went dead) or some outcome was fenced (another
+	// attempt took the key over: the effect may have run twice).
+	if sum.Failed > 0 || sum.Dead > 0 || sum.Fenced > 0 {
+		return withCode(exitNotDone, nil)
+	}
+	return nil
 }
 
 // printDrainSummary writes drain's summary line on stderr, as one JSON

@@ -10,10 +10,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gemrecon/gemrecon/dispatch"
-	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/reconcile"
-	"github.com/gemrecon/gemrecon/sink"
 )
 
 // pollFlags configure the listing side of a poll pass (spec §5). Their
@@ -90,24 +88,6 @@ func (a *app) pollConfig(f *pollFlags, interval time.Duration, intervalFlag stri
 		return cfg, err
 	}
 	return cfg, usage(cfg.Validate(), names)
-}
-
-// pollLoop wires the sink, the poller, the dispatcher and metrics into cfg.
-func pollLoop(cfg reconcile.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*reconcile.Poll, error) {
-	cfg.Sink, cfg.Poller, cfg.Dispatcher, cfg.Metrics = s, p, d, m
-	return reconcile.NewPoll(cfg)
-}
-
-// passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
-// effect failed or an outcome was fenced, else 0.
-func passExit(r reconcile.Result) error {
-	if err := r.Err(); err != nil {
-		return err
-	}
-	if r.EffectsFailed() {
-		return withCode(exitNotDone, nil)
-	}
-	return nil
 }
 
 // pollOptions are poll's flags.
@@ -193,14 +173,20 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 		return err
 	}
 	defer s.Close()
-	loop, err := pollLoop(pcfg, s, p, d, nil)
+	pcfg.Sink, pcfg.Poller, pcfg.Dispatcher = s, p, d
+	loop, err := reconcile.NewPoll(pcfg)
 	if err != nil {
 		return err
 	}
 	if !o.watch {
 		r := loop.Pass(ctx)
 		a.reportPass(r, o.metricsFile)
-		return passExit(r)
+		// The exit status of spec §5: 1 fatal, 4 some effect failed or an
+		// outcome was fenced, else 0.
+		if err := r.Err(); err != nil || !r.EffectsFailed() {
+			return err
+		}
+		return withCode(exitNotDone, nil)
 	}
 	return a.watch(ctx, loop, o.metricsFile)
 }

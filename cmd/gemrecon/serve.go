@@ -198,7 +198,8 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		sc.Server.WriteTimeout = o.ef.cfg.EffectTimeout + o.w.SyncWait + 30*time.Second
 	}
 	if o.pollEvery > 0 {
-		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
+		pcfg.Sink, pcfg.Poller, pcfg.Dispatcher, pcfg.Metrics = s, api.poller, d, m
+		if sc.Poll, err = reconcile.NewPoll(pcfg); err != nil {
 			return err
 		}
 		sc.OnPass = func(r reconcile.Result) {
