@@ -191,9 +191,7 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 	case f.exec != "":
 		return effect.NewExec(f.exec, a.execOutput()), nil
 	case f.forward != "":
-		secret := os.Getenv("GEMRECON_FORWARD_SECRET")
-		client := &http.Client{Timeout: f.cfg.EffectTimeout}
-		fw, err := effect.NewForward(f.forward, secret, client)
+		fw, err := effect.NewForward(f.forward, os.Getenv("GEMRECON_FORWARD_SECRET"), &http.Client{Timeout: f.cfg.EffectTimeout})
 		if err != nil {
 			// The error never contains the secret (effect's contract).
 			return nil, withCode(exitUsage, fmt.Errorf("--forward: %w", err))

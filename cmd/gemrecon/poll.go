@@ -58,13 +58,6 @@ func (a *app) pollerConfig(f *pollFlags) poller.Config {
 	return cfg
 }
 
-// listingPoller is the listing poller's configuration from the flags and
-// the environment, checked (exit 2).
-func (a *app) listingPoller(f *pollFlags) (poller.Config, error) {
-	cfg := a.pollerConfig(f)
-	return cfg, usage(cfg.Validate())
-}
-
 // newPoller builds the listing poller: missing credentials are exit 1 (a
 // Gemini API key) or 2 (Vertex without a project and a location).
 func (a *app) newPoller(ctx context.Context, cfg poller.Config) (*poller.Poller, error) {
@@ -127,8 +120,8 @@ func (a *app) pollCommand() *cobra.Command {
 
 // runPoll is poll: one pass, or --watch's passes until ctx is done.
 func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
-	plcfg, err := a.listingPoller(&o.pf)
-	if err != nil {
+	plcfg := a.pollerConfig(&o.pf) // the listing poller's, checked (exit 2)
+	if err := usage(plcfg.Validate()); err != nil {
 		return err
 	}
 	mode, err := o.ef.confirmMode()

@@ -81,18 +81,14 @@ func (a *app) serveCommand() *cobra.Command {
 // dispatcher and metrics.
 func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	cfg := o.w
-	secrets, err := webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile)
-	if err != nil {
+	var err error
+	if cfg.Secrets, err = webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile); err != nil {
 		return cfg, withCode(exitUsage, err)
 	}
-	if o.secretFile != "" {
-		// A warning, as rotate's: the file works, but whoever can read it
-		// can sign deliveries.
-		if st, err := os.Stat(o.secretFile); err == nil {
-			if w := looseSecretFile(o.secretFile, st.Mode()); w != "" {
-				a.logger.Warn("--secret-file " + w)
-			}
-		}
+	// A warning, as rotate's: the file works, but whoever can read it can
+	// sign deliveries.
+	if w := looseSecretFile(o.secretFile); w != "" {
+		a.logger.Warn("--secret-file " + w)
 	}
 	switch {
 	case o.audience != "" && !o.dynOn:
@@ -100,7 +96,6 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	case o.dynOn && o.pf.cfg.Backend == poller.BackendVertex:
 		return cfg, usageError("--dynamic verifies the Gemini API's per-job webhooks, whose batches only the Gemini API can confirm: it does not go with --backend vertex")
 	}
-	cfg.Secrets = secrets
 	// Where the secrets came from, never their values, for the line that
 	// logs refused signatures.
 	from := webhook.SecretEnv
@@ -109,7 +104,7 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	} else if o.secretFile != "" {
 		from = "--secret-file " + o.secretFile
 	}
-	cfg.SecretSource = fmt.Sprintf("%d from %s", len(secrets), from)
+	cfg.SecretSource = fmt.Sprintf("%d from %s", len(cfg.Secrets), from)
 	cfg.Logger = a.logger
 	if o.dynOn {
 		// The verifier of dynamic signatures (spec §6); a bad URL is exit 2.
@@ -136,9 +131,9 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		return err
 	}
 	var pcfg reconcile.PollConfig
-	var plcfg poller.Config
-	if o.pollEvery != 0 { // a negative --poll-every is reconcile's error
-		if plcfg, err = a.listingPoller(&o.pf); err != nil {
+	plcfg := a.pollerConfig(&o.pf) // the listing poller's, checked with --poll-every
+	if o.pollEvery != 0 {          // a negative --poll-every is reconcile's error
+		if err := usage(plcfg.Validate()); err != nil {
 			return err
 		}
 		if pcfg, err = a.pollConfig(&o.pf, o.pollEvery, "--poll-every"); err != nil {

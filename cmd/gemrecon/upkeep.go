@@ -384,22 +384,17 @@ func versionString() string {
 		return "gemrecon " + cmp.Or(version, "(unknown version)")
 	}
 	v := cmp.Or(version, bi.Main.Version, "(devel)")
-	var rev, modified, at string
+	vcs := map[string]string{}
 	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = "+dirty"
-			}
-		case "vcs.time":
-			at = s.Value
-		}
+		vcs[s.Key] = s.Value
+	}
+	rev, modified := vcs["vcs.revision"], ""
+	if vcs["vcs.modified"] == "true" {
+		modified = "+dirty"
 	}
 	out := "gemrecon " + v
 	if rev != "" {
-		out += fmt.Sprintf(" (%s%s, %s)", rev[:min(len(rev), 12)], modified, at)
+		out += fmt.Sprintf(" (%s%s, %s)", rev[:min(len(rev), 12)], modified, vcs["vcs.time"])
 	}
 	return out + " " + bi.GoVersion
 }

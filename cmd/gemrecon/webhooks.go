@@ -235,23 +235,22 @@ func (a *app) openSecretFileForAppend(path string) (*secretFile, error) {
 	if err != nil {
 		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
 	}
-	if st, err := f.Stat(); err == nil {
-		if w := looseSecretFile(path, st.Mode()); w != "" {
-			fmt.Fprintf(a.stderr, "warning: %s\n", w)
-		}
+	if w := looseSecretFile(path); w != "" {
+		fmt.Fprintf(a.stderr, "warning: %s\n", w)
 	}
 	return &secretFile{path: path, f: f, needNL: len(old) > 0 && old[len(old)-1] != '\n'}, nil
 }
 
 // looseSecretFile says what to do about the secret file at path when its
 // mode lets its group or others in (any of the 0o077 bits); "" when it
-// does not. rotate prints it when it appends to such a file, serve logs it
-// when it reads one.
-func looseSecretFile(path string, mode os.FileMode) string {
-	if mode.Perm()&0o077 == 0 {
+// does not, or cannot be read (no --secret-file: path ""). rotate prints it
+// when it appends to such a file, serve logs it when it reads one.
+func looseSecretFile(path string) string {
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm()&0o077 == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%s is readable by others (mode %04o); run: chmod 600 %s", path, mode.Perm(), path)
+	return fmt.Sprintf("%s is readable by others (mode %04o); run: chmod 600 %s", path, st.Mode().Perm(), path)
 }
 
 // abandon removes a file this command created and left empty (nil: no
