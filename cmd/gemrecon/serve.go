@@ -131,8 +131,10 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		return err
 	}
 	var pcfg reconcile.PollConfig
-	plcfg := a.pollerConfig(&o.pf) // the listing poller's, checked with --poll-every
-	if o.pollEvery != 0 {          // a negative --poll-every is reconcile's error
+	// The listing poller's configuration, checked with --poll-every (a
+	// negative --poll-every is reconcile's error).
+	plcfg := a.pollerConfig(&o.pf)
+	if o.pollEvery != 0 {
 		if err := usage(plcfg.Validate()); err != nil {
 			return err
 		}
