@@ -233,79 +233,61 @@ func (a *app) execOutput() effect.ExecOption {
 // does not fit.
 var handleSIGPIPE = sync.OnceFunc(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 
-// apiSetup is what a command's dispatcher gets of the API: the process's one
-// poller (nil when it has none) and whether it confirms.
-type apiSetup struct {
-	poller  *poller.Poller
-	confirm bool
-	results *results.Dir
-	// unconfirmed: --confirm auto without credentials (warn, once the
-	// command is under way).
-	unconfirmed bool
-}
-
-// apply puts what the process has of the API into a dispatcher's
-// configuration.
-func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
-	cfg.Confirm, cfg.Results = api.confirm, api.results
-	if api.poller != nil { // a nil *Poller must not become a non-nil API
-		cfg.API = api.poller
-	}
-	return cfg
-}
-
-// setupAPI decides, for --confirm and --results-dir, whether this process
-// confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
-// Config.Validate, checked against dcfg), and builds its one poller when it
-// needs one (p, when the command already has a poller for listing: one
-// rate limiter per process for list, get and downloads).
-func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
+// setupAPI puts what the process has of the API into the dispatcher's
+// configuration cfg (dispatchConfig): it decides, for --confirm and
+// --results-dir, whether this process confirms and writes results
+// (dispatch's rules: ConfirmMode.Confirms, Config.Validate), and builds its
+// one poller when it needs one (p, when the command already has a poller for
+// listing: one rate limiter per process for list, get and downloads).
+// unconfirmed: --confirm auto without credentials (startDispatcher warns,
+// once the command is under way).
+func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, cfg dispatch.Config) (_ dispatch.Config, unconfirmed bool, err error) {
 	pcfg := a.pollerConfig(pf)
 	creds := p != nil || pcfg.HasCredentials()
-	var out apiSetup
-	var err error
-	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
-		return out, usage(err)
+	if cfg.Confirm, unconfirmed, err = mode.Confirms(creds); err != nil {
+		return cfg, false, usage(err)
 	}
-	if creds && (out.confirm || ef.resultsDir != "") && p == nil {
+	if creds && (cfg.Confirm || ef.resultsDir != "") && p == nil {
 		if err := usage(pcfg.Validate()); err != nil {
-			return out, err
+			return cfg, false, err
 		}
 		if p, err = poller.New(ctx, pcfg); err != nil {
-			return out, err
+			return cfg, false, err
 		}
 	}
-	out.poller = p // the listing poller, the one just built, or nil
+	// The listing poller, or the one just built; a nil *Poller must not
+	// become a non-nil API.
+	if p != nil {
+		cfg.API = p
+	}
 	if ef.resultsDir != "" {
 		// Checked before the directory is made: a refused command
 		// leaves nothing behind.
-		check := out
-		check.results = new(results.Dir)
-		if err := usage(check.apply(dcfg).Validate()); err != nil {
-			return out, err
+		cfg.Results = new(results.Dir)
+		if err := usage(cfg.Validate()); err != nil {
+			return cfg, false, err
 		}
-		if out.results, err = results.Open(ef.resultsDir); err != nil {
-			return out, withCode(exitUsage, err)
+		if cfg.Results, err = results.Open(ef.resultsDir); err != nil {
+			return cfg, false, withCode(exitUsage, err)
 		}
 	}
-	return out, usage(out.apply(dcfg).Validate())
+	return cfg, unconfirmed, usage(cfg.Validate())
 }
 
 // startDispatcher opens the sink with the retry policy and starts the
-// command's dispatcher on it: cfg (dispatchConfig) with the API (setupAPI)
+// command's dispatcher on it: cfg (dispatchConfig, with the API: setupAPI)
 // and the observer newObs builds on the sink (nil: none); a second SIGINT or
 // SIGTERM ends its grace. The caller closes the sink.
-func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, api apiSetup, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
+func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, unconfirmed bool, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
 	s, err := a.openSink(ctx, retry)
 	if err != nil {
 		return nil, nil, err
 	}
-	if api.unconfirmed {
+	if unconfirmed {
 		// Said once the database is open, so that a command that cannot
 		// start says only why.
 		a.logger.Warn(`no API credentials: keys first seen by webhook run unconfirmed ("confirmed": false, their operation is the webhook's body); keys seen only through a dynamic signature wait for a process that can confirm them. Set GEMINI_API_KEY to confirm, or --confirm never to silence this`)
 	}
-	cfg = api.apply(cfg)
 	cfg.Command, cfg.Sink = command, s
 	if newObs != nil {
 		cfg.Observer = newObs(s)
@@ -363,11 +345,11 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	if err != nil {
 		return err
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, nil, dcfg)
+	dcfg, unconfirmed, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, nil, dcfg)
 	if err != nil {
 		return err
 	}
-	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, api, nil)
+	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, unconfirmed, nil)
 	if err != nil {
 		return err
 	}

@@ -157,11 +157,11 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err != nil {
 		return err
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
+	dcfg, unconfirmed, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
-	s, d, err := a.startDispatcher(ctx, "poll", dcfg, o.ef.retry, api, nil)
+	s, d, err := a.startDispatcher(ctx, "poll", dcfg, o.ef.retry, unconfirmed, nil)
 	if err != nil {
 		return err
 	}

@@ -163,15 +163,15 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 			return err
 		}
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
+	dcfg, unconfirmed, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
-	if err := dynamicNeedsConfirm(wcfg.Dynamic, api, mode); err != nil {
+	if err := dynamicNeedsConfirm(wcfg.Dynamic, dcfg.Confirm, mode); err != nil {
 		return err
 	}
 	var m *metrics.Metrics
-	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, api, func(s sink.Sink) dispatch.Observer {
+	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, unconfirmed, func(s sink.Sink) dispatch.Observer {
 		m = metrics.New(s)
 		return m
 	})
@@ -195,7 +195,7 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		sc.Server.WriteTimeout = o.ef.cfg.EffectTimeout + o.w.SyncWait + 30*time.Second
 	}
 	if o.pollEvery > 0 {
-		pcfg.Sink, pcfg.Poller, pcfg.Dispatcher, pcfg.Metrics = s, api.poller, d, m
+		pcfg.Sink, pcfg.Poller, pcfg.Dispatcher, pcfg.Metrics = s, p, d, m
 		if sc.Poll, err = reconcile.NewPoll(pcfg); err != nil {
 			return err
 		}
@@ -220,9 +220,9 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 // dynamicNeedsConfirm is spec §6: a dynamic signature proves that Google
 // sent the body, not that the batch is this project's, so --dynamic needs a
 // process that confirms.
-func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.ConfirmMode) error {
+func dynamicNeedsConfirm(dyn *dynamic.Verifier, confirms bool, mode dispatch.ConfirmMode) error {
 	switch {
-	case dyn == nil || api.confirm:
+	case dyn == nil || confirms:
 		return nil
 	case mode == dispatch.ConfirmNever:
 		return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
