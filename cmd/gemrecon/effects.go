@@ -146,12 +146,6 @@ func execCheck(command string) error {
 // effectValue names the value each effect flag takes, for messages.
 var effectValue = map[string]string{"exec": "command to run", "forward": "URL to POST to", "sql": "SQL file to run"}
 
-// confirmMode reads --confirm (exit 2 when it is no mode).
-func (f *effectFlags) confirmMode() (dispatch.ConfirmMode, error) {
-	m, err := dispatch.ParseConfirmMode(f.confirm)
-	return m, usage(err)
-}
-
 // dispatchConfig builds the dispatcher's configuration from the flags, its
 // effect included, and checks it with the sink's retry policy (exit 2),
 // before anything is opened. startDispatcher adds the Sink and the API.
@@ -337,9 +331,9 @@ func (a *app) drainCommand() *cobra.Command {
 
 // runDrain is drain: one Dispatcher.Drain and its summary line.
 func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
-	mode, err := o.ef.confirmMode()
+	mode, err := dispatch.ParseConfirmMode(o.ef.confirm)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	dcfg, err := a.dispatchConfig(&o.ef)
 	if err != nil {

@@ -60,17 +60,6 @@ func batchError(e sink.Entry) string {
 	return ""
 }
 
-// batchLine is what status prints of the batch's own outcome (spec §9.6):
-// "FAILED (Enqueued token quota exceeded for this model.)", "SUCCEEDED",
-// "unknown".
-func batchLine(e sink.Entry) string {
-	st := cmp.Or(e.BatchState, "unknown")
-	if msg := batchError(e); msg != "" {
-		st += " (" + truncate(oneLine(msg), 200) + ")"
-	}
-	return st
-}
-
 func entryJSON(e sink.Entry, withDocs bool) statusJSON {
 	j := statusJSON{Entry: e, State: string(e.State), BatchError: batchError(e), Missing: historyMissing(e)}
 	if withDocs {
@@ -218,7 +207,13 @@ func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("key", printable(e.Key))
 	row("state", string(e.State))
-	row("batch", printable(batchLine(e)))
+	// The batch's own outcome (spec §9.6): "FAILED (Enqueued token quota
+	// exceeded for this model.)", "SUCCEEDED", "unknown".
+	batch := cmp.Or(e.BatchState, "unknown")
+	if msg := batchError(e); msg != "" {
+		batch += " (" + truncate(oneLine(msg), 200) + ")"
+	}
+	row("batch", printable(batch))
 	confirmed := "no: the operation is the webhook's body"
 	if e.Confirmed {
 		confirmed = "yes: the operation is the API's"

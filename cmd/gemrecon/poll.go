@@ -124,9 +124,9 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err := usage(plcfg.Validate()); err != nil {
 		return err
 	}
-	mode, err := o.ef.confirmMode()
+	mode, err := dispatch.ParseConfirmMode(o.ef.confirm)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	if o.watch && o.interval <= 0 {
 		return usageError("--watch needs a positive --interval")

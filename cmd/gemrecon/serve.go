@@ -126,9 +126,9 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err := durationFlagCheck("drain-timeout", o.drainFor); err != nil {
 		return err
 	}
-	mode, err := o.ef.confirmMode()
+	mode, err := dispatch.ParseConfirmMode(o.ef.confirm)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	var pcfg reconcile.PollConfig
 	// The listing poller's configuration, checked with --poll-every (a
@@ -167,8 +167,14 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := dynamicNeedsConfirm(wcfg.Dynamic, dcfg.Confirm, mode); err != nil {
-		return err
+	// Spec §6: a dynamic signature proves that Google sent the body, not
+	// that the batch is this project's, so --dynamic needs a process that
+	// confirms.
+	if wcfg.Dynamic != nil && !dcfg.Confirm {
+		if mode == dispatch.ConfirmNever {
+			return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
+		}
+		return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 	}
 	var m *metrics.Metrics
 	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, unconfirmed, func(s sink.Sink) dispatch.Observer {
@@ -215,19 +221,6 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		a.prefetchKeys(ctx, wcfg.Dynamic)
 	}
 	return serve.Start(ctx, sc).Wait()
-}
-
-// dynamicNeedsConfirm is spec §6: a dynamic signature proves that Google
-// sent the body, not that the batch is this project's, so --dynamic needs a
-// process that confirms.
-func dynamicNeedsConfirm(dyn *dynamic.Verifier, confirms bool, mode dispatch.ConfirmMode) error {
-	switch {
-	case dyn == nil || confirms:
-		return nil
-	case mode == dispatch.ConfirmNever:
-		return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
-	}
-	return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 }
 
 // jwksEnv is the environment variable of --jwks-url. It sets the address

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -169,28 +170,15 @@ func apiError(what string, err error, advice ...string) error {
 	return withCode(exitFatal, fmt.Errorf("%s: the API answered %d %s%s%s", what, ae.StatusCode, printable(msg), hint, tail))
 }
 
-func checkWebhookURL(raw string) error {
-	if raw == "" {
-		return usageError("--url is required: the address of gemrecon serve's webhook path, e.g. https://hooks.example.com/webhook")
-	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usageError("--url %s: want an absolute http(s) URL such as https://hooks.example.com/webhook", canon.Quote(raw))
-	}
-	return nil
-}
-
 func parseEvents(s string) ([]webhooks.WebhookSubscribedEvent, error) {
 	var out []webhooks.WebhookSubscribedEvent
-	seen := map[string]bool{}
 	for _, e := range strings.Split(s, ",") {
-		e = strings.TrimSpace(e)
-		if e == "" {
+		ev := webhooks.WebhookSubscribedEvent(strings.TrimSpace(e))
+		if ev == "" {
 			return nil, usageError("--events %s: an empty event name; want a comma-separated list such as %s", canon.Quote(s), defaultEvents)
 		}
-		if !seen[e] {
-			seen[e] = true
-			out = append(out, webhooks.WebhookSubscribedEvent(e))
+		if !slices.Contains(out, ev) {
+			out = append(out, ev)
 		}
 	}
 	return out, nil
@@ -355,8 +343,11 @@ Next time, --secret-file PATH writes it there for you.`)
 
 // runWebhooksCreate does the work of webhooksCreate.
 func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) error {
-	if err := checkWebhookURL(o.uri); err != nil {
-		return err
+	if o.uri == "" {
+		return usageError("--url is required: the address of gemrecon serve's webhook path, e.g. https://hooks.example.com/webhook")
+	}
+	if u, err := url.Parse(o.uri); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError("--url %s: want an absolute http(s) URL such as https://hooks.example.com/webhook", canon.Quote(o.uri))
 	}
 	evs, err := parseEvents(o.events)
 	if err != nil {
