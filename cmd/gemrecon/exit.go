@@ -70,17 +70,14 @@ func flagFor(f string) string {
 		"Lookback", "FullScanEvery", "PassLease", "MinInterval", "Force", "Path", "MaxBody",
 		"SyncWait", "InsecureNoVerify", "Dynamic", "OlderThan":
 		return "--" + strings.ReplaceAll(field.Words(f), " ", "-") // EffectTimeout: --effect-timeout
-	case "RecheckBase":
-		return "--retry-base" // rechecks back off like retries
-	case "RecheckMax":
-		return "--retry-max"
-	case "Results":
-		return "--results-dir"
-	case "Secrets":
-		return "--secret-file"
 	}
-	return ""
+	return otherFlags[f]
 }
+
+// otherFlags are the flags not named by their field's words (rechecks back
+// off like retries).
+var otherFlags = map[string]string{"RecheckBase": "--retry-base", "RecheckMax": "--retry-max",
+	"Results": "--results-dir", "Secrets": "--secret-file"}
 
 // credentialsHint says how to give the API credentials a setting needs.
 const credentialsHint = "set GEMINI_API_KEY (or GOOGLE_API_KEY), or --backend vertex with --project and --location"

@@ -25,8 +25,6 @@ import (
 // app holds what every command shares: streams, global flags, the logger.
 // There are no global variables: tests build a fresh app per command line.
 type app struct {
-	ctx    context.Context
-	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 
@@ -51,7 +49,7 @@ func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader
 	// is left as it is: only the print effect writes there, under its own
 	// lock, and it must see an *os.File to sync each line.)
 	stderr = &syncWriter{w: stderr}
-	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, intr: in}
+	a := &app{stdout: stdout, stderr: stderr, intr: in}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(stdin)
