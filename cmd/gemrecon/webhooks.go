@@ -267,9 +267,7 @@ func (s *secretFile) write(comment, secret string) error {
 		err = cerr
 	}
 	if err != nil {
-		if s.created {
-			os.Remove(s.path) // no half-written secret left behind
-		}
+		s.abandon() // no half-written secret left behind (closing again is harmless)
 		return err
 	}
 	if s.created { // the new name must survive a crash too
