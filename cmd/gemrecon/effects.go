@@ -146,12 +146,6 @@ func execCheck(command string) error {
 // effectValue names the value each effect flag takes, for messages.
 var effectValue = map[string]string{"exec": "command to run", "forward": "URL to POST to", "sql": "SQL file to run"}
 
-// confirmMode reads --confirm (exit 2 when it is no mode).
-func (f *effectFlags) confirmMode() (dispatch.ConfirmMode, error) {
-	m, err := dispatch.ParseConfirmMode(f.confirm)
-	return m, usage(err)
-}
-
 // dispatchConfig builds the dispatcher's configuration from the flags, its
 // effect included, and checks it with the sink's retry policy (exit 2),
 // before anything is opened. startDispatcher adds the Sink and the API.
@@ -166,18 +160,13 @@ func (a *app) dispatchConfig(f *effectFlags) (dispatch.Config, error) {
 	if err := f.checkChoice(); err != nil {
 		return cfg, err
 	}
+	var err error
 	if f.sql != "" { // checked at start-up (unreadable file, unknown parameter)
-		q, err := sqlscript.Load(f.sql)
-		if err != nil {
+		if cfg.SQL, err = sqlscript.Load(f.sql); err != nil {
 			return cfg, usageError("--sql %v", err)
 		}
-		cfg.SQL = q
-	} else {
-		eff, err := a.effect(f)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Effect = eff
+	} else if cfg.Effect, err = a.effect(f); err != nil {
+		return cfg, err
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = -1 // dispatch reads 0 as "the default"; --grace 0 means none
@@ -196,9 +185,7 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 	case f.exec != "":
 		return effect.NewExec(f.exec, a.execOutput()), nil
 	case f.forward != "":
-		secret := os.Getenv("GEMRECON_FORWARD_SECRET")
-		client := &http.Client{Timeout: f.cfg.EffectTimeout}
-		fw, err := effect.NewForward(f.forward, secret, client)
+		fw, err := effect.NewForward(f.forward, os.Getenv("GEMRECON_FORWARD_SECRET"), &http.Client{Timeout: f.cfg.EffectTimeout})
 		if err != nil {
 			// The error never contains the secret (effect's contract).
 			return nil, withCode(exitUsage, fmt.Errorf("--forward: %w", err))
@@ -240,79 +227,61 @@ func (a *app) execOutput() effect.ExecOption {
 // does not fit.
 var handleSIGPIPE = sync.OnceFunc(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 
-// apiSetup is what a command's dispatcher gets of the API: the process's one
-// poller (nil when it has none) and whether it confirms.
-type apiSetup struct {
-	poller  *poller.Poller
-	confirm bool
-	results *results.Dir
-	// unconfirmed: --confirm auto without credentials (warn, once the
-	// command is under way).
-	unconfirmed bool
-}
-
-// apply puts what the process has of the API into a dispatcher's
-// configuration.
-func (api apiSetup) apply(cfg dispatch.Config) dispatch.Config {
-	cfg.Confirm, cfg.Results = api.confirm, api.results
-	if api.poller != nil { // a nil *Poller must not become a non-nil API
-		cfg.API = api.poller
-	}
-	return cfg
-}
-
-// setupAPI decides, for --confirm and --results-dir, whether this process
-// confirms and writes results (dispatch's rules: ConfirmMode.Confirms,
-// Config.Validate, checked against dcfg), and builds its one poller when it
-// needs one (p, when the command already has a poller for listing: one
-// rate limiter per process for list, get and downloads).
-func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, dcfg dispatch.Config) (apiSetup, error) {
+// setupAPI puts what the process has of the API into the dispatcher's
+// configuration cfg (dispatchConfig): it decides, for --confirm and
+// --results-dir, whether this process confirms and writes results
+// (dispatch's rules: ConfirmMode.Confirms, Config.Validate), and builds its
+// one poller when it needs one (p, when the command already has a poller for
+// listing: one rate limiter per process for list, get and downloads).
+// unconfirmed: --confirm auto without credentials (startDispatcher warns,
+// once the command is under way).
+func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.ConfirmMode, ef *effectFlags, p *poller.Poller, cfg dispatch.Config) (_ dispatch.Config, unconfirmed bool, err error) {
 	pcfg := a.pollerConfig(pf)
 	creds := p != nil || pcfg.CheckCredentials() == nil
-	var out apiSetup
-	var err error
-	if out.confirm, out.unconfirmed, err = mode.Confirms(creds); err != nil {
-		return out, usage(err)
+	if cfg.Confirm, unconfirmed, err = mode.Confirms(creds); err != nil {
+		return cfg, false, usage(err)
 	}
-	if creds && (out.confirm || ef.resultsDir != "") && p == nil {
+	if creds && (cfg.Confirm || ef.resultsDir != "") && p == nil {
 		if err := usage(pcfg.Validate()); err != nil {
-			return out, err
+			return cfg, false, err
 		}
 		if p, err = poller.New(ctx, pcfg); err != nil {
-			return out, err
+			return cfg, false, err
 		}
 	}
-	out.poller = p // the listing poller, the one just built, or nil
+	// The listing poller, or the one just built; a nil *Poller must not
+	// become a non-nil API.
+	if p != nil {
+		cfg.API = p
+	}
 	if ef.resultsDir != "" {
 		// Checked before the directory is made: a refused command
 		// leaves nothing behind.
-		check := out
-		check.results = new(results.Dir)
-		if err := usage(check.apply(dcfg).Validate()); err != nil {
-			return out, err
+		cfg.Results = new(results.Dir)
+		if err := usage(cfg.Validate()); err != nil {
+			return cfg, false, err
 		}
-		if out.results, err = results.Open(ef.resultsDir); err != nil {
-			return out, withCode(exitUsage, err)
+		if cfg.Results, err = results.Open(ef.resultsDir); err != nil {
+			return cfg, false, withCode(exitUsage, err)
 		}
 	}
-	return out, usage(out.apply(dcfg).Validate())
+	return cfg, unconfirmed, usage(cfg.Validate())
 }
 
 // startDispatcher opens the sink with the retry policy and starts the
-// command's dispatcher on it: cfg (dispatchConfig) with the API (setupAPI)
+// command's dispatcher on it: cfg (dispatchConfig, with the API: setupAPI)
 // and the observer newObs builds on the sink (nil: none); a second SIGINT or
 // SIGTERM ends its grace. The caller closes the sink.
-func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, api apiSetup, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
+func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, unconfirmed bool, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
 	s, err := a.openSink(ctx, retry)
 	if err != nil {
 		return nil, nil, err
 	}
-	if api.unconfirmed {
+	if unconfirmed {
 		// Said once the database is open, so that a command that cannot
 		// start says only why.
 		a.logger.Warn(`no API credentials: keys first seen by webhook run unconfirmed ("confirmed": false, their operation is the webhook's body); keys seen only through a dynamic signature wait for a process that can confirm them. Set GEMINI_API_KEY to confirm, or --confirm never to silence this`)
 	}
-	cfg = api.apply(cfg)
 	cfg.Command, cfg.Sink = command, s
 	if newObs != nil {
 		cfg.Observer = newObs(s)
@@ -324,17 +293,6 @@ func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.
 	}
 	a.intr.add(d)
 	return s, d, nil
-}
-
-// summaryExit maps a dispatch summary to the exit status of spec §5: 4 when
-// some effect failed (a retry is scheduled or the key went dead) or some
-// outcome was fenced (another attempt took the key over: the effect may have
-// run twice).
-func summaryExit(sum dispatch.Summary) error {
-	if sum.Failed > 0 || sum.Dead > 0 || sum.Fenced > 0 {
-		return withCode(exitNotDone, nil)
-	}
-	return nil
 }
 
 // drainOptions are drain's flags.
@@ -373,19 +331,19 @@ func (a *app) drainCommand() *cobra.Command {
 
 // runDrain is drain: one Dispatcher.Drain and its summary line.
 func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
-	mode, err := o.ef.confirmMode()
+	mode, err := dispatch.ParseConfirmMode(o.ef.confirm)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	dcfg, err := a.dispatchConfig(&o.ef)
 	if err != nil {
 		return err
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, nil, dcfg)
+	dcfg, unconfirmed, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, nil, dcfg)
 	if err != nil {
 		return err
 	}
-	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, api, nil)
+	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, unconfirmed, nil)
 	if err != nil {
 		return err
 	}
@@ -396,7 +354,13 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	if err != nil {
 		return err
 	}
-	return summaryExit(sum)
+	// The exit status of spec §5: 4 when some effect failed (a retry is
+	// scheduled or the key went dead) or some outcome was fenced (another
+	// attempt took the key over: the effect may have run twice).
+	if sum.Failed > 0 || sum.Dead > 0 || sum.Fenced > 0 {
+		return withCode(exitNotDone, nil)
+	}
+	return nil
 }
 
 // printDrainSummary writes drain's summary line on stderr, as one JSON

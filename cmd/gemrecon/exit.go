@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,16 +23,19 @@ const (
 
 // exitError carries an exit status through cobra's error return. A nil err
 // means the command already said what it had to (status exits 3/4/5 that way).
+// A non-empty msg is shown instead of err's text (usage: a library's
+// field.Error rendered with flag names), the chain kept for errors.Is.
 type exitError struct {
 	code int
 	err  error
+	msg  string
 }
 
 func (e *exitError) Error() string {
 	if e.err == nil {
 		return fmt.Sprintf("exit status %d", e.code)
 	}
-	return e.err.Error()
+	return cmp.Or(e.msg, e.err.Error())
 }
 
 func (e *exitError) Unwrap() error { return e.err }
@@ -50,8 +54,7 @@ func exitCode(err error) int {
 	if err == nil {
 		return exitOK
 	}
-	var ee *exitError
-	if errors.As(err, &ee) {
+	if ee, ok := errors.AsType[*exitError](err); ok {
 		return ee.code
 	}
 	return exitFatal
@@ -67,30 +70,17 @@ func flagFor(f string) string {
 		"Lookback", "FullScanEvery", "PassLease", "MinInterval", "Force", "Path", "MaxBody",
 		"SyncWait", "InsecureNoVerify", "Dynamic", "OlderThan":
 		return "--" + strings.ReplaceAll(field.Words(f), " ", "-") // EffectTimeout: --effect-timeout
-	case "RecheckBase":
-		return "--retry-base" // rechecks back off like retries
-	case "RecheckMax":
-		return "--retry-max"
-	case "Results":
-		return "--results-dir"
-	case "Secrets":
-		return "--secret-file"
 	}
-	return ""
+	return otherFlags[f]
 }
+
+// otherFlags are the flags not named by their field's words (rechecks back
+// off like retries).
+var otherFlags = map[string]string{"RecheckBase": "--retry-base", "RecheckMax": "--retry-max",
+	"Results": "--results-dir", "Secrets": "--secret-file"}
 
 // credentialsHint says how to give the API credentials a setting needs.
 const credentialsHint = "set GEMINI_API_KEY (or GOOGLE_API_KEY), or --backend vertex with --project and --location"
-
-// flagError is a library's error as the CLI shows it: its field.Error
-// rendered with flag names, the chain kept for errors.Is.
-type flagError struct {
-	msg string
-	err error
-}
-
-func (e *flagError) Error() string { return e.msg }
-func (e *flagError) Unwrap() error { return e.err }
 
 // usage turns a library's configuration error into exit 2, naming the
 // flags (extra maps fields whose flag differs per command: Interval).
@@ -113,5 +103,5 @@ func usage(err error, extra ...map[string]string) error {
 	if errors.Is(err, dispatch.ErrNoAPI) {
 		msg += ": " + credentialsHint
 	}
-	return withCode(exitUsage, &flagError{msg: msg, err: err})
+	return &exitError{code: exitUsage, err: err, msg: msg}
 }

@@ -60,17 +60,6 @@ func batchError(e sink.Entry) string {
 	return ""
 }
 
-// batchLine is what status prints of the batch's own outcome (spec §9.6):
-// "FAILED (Enqueued token quota exceeded for this model.)", "SUCCEEDED",
-// "unknown".
-func batchLine(e sink.Entry) string {
-	st := cmp.Or(e.BatchState, "unknown")
-	if msg := batchError(e); msg != "" {
-		st += " (" + truncate(oneLine(msg), 200) + ")"
-	}
-	return st
-}
-
 func entryJSON(e sink.Entry, withDocs bool) statusJSON {
 	j := statusJSON{Entry: e, State: string(e.State), BatchError: batchError(e), Missing: historyMissing(e)}
 	if withDocs {
@@ -198,14 +187,10 @@ func meantKeys(ctx context.Context, s sink.Sink, key string) string {
 // error with a control character, an escape sequence or invalid UTF-8 cannot
 // rewrite the terminal or hide what it holds (spec §12).
 func printable(s string) string {
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if (r == utf8.RuneError && size == 1) || !strconv.IsPrint(r) {
-			return strconv.Quote(s)
-		}
-		i += size
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+		return s
 	}
-	return s
+	return strconv.Quote(s)
 }
 
 func rawOrNil(b []byte) json.RawMessage {
@@ -222,14 +207,18 @@ func printStatus(w io.Writer, e sink.Entry, now time.Time) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("key", printable(e.Key))
 	row("state", string(e.State))
-	row("batch", printable(batchLine(e)))
-	confirmed := "yes: the operation is the API's"
-	switch {
-	case e.Confirmed:
-	case e.NeedsConfirm:
+	// The batch's own outcome (spec §9.6): "FAILED (Enqueued token quota
+	// exceeded for this model.)", "SUCCEEDED", "unknown".
+	batch := cmp.Or(e.BatchState, "unknown")
+	if msg := batchError(e); msg != "" {
+		batch += " (" + truncate(oneLine(msg), 200) + ")"
+	}
+	row("batch", printable(batch))
+	confirmed := "no: the operation is the webhook's body"
+	if e.Confirmed {
+		confirmed = "yes: the operation is the API's"
+	} else if e.NeedsConfirm {
 		confirmed = "no: seen only through a dynamic signature, it waits for a process that can confirm it with the API"
-	default:
-		confirmed = "no: the operation is the webhook's body"
 	}
 	row("confirmed", confirmed)
 	row("attempts", fmt.Sprint(e.Attempts))
@@ -502,14 +491,11 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	fmt.Fprintf(tw, "state conflicts:\t%d\n", st.Conflicts)
 	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
 	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
-	switch len(st.Passes) {
-	case 0:
-		fmt.Fprintf(tw, "poll passes:\tnone recorded\n")
-	case 1:
-		fmt.Fprintf(tw, "poll passes:\t1 scope\n")
-	default:
-		fmt.Fprintf(tw, "poll passes:\t%d scopes\n", len(st.Passes))
+	passes := fmt.Sprintf("%d scopes", len(st.Passes))
+	if len(st.Passes) < 2 {
+		passes = []string{"none recorded", "1 scope"}[len(st.Passes)]
 	}
+	fmt.Fprintf(tw, "poll passes:\t%s\n", passes)
 	// A scope is a line of its own (no cell), so that a long one does not
 	// widen the columns.
 	for _, p := range st.Passes {

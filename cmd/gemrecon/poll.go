@@ -10,10 +10,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gemrecon/gemrecon/dispatch"
-	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/poller"
 	"github.com/gemrecon/gemrecon/reconcile"
-	"github.com/gemrecon/gemrecon/sink"
 )
 
 // pollFlags configure the listing side of a poll pass (spec §5). Their
@@ -60,13 +58,6 @@ func (a *app) pollerConfig(f *pollFlags) poller.Config {
 	return cfg
 }
 
-// listingPoller is the listing poller's configuration from the flags and
-// the environment, checked (exit 2).
-func (a *app) listingPoller(f *pollFlags) (poller.Config, error) {
-	cfg := a.pollerConfig(f)
-	return cfg, usage(cfg.Validate())
-}
-
 // newPoller builds the listing poller: missing credentials are exit 1 (a
 // Gemini API key) or 2 (Vertex without a project and a location).
 func (a *app) newPoller(ctx context.Context, cfg poller.Config) (*poller.Poller, error) {
@@ -90,24 +81,6 @@ func (a *app) pollConfig(f *pollFlags, interval time.Duration, intervalFlag stri
 		return cfg, err
 	}
 	return cfg, usage(cfg.Validate(), names)
-}
-
-// pollLoop wires the sink, the poller, the dispatcher and metrics into cfg.
-func pollLoop(cfg reconcile.PollConfig, s sink.Sink, p *poller.Poller, d *dispatch.Dispatcher, m *metrics.Metrics) (*reconcile.Poll, error) {
-	cfg.Sink, cfg.Poller, cfg.Dispatcher, cfg.Metrics = s, p, d, m
-	return reconcile.NewPoll(cfg)
-}
-
-// passExit maps a pass to the exit status of spec §5: 1 fatal, 4 some
-// effect failed or an outcome was fenced, else 0.
-func passExit(r reconcile.Result) error {
-	if err := r.Err(); err != nil {
-		return err
-	}
-	if r.EffectsFailed() {
-		return withCode(exitNotDone, nil)
-	}
-	return nil
 }
 
 // pollOptions are poll's flags.
@@ -147,13 +120,13 @@ func (a *app) pollCommand() *cobra.Command {
 
 // runPoll is poll: one pass, or --watch's passes until ctx is done.
 func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
-	plcfg, err := a.listingPoller(&o.pf)
-	if err != nil {
+	plcfg := a.pollerConfig(&o.pf) // the listing poller's, checked (exit 2)
+	if err := usage(plcfg.Validate()); err != nil {
 		return err
 	}
-	mode, err := o.ef.confirmMode()
+	mode, err := dispatch.ParseConfirmMode(o.ef.confirm)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	if o.watch && o.interval <= 0 {
 		return usageError("--watch needs a positive --interval")
@@ -184,23 +157,29 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err != nil {
 		return err
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
+	dcfg, unconfirmed, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
-	s, d, err := a.startDispatcher(ctx, "poll", dcfg, o.ef.retry, api, nil)
+	s, d, err := a.startDispatcher(ctx, "poll", dcfg, o.ef.retry, unconfirmed, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	loop, err := pollLoop(pcfg, s, p, d, nil)
+	pcfg.Sink, pcfg.Poller, pcfg.Dispatcher = s, p, d
+	loop, err := reconcile.NewPoll(pcfg)
 	if err != nil {
 		return err
 	}
 	if !o.watch {
 		r := loop.Pass(ctx)
 		a.reportPass(r, o.metricsFile)
-		return passExit(r)
+		// The exit status of spec §5: 1 fatal, 4 some effect failed or an
+		// outcome was fenced, else 0.
+		if err := r.Err(); err != nil || !r.EffectsFailed() {
+			return err
+		}
+		return withCode(exitNotDone, nil)
 	}
 	return a.watch(ctx, loop, o.metricsFile)
 }

@@ -25,8 +25,6 @@ import (
 // app holds what every command shares: streams, global flags, the logger.
 // There are no global variables: tests build a fresh app per command line.
 type app struct {
-	ctx    context.Context
-	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 
@@ -51,7 +49,7 @@ func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader
 	// is left as it is: only the print effect writes there, under its own
 	// lock, and it must see an *os.File to sync each line.)
 	stderr = &syncWriter{w: stderr}
-	a := &app{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, intr: in}
+	a := &app{stdout: stdout, stderr: stderr, intr: in}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -62,8 +60,8 @@ func execute(ctx context.Context, in *interrupts, args []string, stdin io.Reader
 		err = withCode(exitUsage, err)
 	}
 	code := exitCode(err)
-	var ee *exitError // a nil err in it: the command said what it had to
-	if err != nil && (!errors.As(err, &ee) || ee.err != nil) {
+	// An exitError with a nil err: the command said what it had to.
+	if ee, ok := errors.AsType[*exitError](err); err != nil && (!ok || ee.err != nil) {
 		attrs := []any{"exit", code}
 		if code == exitUsage {
 			attrs = append(attrs, "hint", usageHint)
@@ -103,8 +101,7 @@ func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
 // isCobraUsageError recognises the errors cobra itself returns for wrong
 // words on the command line (it has no typed errors for them).
 func isCobraUsageError(err error) bool {
-	var ee *exitError
-	if errors.As(err, &ee) {
+	if _, ok := errors.AsType[*exitError](err); ok {
 		return false
 	}
 	msg := err.Error()
@@ -132,11 +129,9 @@ and never again once it is done.`,
   GEMINI_API_KEY=… gemrecon --db /var/lib/gemrecon/sink.db poll --exec ./publish.sh
   gemrecon serve --secret-file /etc/gemrecon/whsec --forward https://internal/hook
   gemrecon status batches/abc123`,
-		SilenceErrors: true,
-		SilenceUsage:  true,
-		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			return a.setup(cmd)
-		},
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error { return a.setup(cmd) },
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		if strings.Contains(err.Error(), "time: unknown unit") {
@@ -255,19 +250,18 @@ func (a *app) withBrokenSink(err error) error {
 	a.sinksMu.Lock()
 	defer a.sinksMu.Unlock()
 	for _, s := range a.sinks {
-		b, ok := s.(interface{ Broken() error })
-		if !ok {
-			continue
+		var berr error
+		if b, ok := s.(interface{ Broken() error }); ok {
+			berr = b.Broken()
 		}
-		berr := b.Broken()
 		if berr == nil {
 			continue
 		}
-		var ee *exitError
+		ee, isExit := errors.AsType[*exitError](err)
 		switch {
 		case errors.Is(err, sink.ErrUnusable): // it says so already
 			return withCode(exitFatal, err)
-		case err == nil || (errors.As(err, &ee) && ee.err == nil):
+		case err == nil || (isExit && ee.err == nil):
 			return berr
 		default:
 			return withCode(exitFatal, errors.Join(err, berr))

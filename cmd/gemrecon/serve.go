@@ -81,18 +81,14 @@ func (a *app) serveCommand() *cobra.Command {
 // dispatcher and metrics.
 func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	cfg := o.w
-	secrets, err := webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile)
-	if err != nil {
+	var err error
+	if cfg.Secrets, err = webhook.LoadSecrets(os.Getenv(webhook.SecretEnv), o.secretFile); err != nil {
 		return cfg, withCode(exitUsage, err)
 	}
-	if o.secretFile != "" {
-		// A warning, as rotate's: the file works, but whoever can read it
-		// can sign deliveries.
-		if st, err := os.Stat(o.secretFile); err == nil {
-			if w := looseSecretFile(o.secretFile, st.Mode()); w != "" {
-				a.logger.Warn("--secret-file " + w)
-			}
-		}
+	// A warning, as rotate's: the file works, but whoever can read it can
+	// sign deliveries.
+	if w := looseSecretFile(o.secretFile); w != "" {
+		a.logger.Warn("--secret-file " + w)
 	}
 	switch {
 	case o.audience != "" && !o.dynOn:
@@ -100,7 +96,6 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	case o.dynOn && o.pf.cfg.Backend == poller.BackendVertex:
 		return cfg, usageError("--dynamic verifies the Gemini API's per-job webhooks, whose batches only the Gemini API can confirm: it does not go with --backend vertex")
 	}
-	cfg.Secrets = secrets
 	// Where the secrets came from, never their values, for the line that
 	// logs refused signatures.
 	from := webhook.SecretEnv
@@ -109,7 +104,7 @@ func (a *app) webhookConfig(o *serveOptions) (webhook.Config, error) {
 	} else if o.secretFile != "" {
 		from = "--secret-file " + o.secretFile
 	}
-	cfg.SecretSource = fmt.Sprintf("%d from %s", len(secrets), from)
+	cfg.SecretSource = fmt.Sprintf("%d from %s", len(cfg.Secrets), from)
 	cfg.Logger = a.logger
 	if o.dynOn {
 		// The verifier of dynamic signatures (spec §6); a bad URL is exit 2.
@@ -131,14 +126,16 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err := durationFlagCheck("drain-timeout", o.drainFor); err != nil {
 		return err
 	}
-	mode, err := o.ef.confirmMode()
+	mode, err := dispatch.ParseConfirmMode(o.ef.confirm)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	var pcfg reconcile.PollConfig
-	var plcfg poller.Config
-	if o.pollEvery != 0 { // a negative --poll-every is reconcile's error
-		if plcfg, err = a.listingPoller(&o.pf); err != nil {
+	// The listing poller's configuration, checked with --poll-every (a
+	// negative --poll-every is reconcile's error).
+	plcfg := a.pollerConfig(&o.pf)
+	if o.pollEvery != 0 {
+		if err := usage(plcfg.Validate()); err != nil {
 			return err
 		}
 		if pcfg, err = a.pollConfig(&o.pf, o.pollEvery, "--poll-every"); err != nil {
@@ -166,15 +163,21 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 			return err
 		}
 	}
-	api, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
+	dcfg, unconfirmed, err := a.setupAPI(ctx, &o.pf, mode, &o.ef, p, dcfg)
 	if err != nil {
 		return err
 	}
-	if err := dynamicNeedsConfirm(wcfg.Dynamic, api, mode); err != nil {
-		return err
+	// Spec §6: a dynamic signature proves that Google sent the body, not
+	// that the batch is this project's, so --dynamic needs a process that
+	// confirms.
+	if wcfg.Dynamic != nil && !dcfg.Confirm {
+		if mode == dispatch.ConfirmNever {
+			return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
+		}
+		return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 	}
 	var m *metrics.Metrics
-	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, api, func(s sink.Sink) dispatch.Observer {
+	s, d, err := a.startDispatcher(ctx, "serve", dcfg, o.ef.retry, unconfirmed, func(s sink.Sink) dispatch.Observer {
 		m = metrics.New(s)
 		return m
 	})
@@ -198,7 +201,8 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		sc.Server.WriteTimeout = o.ef.cfg.EffectTimeout + o.w.SyncWait + 30*time.Second
 	}
 	if o.pollEvery > 0 {
-		if sc.Poll, err = pollLoop(pcfg, s, api.poller, d, m); err != nil {
+		pcfg.Sink, pcfg.Poller, pcfg.Dispatcher, pcfg.Metrics = s, p, d, m
+		if sc.Poll, err = reconcile.NewPoll(pcfg); err != nil {
 			return err
 		}
 		sc.OnPass = func(r reconcile.Result) {
@@ -217,19 +221,6 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 		a.prefetchKeys(ctx, wcfg.Dynamic)
 	}
 	return serve.Start(ctx, sc).Wait()
-}
-
-// dynamicNeedsConfirm is spec §6: a dynamic signature proves that Google
-// sent the body, not that the batch is this project's, so --dynamic needs a
-// process that confirms.
-func dynamicNeedsConfirm(dyn *dynamic.Verifier, api apiSetup, mode dispatch.ConfirmMode) error {
-	switch {
-	case dyn == nil || api.confirm:
-		return nil
-	case mode == dispatch.ConfirmNever:
-		return usageError("--dynamic needs confirmation, and --confirm never turns it off: the keys of dynamic signatures are Google-wide, so every key seen that way must be confirmed with Batches.Get before it runs")
-	}
-	return usageError("--dynamic needs API credentials to confirm each dynamically signed batch with Batches.Get (the keys are Google-wide, so the signature does not prove the batch is yours): set GEMINI_API_KEY (or GOOGLE_API_KEY)")
 }
 
 // jwksEnv is the environment variable of --jwks-url. It sets the address

@@ -109,23 +109,6 @@ func doneBetween(ctx context.Context, s sink.Sink, o *retryOptions) ([]string, e
 	return keys, err
 }
 
-// retryKeys are the canonical keys of the arguments, and for those typed as
-// a key whose canonical form differs, the key exactly as typed (spec §12).
-func retryKeys(args []string) (keys []string, exact map[string]string, err error) {
-	keys, exact = make([]string, 0, len(args)), map[string]string{}
-	for _, arg := range args {
-		ks, err := keysFor(arg)
-		if err != nil {
-			return nil, nil, err
-		}
-		keys = append(keys, ks[0])
-		if len(ks) > 1 {
-			exact[ks[0]] = ks[1]
-		}
-	}
-	return keys, exact, nil
-}
-
 // runRetry does the work of retry and rerun.
 func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) error {
 	verb, byList, listFlag := "retried", o.allDead, "--all-dead"
@@ -141,9 +124,18 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 	if byList == (len(args) > 0) {
 		return usageError("give one or more keys, or %s (not both)", listFlag)
 	}
-	keys, exact, err := retryKeys(args)
-	if err != nil {
-		return err
+	// The canonical keys of the arguments, and for those typed as a key
+	// whose canonical form differs, the key exactly as typed (spec §12).
+	keys, exact := make([]string, 0, len(args)), map[string]string{}
+	for _, arg := range args {
+		ks, err := keysFor(arg)
+		if err != nil {
+			return err
+		}
+		keys = append(keys, ks[0])
+		if len(ks) > 1 {
+			exact[ks[0]] = ks[1]
+		}
 	}
 	s, err := a.openSink(ctx, sink.Options{})
 	if err != nil {
@@ -392,22 +384,17 @@ func versionString() string {
 		return "gemrecon " + cmp.Or(version, "(unknown version)")
 	}
 	v := cmp.Or(version, bi.Main.Version, "(devel)")
-	var rev, modified, at string
+	vcs := map[string]string{}
 	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = "+dirty"
-			}
-		case "vcs.time":
-			at = s.Value
-		}
+		vcs[s.Key] = s.Value
+	}
+	rev, modified := vcs["vcs.revision"], ""
+	if vcs["vcs.modified"] == "true" {
+		modified = "+dirty"
 	}
 	out := "gemrecon " + v
 	if rev != "" {
-		out += fmt.Sprintf(" (%s%s, %s)", rev[:min(len(rev), 12)], modified, at)
+		out += fmt.Sprintf(" (%s%s, %s)", rev[:min(len(rev), 12)], modified, vcs["vcs.time"])
 	}
 	return out + " " + bi.GoVersion
 }

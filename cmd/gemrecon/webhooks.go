@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -142,8 +143,8 @@ func apiError(what string, err error, advice ...string) error {
 	for _, a := range advice {
 		tail += "; " + a
 	}
-	var ae *apierrors.APIError
-	if !errors.As(err, &ae) {
+	ae, ok := errors.AsType[*apierrors.APIError](err)
+	if !ok {
 		return withCode(exitFatal, fmt.Errorf("%s: %w%s", what, err, tail))
 	}
 	var body struct {
@@ -152,14 +153,12 @@ func apiError(what string, err error, advice ...string) error {
 			Status  string `json:"status"`
 		} `json:"error"`
 	}
-	msg := ""
+	msg := canon.Quote(strings.TrimSpace(ae.Body))
 	if json.Unmarshal([]byte(ae.Body), &body) == nil && body.Error.Message != "" {
 		msg = body.Error.Message
 		if body.Error.Status != "" {
 			msg = body.Error.Status + ": " + msg
 		}
-	} else {
-		msg = canon.Quote(strings.TrimSpace(ae.Body))
 	}
 	hint := ""
 	switch ae.StatusCode {
@@ -171,28 +170,15 @@ func apiError(what string, err error, advice ...string) error {
 	return withCode(exitFatal, fmt.Errorf("%s: the API answered %d %s%s%s", what, ae.StatusCode, printable(msg), hint, tail))
 }
 
-func checkWebhookURL(raw string) error {
-	if raw == "" {
-		return usageError("--url is required: the address of gemrecon serve's webhook path, e.g. https://hooks.example.com/webhook")
-	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usageError("--url %s: want an absolute http(s) URL such as https://hooks.example.com/webhook", canon.Quote(raw))
-	}
-	return nil
-}
-
 func parseEvents(s string) ([]webhooks.WebhookSubscribedEvent, error) {
 	var out []webhooks.WebhookSubscribedEvent
-	seen := map[string]bool{}
 	for _, e := range strings.Split(s, ",") {
-		e = strings.TrimSpace(e)
-		if e == "" {
+		ev := webhooks.WebhookSubscribedEvent(strings.TrimSpace(e))
+		if ev == "" {
 			return nil, usageError("--events %s: an empty event name; want a comma-separated list such as %s", canon.Quote(s), defaultEvents)
 		}
-		if !seen[e] {
-			seen[e] = true
-			out = append(out, webhooks.WebhookSubscribedEvent(e))
+		if !slices.Contains(out, ev) {
+			out = append(out, ev)
 		}
 	}
 	return out, nil
@@ -237,23 +223,22 @@ func (a *app) openSecretFileForAppend(path string) (*secretFile, error) {
 	if err != nil {
 		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
 	}
-	if st, err := f.Stat(); err == nil {
-		if w := looseSecretFile(path, st.Mode()); w != "" {
-			fmt.Fprintf(a.stderr, "warning: %s\n", w)
-		}
+	if w := looseSecretFile(path); w != "" {
+		fmt.Fprintf(a.stderr, "warning: %s\n", w)
 	}
 	return &secretFile{path: path, f: f, needNL: len(old) > 0 && old[len(old)-1] != '\n'}, nil
 }
 
 // looseSecretFile says what to do about the secret file at path when its
 // mode lets its group or others in (any of the 0o077 bits); "" when it
-// does not. rotate prints it when it appends to such a file, serve logs it
-// when it reads one.
-func looseSecretFile(path string, mode os.FileMode) string {
-	if mode.Perm()&0o077 == 0 {
+// does not, or cannot be read (no --secret-file: path ""). rotate prints it
+// when it appends to such a file, serve logs it when it reads one.
+func looseSecretFile(path string) string {
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm()&0o077 == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%s is readable by others (mode %04o); run: chmod 600 %s", path, mode.Perm(), path)
+	return fmt.Sprintf("%s is readable by others (mode %04o); run: chmod 600 %s", path, st.Mode().Perm(), path)
 }
 
 // abandon removes a file this command created and left empty (nil: no
@@ -282,9 +267,7 @@ func (s *secretFile) write(comment, secret string) error {
 		err = cerr
 	}
 	if err != nil {
-		if s.created {
-			os.Remove(s.path) // no half-written secret left behind
-		}
+		s.abandon() // no half-written secret left behind (closing again is harmless)
 		return err
 	}
 	if s.created { // the new name must survive a crash too
@@ -358,8 +341,11 @@ Next time, --secret-file PATH writes it there for you.`)
 
 // runWebhooksCreate does the work of webhooksCreate.
 func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) error {
-	if err := checkWebhookURL(o.uri); err != nil {
-		return err
+	if o.uri == "" {
+		return usageError("--url is required: the address of gemrecon serve's webhook path, e.g. https://hooks.example.com/webhook")
+	}
+	if u, err := url.Parse(o.uri); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError("--url %s: want an absolute http(s) URL such as https://hooks.example.com/webhook", canon.Quote(o.uri))
 	}
 	evs, err := parseEvents(o.events)
 	if err != nil {
@@ -382,13 +368,11 @@ func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) e
 	res, err := wc.Create(ctx, operations.CreateWebhookRequest{Body: in}, noRetries)
 	if err != nil {
 		sf.abandon()
-		var ae *apierrors.APIError
-		var dial *net.OpError
-		if errors.As(err, &dial) && dial.Op == "dial" {
+		if dial, ok := errors.AsType[*net.OpError](err); ok && dial.Op == "dial" {
 			// No connection, so no request: nothing can have been created.
 			return apiError("webhooks create", err, "could not connect, so nothing was created: check --base-url (or GOOGLE_GEMINI_BASE_URL) and the network, then try again")
 		}
-		if !errors.As(err, &ae) || ae.StatusCode >= 500 {
+		if ae, ok := errors.AsType[*apierrors.APIError](err); !ok || ae.StatusCode >= 500 {
 			return apiError("webhooks create", err, "the webhook may have been created before the answer was lost: run 'gemrecon webhooks list' before trying again")
 		}
 		return apiError("webhooks create", err)
@@ -449,16 +433,22 @@ func toJSON(w webhooks.Webhook) webhookJSON {
 
 // secretsSummary says how many secrets sign and when the first one ends.
 func secretsSummary(ss []secretJSON) string {
-	var first *time.Time
-	for _, s := range ss {
-		if s.ExpireTime != nil && (first == nil || s.ExpireTime.Before(*first)) {
-			first = s.ExpireTime
-		}
-	}
+	first := expiry(ss, -1)
 	if first == nil {
 		return strconv.Itoa(len(ss))
 	}
 	return fmt.Sprintf("%d (one expires %s)", len(ss), first.UTC().Format(time.RFC3339))
+}
+
+// expiry is the earliest (want -1) or the latest (want 1) expire time of
+// the secrets; nil when none has one.
+func expiry(ss []secretJSON, want int) (t *time.Time) {
+	for _, s := range ss {
+		if s.ExpireTime != nil && (t == nil || s.ExpireTime.Compare(*t) == want) {
+			t = s.ExpireTime
+		}
+	}
+	return t
 }
 
 const maxListPages = 10000
@@ -654,15 +644,8 @@ func (a *app) previousSecretsEnd(ctx context.Context, wc *interactions.Webhooks,
 	if now {
 		return "revoked now"
 	}
-	res, err := wc.Get(ctx, operations.GetWebhookRequest{ID: id})
-	if err == nil && res.Webhook != nil {
-		var last *time.Time
-		for _, s := range res.Webhook.SigningSecrets {
-			if s.ExpireTime != nil && (last == nil || s.ExpireTime.After(*last)) {
-				last = s.ExpireTime
-			}
-		}
-		if last != nil {
+	if res, err := wc.Get(ctx, operations.GetWebhookRequest{ID: id}); err == nil && res.Webhook != nil {
+		if last := expiry(toJSON(*res.Webhook).SigningSecrets, 1); last != nil {
 			return "valid until " + last.UTC().Format(time.RFC3339)
 		}
 	}
