@@ -173,9 +173,12 @@ func asObject(raw json.RawMessage) object {
 // level first, then inside data (where the webhook's id also counts), and the
 // object that held it when the candidate was an object.
 func findName(top, data object) (string, object, error) {
-	for i, in := range [...]object{top, data} { // a nil data holds none
+	for _, in := range []struct {
+		prefix string // the field's label in errors
+		obj    object // a nil data holds none
+	}{{"", top}, {"data.", data}} {
 		for _, f := range candidates {
-			if n, obj, err := candidate([...]string{"", "data."}[i]+f, in[f]); err != nil || n != "" {
+			if n, obj, err := candidate(in.prefix+f, in.obj[f]); err != nil || n != "" {
 				return n, obj, err
 			}
 		}

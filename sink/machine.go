@@ -189,8 +189,11 @@ func (m *Machine) write(ctx context.Context, op, key string, fn func(tx Tx) (out
 func (m *Machine) keyWrite(ctx context.Context, op, key string, fn func(tx Tx, r Row) (out error, err error)) error {
 	return m.write(ctx, op, key, func(tx Tx) (error, error) {
 		r, ok, err := tx.Load(key)
-		if err != nil || !ok {
-			return ErrNotFound, err
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return ErrNotFound, nil
 		}
 		return fn(tx, r)
 	})

@@ -492,8 +492,11 @@ func printStats(w io.Writer, st sink.Stats, now time.Time) {
 	fmt.Fprintf(tw, "fenced outcomes:\t%d\n", st.Fenced)
 	fmt.Fprintf(tw, "first seen → done:\tp50 %s, p99 %s, max %s\n", fmtAge(st.LatencyP50), fmtAge(st.LatencyP99), fmtAge(st.LatencyMax))
 	passes := fmt.Sprintf("%d scopes", len(st.Passes))
-	if len(st.Passes) < 2 {
-		passes = []string{"none recorded", "1 scope"}[len(st.Passes)]
+	switch len(st.Passes) {
+	case 0:
+		passes = "none recorded"
+	case 1:
+		passes = "1 scope"
 	}
 	fmt.Fprintf(tw, "poll passes:\t%s\n", passes)
 	// A scope is a line of its own (no cell), so that a long one does not
