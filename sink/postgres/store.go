@@ -261,16 +261,24 @@ func scanPass(row pgx.Row) (sink.PassRow, error) {
 }
 
 func (t *pgTx) LoadPass(scope string) (sink.PassRow, bool, error) {
-	// FOR UPDATE locks no row of a scope that has no record yet: the
-	// scope's advisory lock, held to the transaction's end, makes
-	// concurrent first acquisitions take turns (two scopes whose hashes
-	// collide only take turns too).
-	h := fnv.New64a()
-	h.Write([]byte("gemrecon_passes\x00" + scope))
-	if err := t.exec(`SELECT pg_advisory_xact_lock($1)`, int64(h.Sum64())); err != nil {
-		return sink.PassRow{}, false, err
+	load := func() (sink.PassRow, error) {
+		return scanPass(t.tx.QueryRow(t.ctx, `SELECT `+passColumns+` FROM gemrecon_passes WHERE scope = $1 FOR UPDATE`, scope))
 	}
-	r, err := scanPass(t.tx.QueryRow(t.ctx, `SELECT `+passColumns+` FROM gemrecon_passes WHERE scope = $1 FOR UPDATE`, scope))
+	r, err := load()
+	if errors.Is(err, pgx.ErrNoRows) {
+		// FOR UPDATE locks no row of a scope that has no record yet: the
+		// scope's advisory lock, held to the transaction's end, makes
+		// concurrent first acquisitions take turns (two scopes whose
+		// hashes collide only take turns too). Read again under it: at
+		// READ COMMITTED the statement sees a record that the previous
+		// holder of the lock committed.
+		h := fnv.New64a()
+		h.Write([]byte("gemrecon_passes\x00" + scope))
+		if err := t.exec(`SELECT pg_advisory_xact_lock($1)`, int64(h.Sum64())); err != nil {
+			return sink.PassRow{}, false, err
+		}
+		r, err = load()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return sink.PassRow{}, false, nil
 	}
