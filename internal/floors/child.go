@@ -23,15 +23,6 @@ import (
 	"github.com/gemrecon/gemrecon/internal/loadgen"
 )
 
-// Binary is a gemrecon executable, run as a user runs it. Since issue 24 a
-// writing command may need `gemrecon init` first and an explicit --print;
-// Inspect finds out which this one wants, so that one bench measures the
-// binaries from before and after.
-type Binary struct {
-	Path        string
-	Init, Print bool // it has `init`; poll takes --print
-}
-
 // Build builds ./cmd/gemrecon of the module in moduleDir into outDir.
 func Build(ctx context.Context, moduleDir, outDir string) (string, error) {
 	out := filepath.Join(outDir, "gemrecon")
@@ -43,26 +34,10 @@ func Build(ctx context.Context, moduleDir, outDir string) (string, error) {
 	return out, nil
 }
 
-// Inspect asks path's help which of init and --print it has.
-func Inspect(ctx context.Context, path string) (Binary, error) {
-	b := Binary{Path: path}
-	help, err := exec.CommandContext(ctx, path, "poll", "--help").CombinedOutput()
-	if err != nil {
-		return b, fmt.Errorf("floors: %s poll --help: %v: %s", path, err, help)
-	}
-	b.Print = bytes.Contains(help, []byte("--print"))
-	b.Init = exec.CommandContext(ctx, path, "init", "--help").Run() == nil
-	return b, nil
-}
-
-// create makes the database db the way a user must before a writing
-// command: `gemrecon init` where there is one (else serve and poll create
-// it on open).
-func (b Binary) create(ctx context.Context, db string) error {
-	if !b.Init {
-		return nil
-	}
-	if out, err := exec.CommandContext(ctx, b.Path, "--db", db, "init").CombinedOutput(); err != nil {
+// initDB makes the database db the way a user must before a writing
+// command: `gemrecon init`.
+func initDB(ctx context.Context, bin, db string) error {
+	if out, err := exec.CommandContext(ctx, bin, "--db", db, "init").CombinedOutput(); err != nil {
 		return fmt.Errorf("floors: gemrecon init: %v: %s", err, out)
 	}
 	return nil
@@ -165,7 +140,7 @@ var servingAddr = regexp.MustCompile(`serving webhooks.* addr=(\S+)`)
 // once the previous one's effect has started). It returns, for each, the
 // time from its 2xx to its effect's start (the forward request's arrival),
 // both by this process's clock.
-func ServeLatency(ctx context.Context, b Binary, dir string, n int, gap time.Duration) ([]time.Duration, error) {
+func ServeLatency(ctx context.Context, bin, dir string, n int, gap time.Duration) ([]time.Duration, error) {
 	var mu sync.Mutex
 	arrived := map[string]chan time.Time{}
 	arrival := func(key string) chan time.Time {
@@ -198,10 +173,10 @@ func ServeLatency(ctx context.Context, b Binary, dir string, n int, gap time.Dur
 	defer target.Close()
 
 	db := filepath.Join(dir, "serve.db")
-	if err := b.create(ctx, db); err != nil {
+	if err := initDB(ctx, bin, db); err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, b.Path, "--db", db, "serve", "--listen", "127.0.0.1:0",
+	cmd := exec.CommandContext(ctx, bin, "--db", db, "serve", "--listen", "127.0.0.1:0",
 		"--forward", "http://"+ln.Addr().String()+"/effect", "--confirm", "never")
 	cmd.Env = append(os.Environ(), "GEMRECON_WEBHOOK_SECRET="+secret)
 	srv, err := startChild(cmd, nil)
@@ -255,14 +230,13 @@ var (
 	emulatorKey = regexp.MustCompile(`GEMINI_API_KEY=(\S+)`)
 )
 
-// PollPass starts `emu emulator --batches n --finish-within 0` (every batch
-// listed finished) and runs one `b poll` pass against it on a fresh
-// database in dir, with the NDJSON effect (--print where b has it) and no
-// request rate limit (--qps 0: the stand-in is on loopback). The pass runs
+// PollPass starts `bin emulator --batches n --finish-within 0` (every batch
+// listed finished) and runs one `bin poll --print` pass against it on a
+// fresh database in dir, with the NDJSON effect and no request rate limit (--qps 0: the stand-in is on loopback). The pass runs
 // under spawner (RusageMain), which reports its peak RSS. Every completion
 // must come out as one NDJSON line.
-func PollPass(ctx context.Context, b, emu Binary, spawner string, dir string, n int) (Pass, error) {
-	ecmd := exec.CommandContext(ctx, emu.Path, "emulator", "--batches", strconv.Itoa(n), "--finish-within", "0",
+func PollPass(ctx context.Context, bin, spawner, dir string, n int) (Pass, error) {
+	ecmd := exec.CommandContext(ctx, bin, "emulator", "--batches", strconv.Itoa(n), "--finish-within", "0",
 		"--listen", "127.0.0.1:0", "--seed", "1", "--log-level", "warn")
 	emulator, err := startChild(ecmd, nil)
 	if err != nil {
@@ -278,13 +252,10 @@ func PollPass(ctx context.Context, b, emu Binary, spawner string, dir string, n 
 		return Pass{}, err
 	}
 	db := filepath.Join(dir, "poll.db")
-	if err := b.create(ctx, db); err != nil {
+	if err := initDB(ctx, bin, db); err != nil {
 		return Pass{}, err
 	}
-	argv := []string{b.Path, "--db", db, "--log-level", "warn", "poll", "--base-url", url[1], "--qps", "0"}
-	if b.Print {
-		argv = append(argv, "--print")
-	}
+	argv := []string{bin, "--db", db, "--log-level", "warn", "poll", "--base-url", url[1], "--qps", "0", "--print"}
 	lines := &lineCounter{}
 	var stderr bytes.Buffer
 	start := time.Now()

@@ -42,9 +42,9 @@ import (
 type Config struct {
 	// Dir holds the databases and the raw probe's file: the disk measured.
 	Dir string
-	// Gemrecon is measured as serve and poll; Emulator serves the API
-	// stand-in to poll (often the same binary).
-	Gemrecon, Emulator Binary
+	// Gemrecon is measured as serve and poll, and serves the API stand-in
+	// to poll (`gemrecon emulator`).
+	Gemrecon string
 	// Spawner runs RusageMain when started as RusageCommand (the command's
 	// own executable).
 	Spawner string
@@ -160,7 +160,7 @@ func (c Config) round(ctx context.Context, i int) (Round, error) {
 	if err := raw(&r.PollRaw); err != nil {
 		return r, err
 	}
-	r.Poll, err = PollPass(ctx, c.Gemrecon, c.Emulator, c.Spawner, dir, c.Batches)
+	r.Poll, err = PollPass(ctx, c.Gemrecon, c.Spawner, dir, c.Batches)
 	return r, err
 }
 

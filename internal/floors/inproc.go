@@ -15,8 +15,10 @@ import (
 	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/loadgen"
 	"github.com/gemrecon/gemrecon/metrics"
+	"github.com/gemrecon/gemrecon/serve"
 	"github.com/gemrecon/gemrecon/sink"
 	"github.com/gemrecon/gemrecon/sink/sqlite"
+	"github.com/gemrecon/gemrecon/webhook"
 )
 
 // secret signs the deliveries (it guards nothing).
@@ -67,11 +69,16 @@ func ProductPath(ctx context.Context, dir string, n, senders int) (Completions, 
 	if err != nil {
 		return Completions{}, err
 	}
-	srv, err := startReceiver(ctx, ln, s, d, m, secret)
+	// serve's receiver on ln as `gemrecon serve` wires it (serve.Receiver:
+	// the webhook path of package ingest, kicking or handing claims to d;
+	// serve.Start: d's workers and the HTTP server), so that the product
+	// path measured here is whatever serve does.
+	h, err := serve.Receiver(webhook.Config{Secrets: []string{secret}, Dispatcher: d, Metrics: m}, s)
 	if err != nil {
 		ln.Close()
 		return Completions{}, err
 	}
+	srv := serve.Start(ctx, serve.Config{Listener: ln, Handler: h, Dispatcher: d})
 	defer srv.Stop()
 	url := "http://" + ln.Addr().String() + "/webhook"
 	var mu sync.Mutex
@@ -193,4 +200,16 @@ func DuplicateSightings(ctx context.Context, dir string, n int) (Duplicates, err
 	}
 	r.Pending, err = timed(pending, sink.StatePending)
 	return r, err
+}
+
+// observer is the dispatcher's Observer: the metrics, as serve's, and done
+// hears each attempt's outcome.
+type observer struct {
+	m    *metrics.Metrics
+	done chan<- string
+}
+
+func (o observer) ObserveEffect(outcome string, d time.Duration) {
+	o.m.ObserveEffect(outcome, d)
+	o.done <- outcome
 }

@@ -39,8 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var c floors.Config
 	dir := fs.String("dir", ".", "make the run's temporary directory here: the disk measured (default: the current directory, on the repository's disk, not tmpfs)")
-	bin := fs.String("gemrecon", "", "the gemrecon binary to measure as serve and poll (default: go build ./cmd/gemrecon of the module in the current directory)")
-	emu := fs.String("emulator", "", "the gemrecon binary whose emulator poll lists (default: -gemrecon's)")
+	fs.StringVar(&c.Gemrecon, "gemrecon", "", "the gemrecon binary to measure as serve and poll, and to run as the API stand-in (default: go build ./cmd/gemrecon of the module in the current directory)")
 	fs.StringVar(&c.Seed, "seed", "../shared/bench/seed000_sink.py", "the seed document's sink, run with python3 (\"\": not run)")
 	fs.IntVar(&c.SeedN, "seed-n", 2000, "the seed's N (new completions, then as many duplicates)")
 	fs.IntVar(&c.Rounds, "rounds", 3, "how often each measure runs")
@@ -67,19 +66,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if c.Dir, err = filepath.Abs(tmp); err != nil {
 		return err
 	}
-	if *bin == "" {
-		if *bin, err = floors.Build(ctx, ".", c.Dir); err != nil {
+	if c.Gemrecon == "" {
+		if c.Gemrecon, err = floors.Build(ctx, ".", c.Dir); err != nil {
 			return err
 		}
-	}
-	if *emu == "" {
-		*emu = *bin
-	}
-	if c.Gemrecon, err = floors.Inspect(ctx, *bin); err != nil {
-		return err
-	}
-	if c.Emulator, err = floors.Inspect(ctx, *emu); err != nil {
-		return err
 	}
 	if c.Spawner, err = os.Executable(); err != nil {
 		return err
