@@ -23,7 +23,6 @@ package floors
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -64,7 +63,7 @@ type Config struct {
 	// Probe is how long each raw sync probe runs.
 	Probe time.Duration
 	// Progress hears a line per measure (nil: none).
-	Progress io.Writer `json:"-"`
+	Progress io.Writer
 }
 
 // Round is one run of every measure. Raw rates are each measured just
@@ -296,13 +295,6 @@ func (rep *Report) Markdown(w io.Writer) {
 	row("  raw 128 B write + fdatasync just before, per second", rep.of(func(r Round) float64 { return r.PollRaw }), "%.0f", "", nil)
 	row("  **completions per raw sync**", rep.of(func(r Round) float64 { return r.Poll.Rate() / r.PollRaw }), "%.3f", "≥ 0.2", ge(0.2))
 	row("  **peak RSS, MiB** (the child's ru_maxrss)", rep.of(func(r Round) float64 { return float64(r.Poll.MaxRSSKiB) / 1024 }), "%.1f", "< 64", func(v float64) bool { return v < 64 })
-}
-
-// JSON writes the rounds as measured.
-func (rep *Report) JSON(w io.Writer) error {
-	e := json.NewEncoder(w)
-	e.SetIndent("", "  ")
-	return e.Encode(rep)
 }
 
 func yes(ok bool) string {

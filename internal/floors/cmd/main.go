@@ -2,7 +2,7 @@
 // (package floors says what each measures). From the module root:
 //
 //	go run ./internal/floors/cmd                     # 3 rounds, the default sizes
-//	go run ./internal/floors/cmd -rounds 5 -format json
+//	go run ./internal/floors/cmd -rounds 5
 //
 // It builds ./cmd/gemrecon into a temporary directory unless -gemrecon
 // names a binary.
@@ -51,12 +51,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.Gap, "gap", 20*time.Millisecond, "time between deliveries to serve")
 	fs.IntVar(&c.Batches, "batches", 10000, "completions the poll pass finds")
 	fs.DurationVar(&c.Probe, "probe", time.Second, "length of each raw sync probe")
-	format := fs.String("format", "md", "output: md (the table) or json (every round's figures)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 || (*format != "md" && *format != "json") || c.Rounds < 1 {
-		return fmt.Errorf("usage: floors [flags]; -format md or json, -rounds at least 1")
+	if fs.NArg() > 0 || c.Rounds < 1 {
+		return fmt.Errorf("usage: floors [flags]; -rounds at least 1")
 	}
 	tmp, err := os.MkdirTemp(*dir, ".floors-")
 	if err != nil {
@@ -78,9 +77,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep, err := floors.Run(ctx, c)
 	if err != nil {
 		return err
-	}
-	if *format == "json" {
-		return rep.JSON(stdout)
 	}
 	rep.Markdown(stdout)
 	return nil

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,19 +72,10 @@ func TestTinyRun(t *testing.T) {
 		if cells := strings.Split(line, "|"); len(cells) != 6 || !strings.Contains(cells[2], "[") || strings.Contains(cells[2], "NaN") {
 			t.Errorf("row without a median and range: %s", line)
 		}
-	}
-
-	// -format json: the rounds as measured, each with the pass's peak RSS.
-	out.Reset()
-	if err := run(ctx, append(args[:len(args):len(args)], "-rounds", "1", "-format", "json", "-seed", ""), &out, &progress); err != nil {
-		t.Fatalf("run -format json: %v\n%s", err, progress.String())
-	}
-	var rep floors.Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("-format json: %v\n%s", err, out.String())
-	}
-	if len(rep.Rounds) != 1 || rep.Rounds[0].Poll.N != 120 || rep.Rounds[0].Poll.MaxRSSKiB <= 0 || len(rep.Rounds[0].Serve) != 3 {
-		t.Errorf("-format json = %+v, want one round with a pass of 120, its peak RSS, and 3 latencies", rep.Rounds)
+		// The pass's peak RSS was read.
+		if strings.Contains(line, "**peak RSS, MiB**") && strings.HasPrefix(strings.TrimSpace(strings.Split(line, "|")[2]), "0.0 ") {
+			t.Errorf("no peak RSS: %s", line)
+		}
 	}
 }
 
