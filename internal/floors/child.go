@@ -1,19 +1,17 @@
 package floors
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,92 +41,62 @@ func initDB(ctx context.Context, bin, db string) error {
 	return nil
 }
 
-// lineWaiter is a child's output, kept, with a wait for the first line
-// that matches.
-type lineWaiter struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	lines chan string
-}
-
-func newLineWaiter() *lineWaiter { return &lineWaiter{lines: make(chan string, 64)} }
-
-// pipe copies r into the buffer, line by line.
-func (l *lineWaiter) pipe(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		l.mu.Lock()
-		l.buf.WriteString(sc.Text() + "\n")
-		l.mu.Unlock()
-		select {
-		case l.lines <- sc.Text():
-		default: // nobody waits for it
-		}
-	}
-	close(l.lines)
-}
-
-func (l *lineWaiter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// wait returns the first submatches of re in a line to come, within d.
-func (l *lineWaiter) wait(re *regexp.Regexp, d time.Duration) ([]string, error) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for {
-		select {
-		case line, ok := <-l.lines:
-			if !ok {
-				return nil, fmt.Errorf("floors: the child ended before printing %s:\n%s", re, l)
-			}
-			if m := re.FindStringSubmatch(line); m != nil {
-				return m, nil
-			}
-		case <-t.C:
-			return nil, fmt.Errorf("floors: no %s within %v:\n%s", re, d, l)
-		}
-	}
-}
-
-// child is a started process whose stderr (and, unless given a writer,
-// stdout) a lineWaiter keeps.
+// child is a started process whose output (stdout and stderr) it keeps.
 type child struct {
-	cmd  *exec.Cmd
-	out  *lineWaiter
+	mu   sync.Mutex
+	out  bytes.Buffer
 	done chan struct{} // closed once it has exited
+	stop func()        // SIGTERM (SIGKILL 30 s later), then waits for the exit
 }
 
-func startChild(cmd *exec.Cmd, stdout io.Writer) (*child, error) {
-	c := &child{cmd: cmd, out: newLineWaiter(), done: make(chan struct{})}
-	pr, pw := io.Pipe()
-	cmd.Stderr, cmd.Stdout = pw, stdout
-	if stdout == nil {
-		cmd.Stdout = pw
-	}
+// startChild starts bin with args, env added to this process's
+// environment.
+func startChild(ctx context.Context, env []string, bin string, args ...string) (*child, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	c := &child{done: make(chan struct{})}
+	cmd.Env, cmd.Stdout, cmd.Stderr = append(os.Environ(), env...), c, c
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
 	if err := cmd.Start(); err != nil {
+		cancel()
 		return nil, err
 	}
 	go func() {
 		_ = cmd.Wait()
-		pw.Close()
 		close(c.done)
 	}()
-	go c.out.pipe(pr)
+	c.stop = func() { cancel(); <-c.done }
 	return c, nil
 }
 
-// stop sends SIGTERM and waits for the child, killing it after 30 s.
-func (c *child) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
+func (c *child) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.Write(p)
+}
+
+func (c *child) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.String()
+}
+
+// wait returns the submatches of re's first match in the child's output,
+// waiting up to a minute for it.
+func (c *child) wait(re *regexp.Regexp) ([]string, error) {
+	timeout := time.After(time.Minute)
+	for {
+		if m := re.FindStringSubmatch(c.String()); m != nil {
+			return m, nil
+		}
+		select {
+		case <-c.done:
+			return nil, fmt.Errorf("floors: the child ended before printing %s:\n%s", re, c)
+		case <-timeout:
+			return nil, fmt.Errorf("floors: no %s within a minute:\n%s", re, c)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 
@@ -141,16 +109,11 @@ var servingAddr = regexp.MustCompile(`serving webhooks.* addr=(\S+)`)
 // time from its 2xx to its effect's start (the forward request's arrival),
 // both by this process's clock.
 func ServeLatency(ctx context.Context, bin, dir string, n int, gap time.Duration) ([]time.Duration, error) {
-	var mu sync.Mutex
-	arrived := map[string]chan time.Time{}
-	arrival := func(key string) chan time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		if arrived[key] == nil {
-			arrived[key] = make(chan time.Time, 1)
-		}
-		return arrived[key]
+	type arrival struct {
+		key string
+		at  time.Time
 	}
+	arrivals := make(chan arrival, 2*n)
 	target := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		at := time.Now()
 		var ev struct {
@@ -161,8 +124,8 @@ func ServeLatency(ctx context.Context, bin, dir string, n int, gap time.Duration
 			return
 		}
 		select {
-		case arrival(ev.Key) <- at:
-		default: // a second delivery of the effect: the first one counts
+		case arrivals <- arrival{ev.Key, at}:
+		default: // more effects than deliveries: the first of each counts
 		}
 	})}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -176,15 +139,13 @@ func ServeLatency(ctx context.Context, bin, dir string, n int, gap time.Duration
 	if err := initDB(ctx, bin, db); err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, bin, "--db", db, "serve", "--listen", "127.0.0.1:0",
+	srv, err := startChild(ctx, []string{"GEMRECON_WEBHOOK_SECRET=" + secret}, bin, "--db", db, "serve", "--listen", "127.0.0.1:0",
 		"--forward", "http://"+ln.Addr().String()+"/effect", "--confirm", "never")
-	cmd.Env = append(os.Environ(), "GEMRECON_WEBHOOK_SECRET="+secret)
-	srv, err := startChild(cmd, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer srv.stop()
-	m, err := srv.out.wait(servingAddr, time.Minute)
+	m, err := srv.wait(servingAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -195,12 +156,18 @@ func ServeLatency(ctx context.Context, bin, dir string, n int, gap time.Duration
 		Body: loadgen.NewKeys(fmt.Sprintf("serve-%d", time.Now().UnixNano())), StopOnTransportError: true,
 		OnAck: func(a loadgen.Ack) {
 			acked := time.Now()
-			select {
-			case at := <-arrival(a.Key):
-				lat = append(lat, at.Sub(acked))
-			case <-time.After(time.Minute):
-				if failed == nil {
-					failed = fmt.Errorf("floors: %s's effect did not start within a minute of its %d", a.Key, a.Code)
+			timeout := time.After(time.Minute)
+			for done := false; !done; {
+				select {
+				case ar := <-arrivals:
+					if done = ar.key == a.Key; done { // else a repeated effect of an earlier key
+						lat = append(lat, ar.at.Sub(acked))
+					}
+				case <-timeout:
+					if failed == nil {
+						failed = fmt.Errorf("floors: %s's effect did not start within a minute of its %d", a.Key, a.Code)
+					}
+					done = true
 				}
 			}
 			time.Sleep(time.Until(last.Add(gap)))
@@ -210,7 +177,7 @@ func ServeLatency(ctx context.Context, bin, dir string, n int, gap time.Duration
 		err = failed
 	}
 	if err == nil && len(lat) != n {
-		err = fmt.Errorf("floors: %d of %d deliveries answered 2xx; serve's log:\n%s", len(lat), n, srv.out)
+		err = fmt.Errorf("floors: %d of %d deliveries answered 2xx; serve's log:\n%s", len(lat), n, srv)
 	}
 	return lat, err
 }
@@ -225,29 +192,27 @@ type Pass struct {
 // Rate is completions per second.
 func (p Pass) Rate() float64 { return float64(p.N) / p.Elapsed.Seconds() }
 
-var (
-	emulatorURL = regexp.MustCompile(`GOOGLE_GEMINI_BASE_URL=(\S+)`)
-	emulatorKey = regexp.MustCompile(`GEMINI_API_KEY=(\S+)`)
-)
+var emulatorURL = regexp.MustCompile(`GOOGLE_GEMINI_BASE_URL=(\S+)`)
 
 // PollPass starts `bin emulator --batches n --finish-within 0` (every batch
 // listed finished) and runs one `bin poll --print` pass against it on a
-// fresh database in dir, with the NDJSON effect and no request rate limit (--qps 0: the stand-in is on loopback). The pass runs
-// under spawner (RusageMain), which reports its peak RSS. Every completion
-// must come out as one NDJSON line.
-func PollPass(ctx context.Context, bin, spawner, dir string, n int) (Pass, error) {
-	ecmd := exec.CommandContext(ctx, bin, "emulator", "--batches", strconv.Itoa(n), "--finish-within", "0",
-		"--listen", "127.0.0.1:0", "--seed", "1", "--log-level", "warn")
-	emulator, err := startChild(ecmd, nil)
+// fresh database in dir, with the NDJSON effect and no request rate limit
+// (--qps 0: the stand-in is on loopback). Every completion must come out
+// as one NDJSON line.
+//
+// The pass's peak RSS is its ru_maxrss. Go starts a child with CLONE_VM,
+// so at exec the kernel counts this process's peak RSS as the child's:
+// PollPass first returns this process's freed memory to the system and
+// resets its peak to its current RSS (/proc/self/clear_refs, 5), which
+// is then the only floor under the figure.
+func PollPass(ctx context.Context, bin, dir string, n int) (Pass, error) {
+	emulator, err := startChild(ctx, nil, bin, "emulator", "--batches", strconv.Itoa(n), "--finish-within", "0",
+		"--listen", "127.0.0.1:0", "--seed", "1", "--log-level", "warn", "--api-key", secret)
 	if err != nil {
 		return Pass{}, err
 	}
 	defer emulator.stop()
-	key, err := emulator.out.wait(emulatorKey, time.Minute)
-	if err != nil {
-		return Pass{}, err
-	}
-	url, err := emulator.out.wait(emulatorURL, time.Minute)
+	url, err := emulator.wait(emulatorURL)
 	if err != nil {
 		return Pass{}, err
 	}
@@ -255,15 +220,21 @@ func PollPass(ctx context.Context, bin, spawner, dir string, n int) (Pass, error
 	if err := initDB(ctx, bin, db); err != nil {
 		return Pass{}, err
 	}
-	argv := []string{bin, "--db", db, "--log-level", "warn", "poll", "--base-url", url[1], "--qps", "0", "--print"}
+	cmd := exec.CommandContext(ctx, bin, "--db", db, "--log-level", "warn", "poll", "--base-url", url[1], "--qps", "0", "--print")
 	lines := &lineCounter{}
 	var stderr bytes.Buffer
-	start := time.Now()
-	rss, err := runRusage(ctx, spawner, argv, []string{"GEMINI_API_KEY=" + key[1]}, lines, &stderr)
-	p := Pass{N: n, Elapsed: time.Since(start), MaxRSSKiB: rss}
-	if err != nil {
-		return p, fmt.Errorf("floors: %s: %v: %s", strings.Join(argv, " "), err, stderr.Bytes())
+	cmd.Env, cmd.Stdout, cmd.Stderr = append(os.Environ(), "GEMINI_API_KEY="+secret), lines, &stderr
+	debug.FreeOSMemory()
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		return Pass{}, err
 	}
+	start := time.Now()
+	err = cmd.Run()
+	p := Pass{N: n, Elapsed: time.Since(start)}
+	if err != nil {
+		return p, fmt.Errorf("floors: %s: %v: %s", strings.Join(cmd.Args, " "), err, stderr.Bytes())
+	}
+	p.MaxRSSKiB = cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss
 	if lines.n != n {
 		return p, fmt.Errorf("floors: the pass printed %d NDJSON lines, want %d: %s", lines.n, n, stderr.Bytes())
 	}
@@ -276,64 +247,4 @@ type lineCounter struct{ n int }
 func (c *lineCounter) Write(p []byte) (int, error) {
 	c.n += bytes.Count(p, []byte{'\n'})
 	return len(p), nil
-}
-
-// RusageCommand is the name under which an executable runs RusageMain (its
-// argv[0], as internal/testkit's Main dispatches).
-const RusageCommand = "floors-rusage"
-
-// runRusage runs argv through spawner as RusageCommand and returns argv's
-// peak RSS in KiB. Go starts a child with CLONE_VM, so at exec the kernel
-// counts the parent's peak RSS as the child's: read here, a child's
-// ru_maxrss would be at least this process's peak, tens of MiB after the
-// in-process measures. The spawner is a fresh process: its own peak at
-// the start (about 17 MiB for the floors command, which links SQLite) is
-// then the only such floor under the figure it reports, well below a pass.
-func runRusage(ctx context.Context, spawner string, argv, env []string, stdout, stderr io.Writer) (int64, error) {
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return 0, err
-	}
-	defer pr.Close()
-	cmd := exec.CommandContext(ctx, spawner, argv...)
-	cmd.Args[0] = RusageCommand
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = stdout, stderr, []*os.File{pw}
-	err = cmd.Start()
-	pw.Close()
-	if err != nil {
-		return 0, err
-	}
-	report, rerr := io.ReadAll(pr)
-	if err := cmd.Wait(); err != nil {
-		return 0, err
-	}
-	if rerr != nil {
-		return 0, rerr
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(report)), 10, 64)
-}
-
-// RusageMain runs os.Args[1:] with this process's standard files and
-// environment, writes its ru_maxrss (KiB) to file descriptor 3, and exits
-// with its status. An executable calls it when its argv[0] is
-// RusageCommand.
-func RusageMain() int {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, RusageCommand+": no command")
-		return 2
-	}
-	cmd := exec.Command(os.Args[1], os.Args[2:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		fmt.Fprintln(os.Stderr, RusageCommand+":", err)
-		return 2
-	}
-	report := os.NewFile(3, "rusage")
-	fmt.Fprintln(report, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss)
-	report.Close()
-	return cmd.ProcessState.ExitCode()
 }

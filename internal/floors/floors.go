@@ -44,9 +44,6 @@ type Config struct {
 	// Gemrecon is measured as serve and poll, and serves the API stand-in
 	// to poll (`gemrecon emulator`).
 	Gemrecon string
-	// Spawner runs RusageMain when started as RusageCommand (the command's
-	// own executable).
-	Spawner string
 	// Seed is ../shared/bench/seed000_sink.py, run with python3 on SeedN
 	// keys ("": the seed's rows are not measured, nor floor 3's ratio).
 	Seed  string
@@ -159,7 +156,7 @@ func (c Config) round(ctx context.Context, i int) (Round, error) {
 	if err := raw(&r.PollRaw); err != nil {
 		return r, err
 	}
-	r.Poll, err = PollPass(ctx, c.Gemrecon, c.Spawner, dir, c.Batches)
+	r.Poll, err = PollPass(ctx, c.Gemrecon, dir, c.Batches)
 	return r, err
 }
 

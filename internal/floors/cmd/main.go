@@ -23,9 +23,6 @@ import (
 )
 
 func main() {
-	if filepath.Base(os.Args[0]) == floors.RusageCommand {
-		os.Exit(floors.RusageMain())
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
@@ -69,9 +66,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if c.Gemrecon, err = floors.Build(ctx, ".", c.Dir); err != nil {
 			return err
 		}
-	}
-	if c.Spawner, err = os.Executable(); err != nil {
-		return err
 	}
 	c.Progress = stderr
 	rep, err := floors.Run(ctx, c)

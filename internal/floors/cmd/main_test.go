@@ -11,12 +11,7 @@ import (
 	"testing"
 
 	"github.com/gemrecon/gemrecon/internal/floors"
-	"github.com/gemrecon/gemrecon/internal/testkit"
 )
-
-func TestMain(m *testing.M) {
-	testkit.Main(m, map[string]func() int{floors.RusageCommand: floors.RusageMain})
-}
 
 // TestTinyRun runs every measure once at a tiny size, against a gemrecon
 // built from this module, and checks that the table has every row with a
