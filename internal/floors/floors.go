@@ -141,10 +141,10 @@ func (c Config) round(ctx context.Context, i int) (Round, error) {
 			return r, err
 		}
 	}
-	if r.SinkDups, err = SinkDuplicates(ctx, dir, c.Duplicates); err != nil {
+	if r.SinkDups, err = DuplicateSightings(ctx, dir, c.Duplicates, false); err != nil {
 		return r, err
 	}
-	if r.Dups, err = DuplicateSightings(ctx, dir, c.Duplicates); err != nil {
+	if r.Dups, err = DuplicateSightings(ctx, dir, c.Duplicates, true); err != nil {
 		return r, err
 	}
 	c.progress("round %d: serve, %d deliveries %v apart", i+1, c.Deliveries, c.Gap)

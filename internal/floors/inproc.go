@@ -12,7 +12,6 @@ import (
 
 	"github.com/gemrecon/gemrecon/dispatch"
 	"github.com/gemrecon/gemrecon/effect"
-	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/loadgen"
 	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/serve"
@@ -123,83 +122,6 @@ func ProductPath(ctx context.Context, dir string, n, senders int) (Completions, 
 		return Completions{}, err
 	}
 	return Completions{N: n, Elapsed: elapsed, Commits: s.Commits() - c0}, nil
-}
-
-// Duplicates is one run of duplicate sightings.
-type Duplicates struct {
-	Done, Pending float64 // per second
-}
-
-// DuplicateSightings records n keys through ingest's webhook path (a
-// fresh SQLite file in dir), completes half of them (claim and complete, as
-// a finished effect would), then times n sightings of the done half and n
-// of the pending half, one after another, cycling over the keys, through
-// the same path: what a redelivery, or a poll pass re-seeing finished
-// batches, costs. Nothing dispatches the pending keys meanwhile.
-func DuplicateSightings(ctx context.Context, dir string, n int) (Duplicates, error) {
-	s, err := openSQLite(ctx, dir, "dups")
-	if err != nil {
-		return Duplicates{}, err
-	}
-	defer s.Close()
-	in, err := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: metrics.New(s), Logger: quiet})
-	if err != nil {
-		return Duplicates{}, err
-	}
-	half := max(n/2, 1)
-	bodies := func(kind string) [][]byte {
-		b := make([][]byte, half)
-		for i := range b {
-			b[i] = loadgen.NewKeys("dup-" + kind)(i)
-		}
-		return b
-	}
-	done, pending := bodies("done"), bodies("pending")
-	// Record them all, 16 at a time (untimed: group commit makes it quick).
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	all := append(append([][]byte{}, done...), pending...)
-	for w := range 16 {
-		wg.Go(func() {
-			for i := w; i < len(all); i += 16 {
-				if a := in.Event(ctx, all[i], ingest.VerifiedStatic); a.Kind != ingest.Recorded {
-					errs <- fmt.Errorf("floors: recording a new key: %v (%v)", a.Outcome, a.Err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return Duplicates{}, err
-	}
-	for i := range done {
-		key := "gemini:batches/dup-done-" + fmt.Sprint(i)
-		c, err := s.Claim(ctx, key, "floors", time.Minute)
-		if err != nil {
-			return Duplicates{}, err
-		}
-		if err := s.Complete(ctx, key, c.Token); err != nil {
-			return Duplicates{}, err
-		}
-	}
-	timed := func(bs [][]byte, want sink.State) (float64, error) {
-		start := time.Now()
-		for i := range n {
-			a := in.Event(ctx, bs[i%len(bs)], ingest.VerifiedStatic)
-			if a.Kind != ingest.Recorded || a.Result.State != want {
-				return 0, fmt.Errorf("floors: duplicate of %s: %v, state %s, want %s (%v)", a.Key, a.Outcome, a.Result.State, want, a.Err)
-			}
-		}
-		return float64(n) / time.Since(start).Seconds(), nil
-	}
-	var r Duplicates
-	if r.Done, err = timed(done, sink.StateDone); err != nil {
-		return r, err
-	}
-	r.Pending, err = timed(pending, sink.StatePending)
-	return r, err
 }
 
 // observer is the dispatcher's Observer: the metrics, as serve's, and done

@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/gemrecon/gemrecon/canon"
+	"github.com/gemrecon/gemrecon/ingest"
 	"github.com/gemrecon/gemrecon/internal/loadgen"
+	"github.com/gemrecon/gemrecon/metrics"
 	"github.com/gemrecon/gemrecon/sink"
-	"github.com/gemrecon/gemrecon/sink/sqlite"
 )
 
 // sighting is what package ingest makes of loadgen's body i: a webhook's
@@ -72,27 +73,71 @@ func SinkPath(ctx context.Context, dir string, n, workers int) (Completions, err
 	return Completions{N: n, Elapsed: elapsed, Commits: s.Commits() - c0}, nil
 }
 
-// SinkDuplicates records n keys, completes half of them, then times n
-// sightings of the done half and n of the pending half through Sink.Record,
-// the call ingest makes for every sighting: what the seed's dup_per_s
-// measures of its own sink.
-func SinkDuplicates(ctx context.Context, dir string, n int) (Duplicates, error) {
-	s, err := openSQLite(ctx, dir, "sink-dups")
+// Duplicates is one run of duplicate sightings.
+type Duplicates struct {
+	Done, Pending float64 // per second
+}
+
+// DuplicateSightings records n keys on a fresh SQLite file in dir,
+// completes half of them (claim and complete, as a finished effect would),
+// then times n sightings of the done half and n of the pending half, one
+// after another, cycling over the keys: what a redelivery, or a poll pass
+// re-seeing finished batches, costs. Nothing dispatches the pending keys
+// meanwhile. The sightings go through Sink.Record, the call ingest makes
+// for every sighting (what the seed's dup_per_s measures of its own sink),
+// or, viaIngest, through ingest's webhook path (the body parsed, then
+// Record).
+func DuplicateSightings(ctx context.Context, dir string, n int, viaIngest bool) (Duplicates, error) {
+	name, prefix := "sink-dups", "s"
+	if viaIngest {
+		name, prefix = "dups", "dup-"
+	}
+	s, err := openSQLite(ctx, dir, name)
 	if err != nil {
 		return Duplicates{}, err
 	}
 	defer s.Close()
+	in, err := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: metrics.New(s), Logger: quiet})
+	if err != nil {
+		return Duplicates{}, err
+	}
+	record := func(sg sink.Sighting) (sink.RecordResult, error) {
+		if !viaIngest {
+			return s.Record(ctx, sg)
+		}
+		a := in.Event(ctx, sg.Payload, ingest.VerifiedStatic)
+		if a.Kind != ingest.Recorded {
+			return a.Result, fmt.Errorf("floors: %s: %v (%v)", sg.Key, a.Outcome, a.Err)
+		}
+		return a.Result, nil
+	}
 	half := max(n/2, 1)
 	done, pending := make([]sink.Sighting, half), make([]sink.Sighting, half)
 	for i := range half {
-		if done[i], err = sighting("sdone", i); err == nil {
-			pending[i], err = sighting("spending", i)
+		if done[i], err = sighting(prefix+"done", i); err == nil {
+			pending[i], err = sighting(prefix+"pending", i)
 		}
 		if err != nil {
 			return Duplicates{}, err
 		}
 	}
-	if err := recordAll(ctx, s, append(append([]sink.Sighting{}, done...), pending...)); err != nil {
+	// Record them all, 16 at a time (untimed: group commit makes it quick).
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	all := append(append([]sink.Sighting{}, done...), pending...)
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < len(all); i += 16 {
+				if _, err := record(all[i]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
 		return Duplicates{}, err
 	}
 	for _, sg := range done {
@@ -107,7 +152,7 @@ func SinkDuplicates(ctx context.Context, dir string, n int) (Duplicates, error) 
 	timed := func(sgs []sink.Sighting, want sink.State) (float64, error) {
 		start := time.Now()
 		for i := range n {
-			rr, err := s.Record(ctx, sgs[i%len(sgs)])
+			rr, err := record(sgs[i%len(sgs)])
 			if err != nil || rr.New || rr.State != want {
 				return 0, fmt.Errorf("floors: duplicate of %s: %+v, %v; want state %s", sgs[i%len(sgs)].Key, rr, err, want)
 			}
@@ -120,23 +165,4 @@ func SinkDuplicates(ctx context.Context, dir string, n int) (Duplicates, error) 
 	}
 	r.Pending, err = timed(pending, sink.StatePending)
 	return r, err
-}
-
-// recordAll records sgs, 16 at a time (untimed).
-func recordAll(ctx context.Context, s *sqlite.Sink, sgs []sink.Sighting) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for w := range 16 {
-		wg.Go(func() {
-			for i := w; i < len(sgs); i += 16 {
-				if _, err := s.Record(ctx, sgs[i]); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
 }
