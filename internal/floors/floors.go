@@ -63,38 +63,58 @@ type Config struct {
 	Progress io.Writer
 }
 
-// Round is one run of every measure. Raw rates are each measured just
-// before the measure they divide.
-type Round struct {
-	Load                     string // /proc/loadavg's 1-minute figure at its start
-	SeqRaw, ConcRaw, PollRaw float64
-	Sequential, Concurrent   Completions // through serve's receiver
-	SinkSeq, SinkConc        Completions // the sink's calls of that path
-	SeedNew, SeedDup         float64
-	Dups, SinkDups           Duplicates // through ingest; through Sink.Record
-	Serve                    []time.Duration
-	Poll                     Pass
+// figure is one row of the table in one round.
+type figure struct {
+	name, format string // the row's measure, and its value's format
+	v            float64
+	floor        string
+	ok           func(float64) bool // whether a value meets floor (nil: no floor)
 }
 
-// Report is a run's rounds.
-type Report struct {
-	Config     Config
-	Start, End time.Time
-	Rounds     []Round
-}
-
-// Run runs every measure cfg.Rounds times.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
-	rep := &Report{Config: cfg, Start: time.Now()}
+// Run runs every measure cfg.Rounds times and writes the table to w.
+func Run(ctx context.Context, cfg Config, w io.Writer) error {
+	start := time.Now()
+	var rounds [][]figure
+	var loads []string
 	for i := range cfg.Rounds {
-		r, err := cfg.round(ctx, i)
+		loads = append(loads, loadAverage())
+		r, err := cfg.round(ctx, i, loads[i])
 		if err != nil {
-			return nil, fmt.Errorf("round %d: %w", i+1, err)
+			return fmt.Errorf("round %d: %w", i+1, err)
 		}
-		rep.Rounds = append(rep.Rounds, r)
+		rounds = append(rounds, r)
 	}
-	rep.End = time.Now()
-	return rep, nil
+	fmt.Fprintf(w, "Measured %s–%s UTC, %s/%s, %d CPUs, %s; %d rounds; load average (1 min) at each round's start: %s, at the end: %s. Cells: median [min–max] over the rounds.\n\n",
+		start.UTC().Format("2006-01-02 15:04"), time.Now().UTC().Format("15:04"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(),
+		len(rounds), strings.Join(loads, ", "), loadAverage())
+	fmt.Fprintf(w, "| measure | value | floor | met (rounds) |\n|---|---:|---|---|\n")
+	for j, f := range rounds[0] {
+		s := make([]float64, len(rounds))
+		met := 0
+		for i, r := range rounds {
+			if s[i] = r[j].v; f.ok != nil && f.ok(s[i]) {
+				met++
+			}
+		}
+		slices.Sort(s)
+		median := s[len(s)/2]
+		if len(s)%2 == 0 {
+			median = (s[len(s)/2-1] + s[len(s)/2]) / 2
+		}
+		value := fmt.Sprintf(f.format, median) // "median [min–max]", the median alone for one round
+		if len(s) > 1 {
+			value = fmt.Sprintf(f.format+" ["+f.format+"–"+f.format+"]", median, s[0], s[len(s)-1])
+		}
+		verdict := "" // met by the median, and in how many rounds
+		if f.ok != nil {
+			verdict = fmt.Sprintf("**no** (%d/%d)", met, len(s))
+			if f.ok(median) {
+				verdict = fmt.Sprintf("yes (%d/%d)", met, len(s))
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", f.name, value, f.floor, verdict)
+	}
+	return nil
 }
 
 func (c Config) progress(format string, a ...any) {
@@ -103,61 +123,107 @@ func (c Config) progress(format string, a ...any) {
 	}
 }
 
-func (c Config) round(ctx context.Context, i int) (Round, error) {
+// round runs every measure once; each raw rate is measured just before
+// the measure it divides.
+func (c Config) round(ctx context.Context, i int, load string) ([]figure, error) {
 	dir, err := os.MkdirTemp(c.Dir, fmt.Sprintf("round%d-", i+1))
 	if err != nil {
-		return Round{}, err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	r := Round{Load: loadAverage()}
-	raw := func(into *float64) error {
+	var fs []figure
+	row := func(name string, v float64, format, floor string, ok func(float64) bool) {
+		fs = append(fs, figure{name, format, v, floor, ok})
+	}
+	ge := func(f float64) func(float64) bool { return func(v float64) bool { return v >= f } }
+	raw := func() (float64, error) {
 		res, err := disksync.Probe{Bytes: 128}.Run(dir, c.Probe, 0)
-		*into = res.Rate()
-		return err
+		return res.Rate(), err
 	}
-	c.progress("round %d: sequential completions (load %s)", i+1, r.Load)
-	if err := raw(&r.SeqRaw); err != nil {
-		return r, err
-	}
-	if r.SinkSeq, err = SinkPath(ctx, dir, c.Sequential, 1); err != nil {
-		return r, err
-	}
-	if r.Sequential, err = ProductPath(ctx, dir, c.Sequential, 1); err != nil {
-		return r, err
-	}
-	c.progress("round %d: %d concurrent completions", i+1, c.Senders)
-	if err := raw(&r.ConcRaw); err != nil {
-		return r, err
-	}
-	if r.SinkConc, err = SinkPath(ctx, dir, c.Concurrent, c.Senders); err != nil {
-		return r, err
-	}
-	if r.Concurrent, err = ProductPath(ctx, dir, c.Concurrent, c.Senders); err != nil {
-		return r, err
+	for _, p := range []struct {
+		name, progress string
+		n, senders     int
+		floor          float64
+	}{
+		{fmt.Sprintf("1. sequential new completions (%d, one at a time)", c.Sequential), fmt.Sprintf("sequential completions (load %s)", load), c.Sequential, 1, 0.35},
+		{fmt.Sprintf("2. new completions, %d at once (%d)", c.Senders, c.Concurrent), fmt.Sprintf("%d concurrent completions", c.Senders), c.Concurrent, c.Senders, 1.2},
+	} {
+		c.progress("round %d: %s", i+1, p.progress)
+		rawRate, err := raw()
+		if err != nil {
+			return nil, err
+		}
+		sink, err := SinkPath(ctx, dir, p.n, p.senders)
+		if err != nil {
+			return nil, err
+		}
+		whole, err := ProductPath(ctx, dir, p.n, p.senders)
+		if err != nil {
+			return nil, err
+		}
+		row(p.name+": raw 128 B write + fdatasync just before, per second", rawRate, "%.0f", "", nil)
+		row("  the sink's calls of serve's path (RecordAndClaim, Complete), per second", sink.Rate(), "%.0f", "", nil)
+		row("  **completions per raw sync**", sink.Rate()/rawRate, "%.3f", fmt.Sprintf("≥ %.2f", p.floor), ge(p.floor))
+		row("  commits per completion (`(*sqlite.Sink).Commits`)", sink.PerCompletion(), "%.2f", "", nil)
+		row("  through serve's receiver (HTTP from a client in the same process, ingest, dispatch, NDJSON effect), per second", whole.Rate(), "%.0f", "", nil)
+		row("  … per raw sync", whole.Rate()/rawRate, "%.3f", "", nil)
+		row("  … commits per completion", whole.PerCompletion(), "%.2f", "", nil)
 	}
 	c.progress("round %d: duplicates and the seed's sink", i+1)
+	var seedNew, seedDup float64
 	if c.Seed != "" {
-		if r.SeedNew, r.SeedDup, err = RunSeed(ctx, c.Seed, dir, c.SeedN); err != nil {
-			return r, err
+		if seedNew, seedDup, err = RunSeed(ctx, c.Seed, dir, c.SeedN); err != nil {
+			return nil, err
+		}
+		row(fmt.Sprintf("seed's sink `new_per_s` (N = %d)", c.SeedN), seedNew, "%.0f", "", nil)
+		row(fmt.Sprintf("seed's sink `dup_per_s` (N = %d)", c.SeedN), seedDup, "%.0f", "", nil)
+	}
+	sinkDups, err := DuplicateSightings(ctx, dir, c.Duplicates, false)
+	if err != nil {
+		return nil, err
+	}
+	dups, err := DuplicateSightings(ctx, dir, c.Duplicates, true)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []struct {
+		name         string
+		sink, ingest float64
+	}{{"done", sinkDups.Done, dups.Done}, {"pending", sinkDups.Pending, dups.Pending}} {
+		row(fmt.Sprintf("3. duplicates of a %s key through Sink.Record, per second (%d, one at a time)", d.name, c.Duplicates), d.sink, "%.0f", "", nil)
+		if c.Seed != "" {
+			row("  **× the seed's `dup_per_s`**", d.sink/seedDup, "%.1f", "≥ 5", ge(5))
+		}
+		row("  through ingest (the webhook body parsed, then Record), per second", d.ingest, "%.0f", "", nil)
+		if c.Seed != "" {
+			row("  … × the seed's `dup_per_s`", d.ingest/seedDup, "%.1f", "", nil)
 		}
 	}
-	if r.SinkDups, err = DuplicateSightings(ctx, dir, c.Duplicates, false); err != nil {
-		return r, err
-	}
-	if r.Dups, err = DuplicateSightings(ctx, dir, c.Duplicates, true); err != nil {
-		return r, err
-	}
 	c.progress("round %d: serve, %d deliveries %v apart", i+1, c.Deliveries, c.Gap)
-	if r.Serve, err = ServeLatency(ctx, c.Gemrecon, dir, c.Deliveries, c.Gap); err != nil {
-		return r, err
+	lat, err := ServeLatency(ctx, c.Gemrecon, dir, c.Deliveries, c.Gap)
+	if err != nil {
+		return nil, err
 	}
-	slices.Sort(r.Serve)
+	slices.Sort(lat)
+	ms := func(q float64) float64 { return float64(quantile(lat, q)) / float64(time.Millisecond) }
+	row(fmt.Sprintf("4. serve --forward --confirm never: 2xx → effect start, ms (%d deliveries %v apart), p50", c.Deliveries, c.Gap), ms(0.5), "%.2f", "", nil)
+	row("  **p99**", ms(0.99), "%.2f", "≤ 5 ms", func(v float64) bool { return v <= 5 })
+	row("  max", ms(1), "%.2f", "", nil)
 	c.progress("round %d: a poll pass over %d completions", i+1, c.Batches)
-	if err := raw(&r.PollRaw); err != nil {
-		return r, err
+	rawRate, err := raw()
+	if err != nil {
+		return nil, err
 	}
-	r.Poll, err = PollPass(ctx, c.Gemrecon, dir, c.Batches)
-	return r, err
+	pass, err := PollPass(ctx, c.Gemrecon, dir, c.Batches)
+	if err != nil {
+		return nil, err
+	}
+	row(fmt.Sprintf("5. poll pass over %d new completions (NDJSON effect, --qps 0), wall s", c.Batches), pass.Elapsed.Seconds(), "%.1f", "", nil)
+	row("  completions per second", pass.Rate(), "%.0f", "", nil)
+	row("  raw 128 B write + fdatasync just before, per second", rawRate, "%.0f", "", nil)
+	row("  **completions per raw sync**", pass.Rate()/rawRate, "%.3f", "≥ 0.2", ge(0.2))
+	row("  **peak RSS, MiB** (the child's ru_maxrss)", float64(pass.MaxRSSKiB)/1024, "%.1f", "< 64", func(v float64) bool { return v < 64 })
+	return fs, nil
 }
 
 var seedLine = regexp.MustCompile(`new_per_s=([0-9.]+) dup_per_s=([0-9.]+)`)
@@ -184,121 +250,6 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 		return 0
 	}
 	return ds[min(len(ds)-1, int(q*float64(len(ds)-1)+0.5))]
-}
-
-// series is one quantity over the rounds.
-type series []float64
-
-func (s series) sorted() []float64 { c := slices.Clone(s); slices.Sort(c); return c }
-
-func (s series) median() float64 {
-	c := s.sorted()
-	if len(c)%2 == 1 {
-		return c[len(c)/2]
-	}
-	return (c[len(c)/2-1] + c[len(c)/2]) / 2
-}
-
-// cell is "median [min–max]" (the median alone for one round).
-func (s series) cell(format string) string {
-	c := s.sorted()
-	if len(c) == 1 {
-		return fmt.Sprintf(format, c[0])
-	}
-	return fmt.Sprintf(format+" ["+format+"–"+format+"]", s.median(), c[0], c[len(c)-1])
-}
-
-func (rep *Report) of(f func(Round) float64) series {
-	s := make(series, len(rep.Rounds))
-	for i, r := range rep.Rounds {
-		s[i] = f(r)
-	}
-	return s
-}
-
-// Markdown writes the table.
-func (rep *Report) Markdown(w io.Writer) {
-	c := rep.Config
-	loads := make([]string, len(rep.Rounds))
-	for i, r := range rep.Rounds {
-		loads[i] = r.Load
-	}
-	fmt.Fprintf(w, "Measured %s–%s UTC, %s/%s, %d CPUs, %s; %d rounds; load average (1 min) at each round's start: %s, at the end: %s. Cells: median [min–max] over the rounds.\n\n",
-		rep.Start.UTC().Format("2006-01-02 15:04"), rep.End.UTC().Format("15:04"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(),
-		len(rep.Rounds), strings.Join(loads, ", "), loadAverage())
-	fmt.Fprintf(w, "| measure | value | floor | met (rounds) |\n|---|---:|---|---|\n")
-	row := func(name string, s series, format, floor string, ok func(float64) bool) {
-		met := ""
-		if ok != nil {
-			n := 0
-			for _, v := range s {
-				if ok(v) {
-					n++
-				}
-			}
-			met = fmt.Sprintf("%s (%d/%d)", yes(ok(s.median())), n, len(s))
-		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", name, s.cell(format), floor, met)
-	}
-	ge := func(f float64) func(float64) bool { return func(v float64) bool { return v >= f } }
-	for _, p := range []struct {
-		name        string
-		sink, whole func(Round) Completions
-		raw         func(Round) float64
-		floor       float64
-	}{
-		{fmt.Sprintf("1. sequential new completions (%d, one at a time)", c.Sequential),
-			func(r Round) Completions { return r.SinkSeq }, func(r Round) Completions { return r.Sequential },
-			func(r Round) float64 { return r.SeqRaw }, 0.35},
-		{fmt.Sprintf("2. new completions, %d at once (%d)", c.Senders, c.Concurrent),
-			func(r Round) Completions { return r.SinkConc }, func(r Round) Completions { return r.Concurrent },
-			func(r Round) float64 { return r.ConcRaw }, 1.2},
-	} {
-		row(p.name+": raw 128 B write + fdatasync just before, per second", rep.of(p.raw), "%.0f", "", nil)
-		row("  the sink's calls of serve's path (RecordAndClaim, Complete), per second", rep.of(func(r Round) float64 { return p.sink(r).Rate() }), "%.0f", "", nil)
-		row("  **completions per raw sync**", rep.of(func(r Round) float64 { return p.sink(r).Rate() / p.raw(r) }), "%.3f", fmt.Sprintf("≥ %.2f", p.floor), ge(p.floor))
-		row("  commits per completion (`(*sqlite.Sink).Commits`)", rep.of(func(r Round) float64 { return p.sink(r).PerCompletion() }), "%.2f", "", nil)
-		row("  through serve's receiver (HTTP from a client in the same process, ingest, dispatch, NDJSON effect), per second", rep.of(func(r Round) float64 { return p.whole(r).Rate() }), "%.0f", "", nil)
-		row("  … per raw sync", rep.of(func(r Round) float64 { return p.whole(r).Rate() / p.raw(r) }), "%.3f", "", nil)
-		row("  … commits per completion", rep.of(func(r Round) float64 { return p.whole(r).PerCompletion() }), "%.2f", "", nil)
-	}
-	if c.Seed != "" {
-		row(fmt.Sprintf("seed's sink `new_per_s` (N = %d)", c.SeedN), rep.of(func(r Round) float64 { return r.SeedNew }), "%.0f", "", nil)
-		row(fmt.Sprintf("seed's sink `dup_per_s` (N = %d)", c.SeedN), rep.of(func(r Round) float64 { return r.SeedDup }), "%.0f", "", nil)
-	}
-	for _, d := range []struct {
-		name         string
-		sink, ingest func(Round) float64
-	}{{"done", func(r Round) float64 { return r.SinkDups.Done }, func(r Round) float64 { return r.Dups.Done }},
-		{"pending", func(r Round) float64 { return r.SinkDups.Pending }, func(r Round) float64 { return r.Dups.Pending }}} {
-		row(fmt.Sprintf("3. duplicates of a %s key through Sink.Record, per second (%d, one at a time)", d.name, c.Duplicates), rep.of(d.sink), "%.0f", "", nil)
-		if c.Seed != "" {
-			row("  **× the seed's `dup_per_s`**", rep.of(func(r Round) float64 { return d.sink(r) / r.SeedDup }), "%.1f", "≥ 5", ge(5))
-		}
-		row("  through ingest (the webhook body parsed, then Record), per second", rep.of(d.ingest), "%.0f", "", nil)
-		if c.Seed != "" {
-			row("  … × the seed's `dup_per_s`", rep.of(func(r Round) float64 { return d.ingest(r) / r.SeedDup }), "%.1f", "", nil)
-		}
-	}
-	ms := func(q float64) series {
-		return rep.of(func(r Round) float64 { return float64(quantile(r.Serve, q)) / float64(time.Millisecond) })
-	}
-	name := fmt.Sprintf("4. serve --forward --confirm never: 2xx → effect start, ms (%d deliveries %v apart)", c.Deliveries, c.Gap)
-	row(name+", p50", ms(0.5), "%.2f", "", nil)
-	row("  **p99**", ms(0.99), "%.2f", "≤ 5 ms", func(v float64) bool { return v <= 5 })
-	row("  max", ms(1), "%.2f", "", nil)
-	row(fmt.Sprintf("5. poll pass over %d new completions (NDJSON effect, --qps 0), wall s", c.Batches), rep.of(func(r Round) float64 { return r.Poll.Elapsed.Seconds() }), "%.1f", "", nil)
-	row("  completions per second", rep.of(func(r Round) float64 { return r.Poll.Rate() }), "%.0f", "", nil)
-	row("  raw 128 B write + fdatasync just before, per second", rep.of(func(r Round) float64 { return r.PollRaw }), "%.0f", "", nil)
-	row("  **completions per raw sync**", rep.of(func(r Round) float64 { return r.Poll.Rate() / r.PollRaw }), "%.3f", "≥ 0.2", ge(0.2))
-	row("  **peak RSS, MiB** (the child's ru_maxrss)", rep.of(func(r Round) float64 { return float64(r.Poll.MaxRSSKiB) / 1024 }), "%.1f", "< 64", func(v float64) bool { return v < 64 })
-}
-
-func yes(ok bool) string {
-	if ok {
-		return "yes"
-	}
-	return "**no**"
 }
 
 // loadAverage is /proc/loadavg's 1-minute figure ("?" where unknown).

@@ -13,15 +13,40 @@ import (
 	"github.com/gemrecon/gemrecon/sink"
 )
 
-// sighting is what package ingest makes of loadgen's body i: a webhook's
-// sighting of a succeeded batch, with the body as its payload.
-func sighting(prefix string, i int) (sink.Sighting, error) {
-	body := loadgen.NewKeys(prefix)(i)
-	ev, err := canon.FromEvent(body)
-	if err != nil {
-		return sink.Sighting{}, err
+// sightings are what package ingest makes of loadgen's bodies 0 to n-1:
+// a webhook's sightings of succeeded batches, each with its body as its
+// payload.
+func sightings(prefix string, n int) ([]sink.Sighting, error) {
+	sgs := make([]sink.Sighting, n)
+	for i := range sgs {
+		body := loadgen.NewKeys(prefix)(i)
+		ev, err := canon.FromEvent(body)
+		if err != nil {
+			return nil, err
+		}
+		sgs[i] = sink.Sighting{Key: ev.Key, Source: sink.SourceWebhook, Payload: body, State: ev.State}
 	}
-	return sink.Sighting{Key: ev.Key, Source: sink.SourceWebhook, Payload: body, State: ev.State}, nil
+	return sgs, nil
+}
+
+// parallel runs f(i) for every i < n on workers goroutines, worker w
+// taking w, w+workers, …, and returns the first error.
+func parallel(n, workers int, f func(i int) error) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				if err := f(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
 
 // SinkPath runs n new completions through the sink calls that serve makes
@@ -36,38 +61,25 @@ func SinkPath(ctx context.Context, dir string, n, workers int) (Completions, err
 		return Completions{}, err
 	}
 	defer s.Close()
-	sgs := make([]sink.Sighting, n)
-	for i := range sgs {
-		if sgs[i], err = sighting(fmt.Sprintf("sink%d", workers), i); err != nil {
-			return Completions{}, err
-		}
+	sgs, err := sightings(fmt.Sprintf("sink%d", workers), n)
+	if err != nil {
+		return Completions{}, err
 	}
 	req := sink.ClaimRequest{Owner: "floors:1", Lease: 5 * time.Minute}
-	errs := make(chan error, workers)
 	c0 := s.Commits()
 	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < n; i += workers {
-				_, c, err := s.RecordAndClaim(ctx, sgs[i], req)
-				if err == nil && c == nil {
-					err = fmt.Errorf("floors: %s was not claimed where it was recorded", sgs[i].Key)
-				}
-				if err == nil {
-					err = s.Complete(ctx, c.Key, c.Token)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	err = parallel(n, workers, func(i int) error {
+		_, c, err := s.RecordAndClaim(ctx, sgs[i], req)
+		if err == nil && c == nil {
+			err = fmt.Errorf("floors: %s was not claimed where it was recorded", sgs[i].Key)
+		}
+		if err == nil {
+			err = s.Complete(ctx, c.Key, c.Token)
+		}
+		return err
+	})
 	elapsed := time.Since(start)
-	close(errs)
-	if err := <-errs; err != nil {
+	if err != nil {
 		return Completions{}, err
 	}
 	return Completions{N: n, Elapsed: elapsed, Commits: s.Commits() - c0}, nil
@@ -111,33 +123,21 @@ func DuplicateSightings(ctx context.Context, dir string, n int, viaIngest bool) 
 		}
 		return a.Result, nil
 	}
-	half := max(n/2, 1)
-	done, pending := make([]sink.Sighting, half), make([]sink.Sighting, half)
-	for i := range half {
-		if done[i], err = sighting(prefix+"done", i); err == nil {
-			pending[i], err = sighting(prefix+"pending", i)
-		}
-		if err != nil {
-			return Duplicates{}, err
-		}
+	done, err := sightings(prefix+"done", max(n/2, 1))
+	if err != nil {
+		return Duplicates{}, err
+	}
+	pending, err := sightings(prefix+"pending", max(n/2, 1))
+	if err != nil {
+		return Duplicates{}, err
 	}
 	// Record them all, 16 at a time (untimed: group commit makes it quick).
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
 	all := append(append([]sink.Sighting{}, done...), pending...)
-	for w := range 16 {
-		wg.Go(func() {
-			for i := w; i < len(all); i += 16 {
-				if _, err := record(all[i]); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	err = parallel(len(all), 16, func(i int) error {
+		_, err := record(all[i])
+		return err
+	})
+	if err != nil {
 		return Duplicates{}, err
 	}
 	for _, sg := range done {

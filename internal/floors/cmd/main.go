@@ -68,10 +68,5 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	c.Progress = stderr
-	rep, err := floors.Run(ctx, c)
-	if err != nil {
-		return err
-	}
-	rep.Markdown(stdout)
-	return nil
+	return floors.Run(ctx, c, stdout)
 }
