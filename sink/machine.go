@@ -249,7 +249,7 @@ func (m *Machine) Record(ctx context.Context, sg Sighting) (RecordResult, error)
 type ClaimRequest struct {
 	Owner string
 	Lease time.Duration
-	Opts  []ClaimOption
+	Opts  ClaimOptions
 }
 
 // RecordAndClaim is Record, and when the key can be claimed now and no
@@ -382,7 +382,7 @@ func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err 
 	var claimed Row
 	var opts ClaimOptions
 	if req != nil && out.claimable(now) {
-		opts = ClaimOptionsOf(req.Opts)
+		opts = req.Opts
 		first, err := tx.Due(1, opts.SkipNeedsConfirm)
 		if err != nil {
 			return o, err
@@ -511,13 +511,13 @@ func checkLease(lease time.Duration) error {
 }
 
 // Claim takes the key for one attempt (see Sink).
-func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...ClaimOption) (Claim, error) {
+func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Duration, o ClaimOptions) (Claim, error) {
 	if err := checkLease(lease); err != nil {
 		return Claim{}, m.errorf("claim", key, err)
 	}
 	var c Claim
 	err := m.keyWrite(ctx, "claim", key, func(tx Tx, r Row) (out, err error) {
-		c, out, err = m.take(tx, r, owner, lease, ClaimOptionsOf(opts))
+		c, out, err = m.take(tx, r, owner, lease, o)
 		return out, err
 	})
 	if err != nil {
@@ -547,11 +547,10 @@ func (m *Machine) take(tx Tx, r Row, owner string, lease time.Duration, o ClaimO
 }
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
-func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...ClaimOption) ([]Claim, error) {
+func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, o ClaimOptions) ([]Claim, error) {
 	if err := checkLease(lease); err != nil {
 		return nil, m.errorf("claim due", "", err)
 	}
-	o := ClaimOptionsOf(opts)
 	var claims []Claim
 	err := m.st.Write(ctx, func(tx Tx) error {
 		claims = nil
@@ -696,8 +695,8 @@ func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 }
 
 // Due lists keys that can be claimed now, oldest first.
-func (m *Machine) Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error) {
-	return m.st.DueKeys(ctx, limit, ClaimOptionsOf(opts).SkipNeedsConfirm)
+func (m *Machine) Due(ctx context.Context, limit int, o ClaimOptions) ([]string, error) {
+	return m.st.DueKeys(ctx, limit, o.SkipNeedsConfirm)
 }
 
 // Get returns one key's entry, its statistics flushed first.

@@ -169,7 +169,7 @@ func DuplicateSightings(ctx context.Context, dir string, n int) (Duplicates, err
 	}
 	for i := range done {
 		key := "gemini:batches/dup-done-" + fmt.Sprint(i)
-		c, err := s.Claim(ctx, key, "floors", time.Minute)
+		c, err := s.Claim(ctx, key, "floors", time.Minute, sink.ClaimOptions{})
 		if err != nil {
 			return Duplicates{}, err
 		}

@@ -96,7 +96,7 @@ func SinkDuplicates(ctx context.Context, dir string, n int) (Duplicates, error) 
 		return Duplicates{}, err
 	}
 	for _, sg := range done {
-		c, err := s.Claim(ctx, sg.Key, "floors", time.Minute)
+		c, err := s.Claim(ctx, sg.Key, "floors", time.Minute, sink.ClaimOptions{})
 		if err == nil {
 			err = s.Complete(ctx, sg.Key, c.Token)
 		}
