@@ -199,22 +199,6 @@ func (m *Machine) keyWrite(ctx context.Context, op, key string, fn func(tx Tx, r
 	})
 }
 
-// fenced counts and logs a write refused by fence (spec §3): its error is
-// the outcome, and the count commits.
-func (m *Machine) fenced(tx Tx, op string, r Row, token int64) (error, error) {
-	err := fence(r, token)
-	if err == nil {
-		return nil, nil
-	}
-	m.log.Error(m.name+": fenced outcome discarded: the claim's token is no longer current",
-		"op", op, "key", r.Key, "token", token, "current_token", r.Token, "state", r.State)
-	// On record without trimming: a stale holder rewrites none of the
-	// current holder's entries.
-	now := tx.Now()
-	return err, errors.Join(tx.CountFenced(), tx.AddHistory(r.Key,
-		Attempt{Kind: KindFenced, Token: token, Start: now, End: now, Outcome: OutcomeFenced, Error: op}, 0))
-}
-
 // claimed stores a claim the rules decided (prev → out, at now): the row,
 // and in the history the end of an attempt whose lease expired (a takeover)
 // and the new attempt.
@@ -595,13 +579,21 @@ func (m *Machine) Renew(ctx context.Context, key string, token int64, lease time
 }
 
 // fencedWrite runs fn on the key's row when token is its current claim's,
-// else counts the write as fenced (spec §3).
+// else counts and logs the write as fenced (spec §3): the refusal is the
+// outcome, and the count commits.
 func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, fn func(tx Tx, r Row) error) error {
 	return m.keyWrite(ctx, op, key, func(tx Tx, r Row) (error, error) {
-		if out, err := m.fenced(tx, op, r, token); out != nil || err != nil {
-			return out, err
+		out := fence(r, token)
+		if out == nil {
+			return nil, fn(tx, r)
 		}
-		return nil, fn(tx, r)
+		m.log.Error(m.name+": fenced outcome discarded: the claim's token is no longer current",
+			"op", op, "key", r.Key, "token", token, "current_token", r.Token, "state", r.State)
+		// On record without trimming: a stale holder rewrites none of the
+		// current holder's entries.
+		now := tx.Now()
+		return out, errors.Join(tx.CountFenced(), tx.AddHistory(r.Key,
+			Attempt{Kind: KindFenced, Token: token, Start: now, End: now, Outcome: OutcomeFenced, Error: op}, 0))
 	})
 }
 
