@@ -84,13 +84,9 @@ const BatchExpiry = 48 * time.Hour
 // is rechecked later.
 const OutcomeUnconfirmed Outcome = "unconfirmed"
 
-// skipOpts are the claim options of this dispatcher.
-func (d *Dispatcher) claimOpts() []sink.ClaimOption {
-	opts := []sink.ClaimOption{sink.ByCommand(d.cfg.Command)}
-	if !d.cfg.Confirm {
-		opts = append(opts, sink.SkipNeedsConfirm())
-	}
-	return opts
+// claimOpts are the claim options of this dispatcher.
+func (d *Dispatcher) claimOpts() sink.ClaimOptions {
+	return sink.ClaimOptions{Command: d.cfg.Command, SkipNeedsConfirm: !d.cfg.Confirm}
 }
 
 // verdict is how an attempt ends when it is not a success to record: a

@@ -433,7 +433,7 @@ func (d *Dispatcher) RunKeyWithin(ctx context.Context, key string, confirmWait t
 	}
 	asked := d.cfg.Now() // the lease cannot have started earlier
 	wctx, cancel := writeContext(ctx)
-	c, err := d.cfg.Sink.Claim(wctx, key, d.owner, d.cfg.Lease, d.claimOpts()...)
+	c, err := d.cfg.Sink.Claim(wctx, key, d.owner, d.cfg.Lease, d.claimOpts())
 	cancel()
 	switch {
 	case errors.Is(err, sink.ErrNotFound):

@@ -413,7 +413,7 @@ func TestRunKeyOutcomes(t *testing.T) {
 	var out lockedBuffer
 	d := newDispatcher(t, Config{Sink: s, Effect: effect.NewPrint(&out, nil), Now: clock.Now})
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, "gemini:batches/busy", "someone-else", time.Minute); err != nil {
+	if _, err := s.Claim(ctx, "gemini:batches/busy", "someone-else", time.Minute, sink.ClaimOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -492,7 +492,7 @@ func TestFenced(t *testing.T) {
 			lease := 3 * time.Second // renewed every second
 			var cause error
 			eff := effectFunc(func(ctx context.Context, ev effect.Event) error {
-				if _, err := other.Claim(context.Background(), ev.Key, "other", time.Hour); err != nil {
+				if _, err := other.Claim(context.Background(), ev.Key, "other", time.Hour, sink.ClaimOptions{}); err != nil {
 					return fmt.Errorf("takeover: %w", err)
 				}
 				if !viaRenew {

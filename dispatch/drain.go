@@ -205,7 +205,7 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 			return nil, nil
 		}
 		asked := d.cfg.Now() // the leases cannot have started earlier
-		granted, err := d.cfg.Sink.ClaimDue(wctx, d.owner, d.cfg.Lease, claims, d.claimOpts()...)
+		granted, err := d.cfg.Sink.ClaimDue(wctx, d.owner, d.cfg.Lease, claims, d.claimOpts())
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: claim due keys: %w", err)
 		}
@@ -229,7 +229,7 @@ func (d *Dispatcher) next(ctx context.Context, st *drainState, claims, keys int)
 	}
 	// Every seen key that may be due again could come first in the listing:
 	// ask for that many more than there are free slots.
-	due, err := d.cfg.Sink.Due(wctx, keys+nRedue, d.claimOpts()...)
+	due, err := d.cfg.Sink.Due(wctx, keys+nRedue, d.claimOpts())
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: list due keys: %w", err)
 	}
@@ -257,7 +257,7 @@ func (d *Dispatcher) runJob(ctx, runCtx context.Context, st *drainState, j job) 
 		}
 		j.claimedAt = d.cfg.Now()
 		wctx, cancel := writeContext(ctx)
-		c, err := d.cfg.Sink.Claim(wctx, j.key, d.owner, d.cfg.Lease, d.claimOpts()...)
+		c, err := d.cfg.Sink.Claim(wctx, j.key, d.owner, d.cfg.Lease, d.claimOpts())
 		cancel()
 		if err != nil {
 			st.mu.Lock()

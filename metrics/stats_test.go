@@ -26,7 +26,7 @@ func TestStatsCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Advance(90 * time.Second)
-	c, err := s.Claim(ctx, "gemini:batches/a", "t", time.Minute)
+	c, err := s.Claim(ctx, "gemini:batches/a", "t", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,22 +199,6 @@ func (m *Machine) keyWrite(ctx context.Context, op, key string, fn func(tx Tx, r
 	})
 }
 
-// fenced counts and logs a write refused by fence (spec §3): its error is
-// the outcome, and the count commits.
-func (m *Machine) fenced(tx Tx, op string, r Row, token int64) (error, error) {
-	err := fence(r, token)
-	if err == nil {
-		return nil, nil
-	}
-	m.log.Error(m.name+": fenced outcome discarded: the claim's token is no longer current",
-		"op", op, "key", r.Key, "token", token, "current_token", r.Token, "state", r.State)
-	// On record without trimming: a stale holder rewrites none of the
-	// current holder's entries.
-	now := tx.Now()
-	return err, errors.Join(tx.CountFenced(), tx.AddHistory(r.Key,
-		Attempt{Kind: KindFenced, Token: token, Start: now, End: now, Outcome: OutcomeFenced, Error: op}, 0))
-}
-
 // claimed stores a claim the rules decided (prev → out, at now): the row,
 // and in the history the end of an attempt whose lease expired (a takeover)
 // and the new attempt.
@@ -249,7 +233,7 @@ func (m *Machine) Record(ctx context.Context, sg Sighting) (RecordResult, error)
 type ClaimRequest struct {
 	Owner string
 	Lease time.Duration
-	Opts  []ClaimOption
+	Opts  ClaimOptions
 }
 
 // RecordAndClaim is Record, and when the key can be claimed now and no
@@ -382,7 +366,7 @@ func (m *Machine) sight(tx Tx, sg Sighting, req *ClaimRequest) (o sightOut, err 
 	var claimed Row
 	var opts ClaimOptions
 	if req != nil && out.claimable(now) {
-		opts = ClaimOptionsOf(req.Opts)
+		opts = req.Opts
 		first, err := tx.Due(1, opts.SkipNeedsConfirm)
 		if err != nil {
 			return o, err
@@ -511,13 +495,13 @@ func checkLease(lease time.Duration) error {
 }
 
 // Claim takes the key for one attempt (see Sink).
-func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...ClaimOption) (Claim, error) {
+func (m *Machine) Claim(ctx context.Context, key, owner string, lease time.Duration, o ClaimOptions) (Claim, error) {
 	if err := checkLease(lease); err != nil {
 		return Claim{}, m.errorf("claim", key, err)
 	}
 	var c Claim
 	err := m.keyWrite(ctx, "claim", key, func(tx Tx, r Row) (out, err error) {
-		c, out, err = m.take(tx, r, owner, lease, ClaimOptionsOf(opts))
+		c, out, err = m.take(tx, r, owner, lease, o)
 		return out, err
 	})
 	if err != nil {
@@ -547,11 +531,10 @@ func (m *Machine) take(tx Tx, r Row, owner string, lease time.Duration, o ClaimO
 }
 
 // ClaimDue claims up to limit due keys (limit <= 0: all), oldest first.
-func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...ClaimOption) ([]Claim, error) {
+func (m *Machine) ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, o ClaimOptions) ([]Claim, error) {
 	if err := checkLease(lease); err != nil {
 		return nil, m.errorf("claim due", "", err)
 	}
-	o := ClaimOptionsOf(opts)
 	var claims []Claim
 	err := m.st.Write(ctx, func(tx Tx) error {
 		claims = nil
@@ -596,13 +579,21 @@ func (m *Machine) Renew(ctx context.Context, key string, token int64, lease time
 }
 
 // fencedWrite runs fn on the key's row when token is its current claim's,
-// else counts the write as fenced (spec §3).
+// else counts and logs the write as fenced (spec §3): the refusal is the
+// outcome, and the count commits.
 func (m *Machine) fencedWrite(ctx context.Context, op, key string, token int64, fn func(tx Tx, r Row) error) error {
 	return m.keyWrite(ctx, op, key, func(tx Tx, r Row) (error, error) {
-		if out, err := m.fenced(tx, op, r, token); out != nil || err != nil {
-			return out, err
+		out := fence(r, token)
+		if out == nil {
+			return nil, fn(tx, r)
 		}
-		return nil, fn(tx, r)
+		m.log.Error(m.name+": fenced outcome discarded: the claim's token is no longer current",
+			"op", op, "key", r.Key, "token", token, "current_token", r.Token, "state", r.State)
+		// On record without trimming: a stale holder rewrites none of the
+		// current holder's entries.
+		now := tx.Now()
+		return out, errors.Join(tx.CountFenced(), tx.AddHistory(r.Key,
+			Attempt{Kind: KindFenced, Token: token, Start: now, End: now, Outcome: OutcomeFenced, Error: op}, 0))
 	})
 }
 
@@ -696,8 +687,8 @@ func (m *Machine) Retry(ctx context.Context, key string, o RetryOptions) error {
 }
 
 // Due lists keys that can be claimed now, oldest first.
-func (m *Machine) Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error) {
-	return m.st.DueKeys(ctx, limit, ClaimOptionsOf(opts).SkipNeedsConfirm)
+func (m *Machine) Due(ctx context.Context, limit int, o ClaimOptions) ([]string, error) {
+	return m.st.DueKeys(ctx, limit, o.SkipNeedsConfirm)
 }
 
 // Get returns one key's entry, its statistics flushed first.

@@ -171,31 +171,11 @@ const (
 type ClaimOptions struct {
 	// SkipNeedsConfirm leaves keys that need confirmation (every sighting
 	// dynamically verified) to another claimer: a process that cannot
-	// confirm passes it, so it never claims such a key only to hand it back.
+	// confirm sets it, so it never claims such a key only to hand it back.
 	SkipNeedsConfirm bool
 	// Command names what claims (poll, serve, drain), for the key's
 	// history.
 	Command string
-}
-
-// ClaimOption sets a ClaimOptions field.
-type ClaimOption func(*ClaimOptions)
-
-// SkipNeedsConfirm is the claim option of a process that cannot confirm keys.
-func SkipNeedsConfirm() ClaimOption { return func(o *ClaimOptions) { o.SkipNeedsConfirm = true } }
-
-// ByCommand names the command that claims, in the key's history.
-func ByCommand(name string) ClaimOption { return func(o *ClaimOptions) { o.Command = name } }
-
-// ClaimOptionsOf applies opts.
-func ClaimOptionsOf(opts []ClaimOption) ClaimOptions {
-	var o ClaimOptions
-	for _, f := range opts {
-		if f != nil {
-			f(&o)
-		}
-	}
-	return o
 }
 
 // Failure describes why an attempt failed.
@@ -444,10 +424,10 @@ type Sink interface {
 	// in one durable commit. ErrNotClaimable / ErrNotFound otherwise (also
 	// ErrNotClaimable for a key that needs confirmation, with
 	// SkipNeedsConfirm).
-	Claim(ctx context.Context, key, owner string, lease time.Duration, opts ...ClaimOption) (Claim, error)
+	Claim(ctx context.Context, key, owner string, lease time.Duration, o ClaimOptions) (Claim, error)
 	// ClaimDue claims up to limit due keys, oldest first (like Due then Claim,
 	// but without racing other claimers for the same rows).
-	ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, opts ...ClaimOption) ([]Claim, error)
+	ClaimDue(ctx context.Context, owner string, lease time.Duration, limit int, o ClaimOptions) ([]Claim, error)
 	// Renew extends a live lease. ErrFenced when the token is not current.
 	Renew(ctx context.Context, key string, token int64, lease time.Duration) error
 	// Confirm stores the API's answer for a claimed key (spec §9.2), fenced
@@ -470,7 +450,7 @@ type Sink interface {
 	// done key (ErrNotDone otherwise).
 	Retry(ctx context.Context, key string, o RetryOptions) error
 	// Due lists keys that can be claimed now, oldest first.
-	Due(ctx context.Context, limit int, opts ...ClaimOption) ([]string, error)
+	Due(ctx context.Context, limit int, o ClaimOptions) ([]string, error)
 	// Get returns one key's entry, or ErrNotFound.
 	Get(ctx context.Context, key string) (Entry, error)
 	// List returns entries, oldest first.

@@ -148,7 +148,7 @@ func drain(t testing.TB, s sink.Sink, effect func(key string) error) int {
 	ctx := context.Background()
 	n := 0
 	for {
-		claims, err := s.ClaimDue(ctx, "test-drain", time.Minute, 64)
+		claims, err := s.ClaimDue(ctx, "test-drain", time.Minute, 64, sink.ClaimOptions{})
 		if err != nil {
 			t.Fatalf("ClaimDue: %v", err)
 		}

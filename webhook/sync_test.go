@@ -95,7 +95,7 @@ func TestSyncBusy(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: event("busy1")}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "another-process", time.Minute)
+	c, err := s.Claim(ctx, key, "another-process", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,7 +133,7 @@ func runTakenOver(t *testing.T, db, key string, args ...string) result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "thief", time.Hour)
+	c, err := s.Claim(ctx, key, "thief", time.Hour, sink.ClaimOptions{})
 	if cerr := s.Close(); cerr != nil {
 		t.Fatal(cerr)
 	}

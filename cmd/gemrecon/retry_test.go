@@ -59,7 +59,7 @@ func newRetryRace(t *testing.T, names ...string) *retryRace {
 		if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourceWebhook, Payload: []byte(`{"name":"batches/` + n + `"}`)}); err != nil {
 			t.Fatal(err)
 		}
-		c, err := s.Claim(ctx, k, "test", time.Minute)
+		c, err := s.Claim(ctx, k, "test", time.Minute, sink.ClaimOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

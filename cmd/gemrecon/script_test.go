@@ -164,11 +164,11 @@ func cmdArrange(ts *testscript.TestScript, neg bool, args []string) {
 		fmt.Fprintf(ts.Stdout(), "%s: %s, %s\n", key, seen, res.State)
 		return
 	case "claimed":
-		_, err = s.Claim(ctx, key, "script", time.Hour)
+		_, err = s.Claim(ctx, key, "script", time.Hour, sink.ClaimOptions{})
 		ts.Check(err)
 		return
 	}
-	c, err := s.Claim(ctx, key, "script", time.Minute)
+	c, err := s.Claim(ctx, key, "script", time.Minute, sink.ClaimOptions{})
 	ts.Check(err)
 	switch args[1] {
 	case "done":

@@ -38,7 +38,7 @@ func TestPurgePostgresMeasuresAgeWithServerClock(t *testing.T) {
 		if _, err := s.Record(ctx, sink.Sighting{Key: k.key, Source: sink.SourcePoll}); err != nil {
 			t.Fatal(err)
 		}
-		c, err := s.Claim(ctx, k.key, "w", time.Minute)
+		c, err := s.Claim(ctx, k.key, "w", time.Minute, sink.ClaimOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,10 +89,10 @@ func TestStatusPostgresJudgesLeasesByServerClock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Claim(ctx, held, "w", 10*time.Minute); err != nil {
+	if _, err := s.Claim(ctx, held, "w", 10*time.Minute, sink.ClaimOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, backing, "w", time.Minute)
+	c, err := s.Claim(ctx, backing, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

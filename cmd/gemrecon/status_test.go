@@ -26,7 +26,7 @@ func TestStatusSaysWhatIsOverdue(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := s.Claim(ctx, "gemini:batches/stale", "host-1/4242", time.Minute); err != nil {
+		if _, err := s.Claim(ctx, "gemini:batches/stale", "host-1/4242", time.Minute, sink.ClaimOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -35,7 +35,7 @@ func TestStatusSaysWhatIsOverdue(t *testing.T) {
 			if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
 				t.Fatal(err)
 			}
-			c, err := s.Claim(ctx, k, "host-2/7", time.Hour)
+			c, err := s.Claim(ctx, k, "host-2/7", time.Hour, sink.ClaimOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -141,7 +141,7 @@ func DuplicateSightings(ctx context.Context, dir string, n int, viaIngest bool) 
 		return Duplicates{}, err
 	}
 	for _, sg := range done {
-		c, err := s.Claim(ctx, sg.Key, "floors", time.Minute)
+		c, err := s.Claim(ctx, sg.Key, "floors", time.Minute, sink.ClaimOptions{})
 		if err == nil {
 			err = s.Complete(ctx, sg.Key, c.Token)
 		}

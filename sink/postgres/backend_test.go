@@ -142,17 +142,17 @@ func TestDatabaseClock(t *testing.T) {
 
 	// A claim by the injected clock ten years ahead leases until then: the
 	// database-clock sink sees a live lease, the injected one an expired one.
-	if _, err := inj.Claim(ctx, "gemini:batches/db", "future", time.Hour); err != nil {
+	if _, err := inj.Claim(ctx, "gemini:batches/db", "future", time.Hour, sink.ClaimOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Claim(ctx, "gemini:batches/db", "now", time.Hour); !errors.Is(err, sink.ErrNotClaimable) {
+	if _, err := db.Claim(ctx, "gemini:batches/db", "now", time.Hour, sink.ClaimOptions{}); !errors.Is(err, sink.ErrNotClaimable) {
 		t.Fatalf("database-clock Claim error = %v, want ErrNotClaimable (lease is live by now())", err)
 	}
 	future.Advance(2 * time.Hour)
-	if keys, err := inj.Due(ctx, 0); err != nil || len(keys) != 1 {
+	if keys, err := inj.Due(ctx, 0, sink.ClaimOptions{}); err != nil || len(keys) != 1 {
 		t.Fatalf("injected-clock Due = %v, %v; want the expired lease", keys, err)
 	}
-	if keys, err := db.Due(ctx, 0); err != nil || len(keys) != 0 {
+	if keys, err := db.Due(ctx, 0, sink.ClaimOptions{}); err != nil || len(keys) != 0 {
 		t.Fatalf("database-clock Due = %v, %v; want none", keys, err)
 	}
 }
@@ -194,11 +194,11 @@ func TestClaimOutcomeUnknown(t *testing.T) {
 		}
 	}
 	// Prepare the statement on the one connection (see above).
-	if _, err := s.Claim(ctx, key+"-warm-up", "w", time.Minute); err != nil {
+	if _, err := s.Claim(ctx, key+"-warm-up", "w", time.Minute, sink.ClaimOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	cctx, dropped := lostCommit(t, s, p)
-	c, err := s.Claim(cctx, key, "w", time.Minute)
+	c, err := s.Claim(cctx, key, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatalf("Claim with a lost reply = %v, want the claim read back", err)
 	}
@@ -220,7 +220,7 @@ func TestCompleteCancelledWhileBlocked(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
+	c, err := s.Claim(ctx, key, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,11 +264,11 @@ func TestClaimDueOutcomeUnknown(t *testing.T) {
 		}
 	}
 	// Prepare the statement on the one connection (see TestCompleteOutcomeUnknown).
-	if cs, err := s.ClaimDue(ctx, "w", time.Minute, 1); err != nil || len(cs) != 1 {
+	if cs, err := s.ClaimDue(ctx, "w", time.Minute, 1, sink.ClaimOptions{}); err != nil || len(cs) != 1 {
 		t.Fatalf("warm-up ClaimDue = %v, %v", cs, err)
 	}
 	cctx, dropped := lostCommit(t, s, p)
-	cs, err := s.ClaimDue(cctx, "w", time.Minute, 10)
+	cs, err := s.ClaimDue(cctx, "w", time.Minute, 10, sink.ClaimOptions{})
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("ClaimDue with a lost reply = %d claims, %v; want 3 read back", len(cs), err)
 	}
@@ -431,7 +431,7 @@ func TestFailOutcomeUnknown(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
+	c, err := s.Claim(ctx, key, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func TestClaimThatWaitedForTheConfirmationGetsTheWebhookBody(t *testing.T) {
 	}
 	claimed := make(chan result, 1)
 	go func() {
-		c, err := s.Claim(ctx, key, "w", time.Minute)
+		c, err := s.Claim(ctx, key, "w", time.Minute, sink.ClaimOptions{})
 		claimed <- result{c, err}
 	}()
 	waitForLockWaits(ctx, t, watcher, loadMarker, 2, nil)

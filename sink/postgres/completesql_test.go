@@ -68,7 +68,7 @@ func TestCompleteSQLTakenOverWhileTheScriptRuns(t *testing.T) {
 	clock.Add(int64(2 * time.Minute))
 	claimed := make(chan error, 1)
 	go func() {
-		_, err := ts.Claim(ctx, key, "b", time.Minute)
+		_, err := ts.Claim(ctx, key, "b", time.Minute, sink.ClaimOptions{})
 		claimed <- err
 	}()
 	waitForLockWait(ctx, t, watcher, loadMarker, claimed)

@@ -71,7 +71,7 @@ func TestStalledServerFailsWithinTheDeadline(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "w", time.Hour)
+	c, err := s.Claim(ctx, key, "w", time.Hour, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestStalledServerFailsWithinTheDeadline(t *testing.T) {
 			_, err := s.Record(ctx, sink.Sighting{Key: "gemini:batches/stall-new", Source: sink.SourcePoll})
 			return err
 		}},
-		{"ClaimDue", writeMax, func() error { _, err := s.ClaimDue(ctx, "w", time.Minute, 10); return err }},
+		{"ClaimDue", writeMax, func() error { _, err := s.ClaimDue(ctx, "w", time.Minute, 10, sink.ClaimOptions{}); return err }},
 		{"Complete", writeMax, func() error { return s.Complete(ctx, key, c.Token) }},
 	} {
 		ready()

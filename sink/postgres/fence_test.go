@@ -26,7 +26,7 @@ func TestNoteResultsFencedAfterATakeover(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourcePoll}); err != nil {
 		t.Fatal(err)
 	}
-	old, err := s.Claim(ctx, k, "old", time.Minute)
+	old, err := s.Claim(ctx, k, "old", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestNoteResultsFencedAfterATakeover(t *testing.T) {
 	}
 	claimed := make(chan claimResult, 1)
 	go func() {
-		c, err := s.Claim(ctx, k, "new", time.Minute)
+		c, err := s.Claim(ctx, k, "new", time.Minute, sink.ClaimOptions{})
 		claimed <- claimResult{c, err}
 	}()
 	// Either the takeover commits now, or it waits for the NoteResults in

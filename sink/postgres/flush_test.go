@@ -49,7 +49,7 @@ func TestPurgeLocksInKeyOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	claims, err := s.ClaimDue(ctx, "w", time.Minute, 0)
+	claims, err := s.ClaimDue(ctx, "w", time.Minute, 0, sink.ClaimOptions{})
 	if err != nil || len(claims) != orderKeys {
 		t.Fatalf("ClaimDue: %d claims, %v; want %d", len(claims), err, orderKeys)
 	}

@@ -114,7 +114,7 @@ func claimedForComplete(ctx context.Context, t *testing.T, s *Sink, sg sink.Sigh
 	if _, err := s.Record(ctx, sg); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, sg.Key, "w", time.Minute)
+	c, err := s.Claim(ctx, sg.Key, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func TestNoteResultsDuringAFlushOfItsKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c, err := s.Claim(ctx, k, "w", time.Minute)
+	c, err := s.Claim(ctx, k, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestConfirmingSightingBesideAForeignKeyCheck(t *testing.T) {
 	if _, err := s.Record(ctx, sink.Sighting{Key: k, Source: sink.SourceWebhook, Payload: body}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, k, "w", time.Minute); err != nil {
+	if _, err := s.Claim(ctx, k, "w", time.Minute, sink.ClaimOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := adminConn(t, dsn).Begin(ctx)

@@ -42,7 +42,7 @@ func drainChild() int {
 	defer out.Flush()
 	owner := fmt.Sprint("pid-", os.Getpid())
 	for {
-		cs, err := s.ClaimDue(ctx, owner, time.Minute, 5)
+		cs, err := s.ClaimDue(ctx, owner, time.Minute, 5, sink.ClaimOptions{})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "claim due:", err)
 			return 1

@@ -30,7 +30,7 @@ func TestSmokeLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "w1", time.Minute)
+	c, err := s.Claim(ctx, key, "w1", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
@@ -40,7 +40,7 @@ func TestSmokeLifecycle(t *testing.T) {
 	if !c.LeaseUntil.Equal(clk.Now().Add(time.Minute)) {
 		t.Errorf("LeaseUntil = %v, want %v", c.LeaseUntil, clk.Now().Add(time.Minute))
 	}
-	if _, err := s.Claim(ctx, key, "w2", time.Minute); !errors.Is(err, sink.ErrNotClaimable) {
+	if _, err := s.Claim(ctx, key, "w2", time.Minute, sink.ClaimOptions{}); !errors.Is(err, sink.ErrNotClaimable) {
 		t.Fatalf("second Claim err = %v, want ErrNotClaimable", err)
 	}
 	st, err := s.Fail(ctx, key, c.Token, sink.Failure{Cause: "boom"})
@@ -59,7 +59,7 @@ func TestSmokeLifecycle(t *testing.T) {
 		t.Fatalf("stale Complete err = %v, want ErrFenced", err)
 	}
 	clk.Advance(time.Hour)
-	c2, err := s.Claim(ctx, key, "w2", time.Minute)
+	c2, err := s.Claim(ctx, key, "w2", time.Minute, sink.ClaimOptions{})
 	if err != nil || c2.Token != 2 || c2.Attempt != 2 {
 		t.Fatalf("Claim 2 = %+v, %v", c2, err)
 	}
@@ -94,7 +94,7 @@ func TestClaimDueConcurrent(t *testing.T) {
 	for w := range 4 {
 		wg.Go(func() {
 			for {
-				cs, err := s.ClaimDue(ctx, fmt.Sprint("w", w), time.Minute, 7)
+				cs, err := s.ClaimDue(ctx, fmt.Sprint("w", w), time.Minute, 7, sink.ClaimOptions{})
 				if err != nil {
 					t.Error(err)
 					return

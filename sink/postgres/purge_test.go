@@ -30,7 +30,7 @@ func TestPurgeMeasuresAgeWithTheDatabaseClock(t *testing.T) {
 		if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll}); err != nil {
 			t.Fatal(err)
 		}
-		c, err := s.Claim(ctx, key, "w", time.Minute)
+		c, err := s.Claim(ctx, key, "w", time.Minute, sink.ClaimOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -101,7 +101,7 @@ func benchNewCompletion(b *testing.B, open BenchOpener) {
 		if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: benchPayload}); err != nil {
 			b.Fatal(err)
 		}
-		c, err := s.Claim(ctx, key, "bench", time.Minute)
+		c, err := s.Claim(ctx, key, "bench", time.Minute, sink.ClaimOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -148,7 +148,7 @@ func benchDuplicateDone(b *testing.B, open BenchOpener) {
 			State:   "SUCCEEDED", FromAPI: true} // as a poll pass records it
 	}
 	recordAll(b, s, sightings)
-	cs, err := s.ClaimDue(ctx, "bench", time.Minute, 0)
+	cs, err := s.ClaimDue(ctx, "bench", time.Minute, 0, sink.ClaimOptions{})
 	if err != nil || len(cs) != n {
 		b.Fatalf("ClaimDue = %d claims, %v; want %d", len(cs), err, n)
 	}
@@ -229,7 +229,7 @@ func benchConcurrentComplete(b *testing.B, open BenchOpener, workers int) {
 		ks[i] = sink.Sighting{Key: fmt.Sprintf("k%08d", i), Source: sink.SourcePoll}
 	}
 	recordAll(b, s, ks)
-	cs, err := s.ClaimDue(ctx, "bench", time.Hour, 0)
+	cs, err := s.ClaimDue(ctx, "bench", time.Hour, 0, sink.ClaimOptions{})
 	if err != nil || len(cs) != b.N {
 		b.Fatalf("ClaimDue = %d claims, %v; want %d", len(cs), err, b.N)
 	}

@@ -253,7 +253,7 @@ func testNeedsConfirmation(t *testing.T, open Opener) {
 		e.sight(sg)
 	}
 	e.sight(hook("plain", hookBody, "SUCCEEDED"))
-	skip := sink.SkipNeedsConfirm()
+	skip := sink.ClaimOptions{SkipNeedsConfirm: true}
 	if got := e.dueWith(skip); !slices.Equal(got, []string{"plain"}) {
 		t.Fatalf("Due(skip) = %q, want [plain]", got)
 	}
@@ -294,15 +294,15 @@ func testNeedsConfirmation(t *testing.T, open Opener) {
 	if slices.Sort(got); err != nil || !slices.Equal(got, []string{"dyn2", "dyn3", "plain"}) {
 		t.Fatalf("ClaimDue(skip) after the leases expired = %q, %v; want dyn2, dyn3 and plain (taken over), not dyn", got, err)
 	}
-	c2, err := e.s.Claim(e.ctx, "dyn", "w2", time.Minute)
+	c2, err := e.s.Claim(e.ctx, "dyn", "w2", time.Minute, sink.ClaimOptions{})
 	if err != nil || !c2.Takeover || c2.Token <= c.Token || !c2.NeedsConfirm {
 		t.Fatalf("Claim(dyn) without skip = %+v, %v; want a takeover that needs confirmation", c2, err)
 	}
 }
 
-func (e *env) dueWith(opts ...sink.ClaimOption) []string {
+func (e *env) dueWith(o sink.ClaimOptions) []string {
 	e.t.Helper()
-	keys, err := e.s.Due(e.ctx, 0, opts...)
+	keys, err := e.s.Due(e.ctx, 0, o)
 	if err != nil {
 		e.t.Fatalf("Due: %v", err)
 	}

@@ -18,7 +18,7 @@ func Claimed(t testing.TB, s sink.Sink, key string) sink.Claim {
 	if _, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourceWebhook, Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
+	c, err := s.Claim(ctx, key, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func Use(t testing.TB, s sink.Sink, key string) {
 	if r, err := s.Record(ctx, sink.Sighting{Key: key, Source: sink.SourcePoll, Payload: []byte(`{}`)}); err != nil || !r.New {
 		t.Fatalf("Record(%s) = %+v, %v", key, r, err)
 	}
-	c, err := s.Claim(ctx, key, "w", time.Minute)
+	c, err := s.Claim(ctx, key, "w", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatalf("Claim(%s): %v", key, err)
 	}

@@ -56,7 +56,7 @@ func historyText(h []sink.Attempt) string {
 
 func (e *env) claimAs(key, owner, command string) sink.Claim {
 	e.t.Helper()
-	c, err := e.s.Claim(e.ctx, key, owner, time.Minute, sink.ByCommand(command))
+	c, err := e.s.Claim(e.ctx, key, owner, time.Minute, sink.ClaimOptions{Command: command})
 	if err != nil {
 		e.t.Fatalf("Claim(%s): %v", key, err)
 	}
@@ -95,7 +95,7 @@ func testHistoryOfAttempts(t *testing.T, open Opener) {
 		`attempt 3 drain b interrupted "interrupted by shutdown" 2h0m1s..2h0m1s`,
 		`attempt 4 serve c ok "" 3h0m1s..3h0m3s`)
 	_, rc, err := e.s.RecordAndClaim(e.ctx, sink.Sighting{Key: "n", Source: sink.SourceWebhook},
-		sink.ClaimRequest{Owner: "w", Lease: time.Minute, Opts: []sink.ClaimOption{sink.ByCommand("serve")}})
+		sink.ClaimRequest{Owner: "w", Lease: time.Minute, Opts: sink.ClaimOptions{Command: "serve"}})
 	if err != nil || rc == nil {
 		t.Fatalf("RecordAndClaim(n) = %v, %v", rc, err)
 	}

@@ -103,7 +103,7 @@ func testErrorsQuoteLongKeysShort(t *testing.T, open Opener) {
 	}
 	_, err := e.s.Get(e.ctx, key)
 	short("Get", err, sink.ErrNotFound)
-	_, err = e.s.Claim(e.ctx, key, "o", time.Minute)
+	_, err = e.s.Claim(e.ctx, key, "o", time.Minute, sink.ClaimOptions{})
 	short("Claim", err, sink.ErrNotFound)
 	short("Retry", e.s.Retry(e.ctx, key, sink.RetryOptions{}), sink.ErrNotFound)
 	err = e.s.Complete(e.ctx, key, 1)

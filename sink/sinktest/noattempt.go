@@ -105,7 +105,7 @@ func testNoAttemptBackoff(t *testing.T, open Opener) {
 			t.Fatalf("after %d counted failures: next attempt in %v with %d attempts, want %v and %d", counted, got, en.Attempts, want, counted)
 		}
 		e.clk.Set(en.NextAttemptAt.Add(-time.Millisecond))
-		_, err := e.s.Claim(e.ctx, "k", "x", time.Minute)
+		_, err := e.s.Claim(e.ctx, "k", "x", time.Minute, sink.ClaimOptions{})
 		e.wantErr("Claim before the backoff", err, sink.ErrNotClaimable)
 		e.clk.Set(en.NextAttemptAt)
 		c := e.claim("k", time.Minute)
@@ -137,7 +137,7 @@ func testNoAttemptNotBefore(t *testing.T, open Opener) {
 			}
 			if tc.want > 0 {
 				e.clk.Set(now.Add(tc.want - time.Millisecond))
-				_, err := e.s.Claim(e.ctx, "k", "x", time.Minute)
+				_, err := e.s.Claim(e.ctx, "k", "x", time.Minute, sink.ClaimOptions{})
 				e.wantErr("Claim before NotBefore", err, sink.ErrNotClaimable)
 			}
 			e.clk.Set(now.Add(tc.want))
@@ -153,7 +153,7 @@ func testNoAttemptFenced(t *testing.T, open Opener) {
 	e.record("k", sink.SourcePoll, "p")
 	a := e.claim("k", time.Minute)
 	e.clk.Advance(time.Minute)
-	b, err := e.s.Claim(e.ctx, "k", "b", time.Minute)
+	b, err := e.s.Claim(e.ctx, "k", "b", time.Minute, sink.ClaimOptions{})
 	if err != nil || !b.Takeover || b.Attempt != 2 {
 		t.Fatalf("takeover = %+v, %v", b, err)
 	}

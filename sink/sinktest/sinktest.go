@@ -71,7 +71,7 @@ func (e *env) record(key, source, payload string) sink.RecordResult {
 
 func (e *env) claim(key string, lease time.Duration) sink.Claim {
 	e.t.Helper()
-	c, err := e.s.Claim(e.ctx, key, "owner-"+key, lease)
+	c, err := e.s.Claim(e.ctx, key, "owner-"+key, lease, sink.ClaimOptions{})
 	if err != nil {
 		e.t.Fatalf("Claim(%q) error: %v", key, err)
 	}
@@ -108,7 +108,7 @@ func (e *env) wantErr(what string, err, want error) {
 
 func (e *env) due(limit int) []string {
 	e.t.Helper()
-	keys, err := e.s.Due(e.ctx, limit)
+	keys, err := e.s.Due(e.ctx, limit, sink.ClaimOptions{})
 	if err != nil {
 		e.t.Fatalf("Due(%d): %v", limit, err)
 	}
@@ -259,9 +259,9 @@ func testClaim(t *testing.T, open Opener) {
 	if en.State != sink.StateClaimed || en.Token != 1 || en.Attempts != 1 || en.LeaseOwner != "owner-k" || !en.LeaseUntil.Equal(c.LeaseUntil) {
 		t.Fatalf("Get = %+v, want claimed by owner-k", en)
 	}
-	_, err := e.s.Claim(e.ctx, "k", "other", time.Minute)
+	_, err := e.s.Claim(e.ctx, "k", "other", time.Minute, sink.ClaimOptions{})
 	e.wantErr("Claim(live lease)", err, sink.ErrNotClaimable)
-	_, err = e.s.Claim(e.ctx, "nope", "other", time.Minute)
+	_, err = e.s.Claim(e.ctx, "nope", "other", time.Minute, sink.ClaimOptions{})
 	e.wantErr("Claim(unknown)", err, sink.ErrNotFound)
 	if got := e.due(0); len(got) != 0 {
 		t.Fatalf("Due = %q while claimed under a live lease, want none", got)
@@ -288,10 +288,10 @@ func testComplete(t *testing.T, open Opener) {
 			t.Fatalf("Record(done key from %s) = %+v, want not new, done", src, r)
 		}
 	}
-	_, err := e.s.Claim(e.ctx, "k", "o", time.Minute)
+	_, err := e.s.Claim(e.ctx, "k", "o", time.Minute, sink.ClaimOptions{})
 	e.wantErr("Claim(done)", err, sink.ErrNotClaimable)
 	e.clk.Advance(24 * time.Hour)
-	_, err = e.s.Claim(e.ctx, "k", "o", time.Minute)
+	_, err = e.s.Claim(e.ctx, "k", "o", time.Minute, sink.ClaimOptions{})
 	e.wantErr("Claim(done, a day later)", err, sink.ErrNotClaimable)
 	if got := e.due(0); len(got) != 0 {
 		t.Fatalf("Due = %q, want none", got)
@@ -311,7 +311,7 @@ func testFenced(t *testing.T, open Opener) {
 	e.record("k", sink.SourcePoll, "p")
 	a := e.claim("k", time.Minute)
 	e.clk.Advance(time.Minute)
-	b, err := e.s.Claim(e.ctx, "k", "b", time.Minute)
+	b, err := e.s.Claim(e.ctx, "k", "b", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatalf("takeover Claim: %v", err)
 	}
@@ -346,7 +346,7 @@ func testLeaseBoundary(t *testing.T, open Opener) {
 	lease := 30 * time.Second
 	c := e.claim("k", lease)
 	e.clk.Set(start().Add(lease - time.Millisecond))
-	_, err := e.s.Claim(e.ctx, "k", "x", lease)
+	_, err := e.s.Claim(e.ctx, "k", "x", lease, sink.ClaimOptions{})
 	e.wantErr("Claim at lease-1ms", err, sink.ErrNotClaimable)
 	if got := e.due(0); len(got) != 0 {
 		t.Fatalf("Due at lease-1ms = %q, want none", got)
@@ -355,7 +355,7 @@ func testLeaseBoundary(t *testing.T, open Opener) {
 	if got := e.due(0); !slices.Equal(got, []string{"k"}) {
 		t.Fatalf("Due at lease = %q, want [k]", got)
 	}
-	x, err := e.s.Claim(e.ctx, "k", "x", lease)
+	x, err := e.s.Claim(e.ctx, "k", "x", lease, sink.ClaimOptions{})
 	if err != nil || !x.Takeover || x.Token != c.Token+1 {
 		t.Fatalf("Claim at lease = %+v, %v; want a takeover with token %d", x, err, c.Token+1)
 	}
@@ -395,7 +395,7 @@ func testLongestLease(t *testing.T, open Opener) {
 		if en := e.get(k); !en.LeaseUntil.After(e.clk.Now()) {
 			t.Errorf("%s: LeaseUntil %v is not after now (%v)", k, en.LeaseUntil, e.clk.Now())
 		}
-		_, err := e.s.Claim(e.ctx, k, "x", time.Minute)
+		_, err := e.s.Claim(e.ctx, k, "x", time.Minute, sink.ClaimOptions{})
 		e.wantErr("Claim of "+k+" an hour into the longest lease", err, sink.ErrNotClaimable)
 	}
 	if got := e.due(0); len(got) != 0 {
@@ -415,7 +415,7 @@ func testRenew(t *testing.T, open Opener) {
 		t.Fatalf("LeaseUntil = %v, want %v", en.LeaseUntil, start().Add(19*time.Second))
 	}
 	e.clk.Set(start().Add(19*time.Second - time.Millisecond))
-	_, err := e.s.Claim(e.ctx, "k", "x", time.Second)
+	_, err := e.s.Claim(e.ctx, "k", "x", time.Second, sink.ClaimOptions{})
 	e.wantErr("Claim before the renewed lease ends", err, sink.ErrNotClaimable)
 	e.wantErr("Renew(unknown)", e.s.Renew(e.ctx, "nope", 1, time.Second), sink.ErrNotFound)
 	e.wantErr("Renew(wrong token)", e.s.Renew(e.ctx, "k", c.Token+7, time.Second), sink.ErrFenced)
@@ -457,7 +457,7 @@ func testBackoff(t *testing.T, open Opener) {
 				}
 				if got > 0 {
 					e.clk.Set(en.NextAttemptAt.Add(-time.Millisecond))
-					_, err := e.s.Claim(e.ctx, "k", "x", time.Minute)
+					_, err := e.s.Claim(e.ctx, "k", "x", time.Minute, sink.ClaimOptions{})
 					e.wantErr("Claim before next attempt", err, sink.ErrNotClaimable)
 				}
 				e.clk.Set(en.NextAttemptAt)
@@ -484,7 +484,7 @@ func testAttemptsExhausted(t *testing.T, open Opener) {
 	if en.State != sink.StateDead || en.Attempts != 3 || en.LastError != "fail 3" {
 		t.Fatalf("Get = %+v, want dead after 3 attempts", en)
 	}
-	_, err := e.s.Claim(e.ctx, "k", "x", time.Minute)
+	_, err := e.s.Claim(e.ctx, "k", "x", time.Minute, sink.ClaimOptions{})
 	e.wantErr("Claim(dead)", err, sink.ErrNotClaimable)
 	if got := e.due(0); len(got) != 0 {
 		t.Fatalf("Due = %q, want none", got)
@@ -503,7 +503,7 @@ func testTakeoverOfLastAttempt(t *testing.T, open Opener) {
 	}
 	c2 := e.claim("k", time.Minute)
 	e.clk.Advance(time.Minute)
-	_, err := e.s.Claim(e.ctx, "k", "y", time.Minute)
+	_, err := e.s.Claim(e.ctx, "k", "y", time.Minute, sink.ClaimOptions{})
 	e.wantErr("Claim after the last attempt's lease expired", err, sink.ErrNotClaimable)
 	en := e.get("k")
 	if en.State != sink.StateDead || en.LastError != "lease expired" {
@@ -547,7 +547,7 @@ func testNotBefore(t *testing.T, open Opener) {
 				t.Fatalf("next attempt in %v, want %v", got, tc.want)
 			}
 			e.clk.Set(now.Add(tc.want - time.Millisecond))
-			_, err := e.s.Claim(e.ctx, "k", "x", time.Minute)
+			_, err := e.s.Claim(e.ctx, "k", "x", time.Minute, sink.ClaimOptions{})
 			e.wantErr("Claim before NotBefore", err, sink.ErrNotClaimable)
 			e.clk.Set(now.Add(tc.want))
 			if c2 := e.claim("k", time.Minute); c2.Attempt != 2 {
@@ -670,7 +670,7 @@ func testClaimDue(t *testing.T, open Opener) {
 		e.record(fmt.Sprintf("k%d", i), sink.SourcePoll, "p")
 		e.clk.Advance(time.Second)
 	}
-	cs, err := e.s.ClaimDue(e.ctx, "w", time.Minute, 3)
+	cs, err := e.s.ClaimDue(e.ctx, "w", time.Minute, 3, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -684,16 +684,16 @@ func testClaimDue(t *testing.T, open Opener) {
 	if want := []string{"k0", "k1", "k2"}; !slices.Equal(keys, want) {
 		t.Fatalf("ClaimDue(3) keys = %q, want %q", keys, want)
 	}
-	cs, err = e.s.ClaimDue(e.ctx, "w", time.Minute, 10)
+	cs, err = e.s.ClaimDue(e.ctx, "w", time.Minute, 10, sink.ClaimOptions{})
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("ClaimDue(10) = %d claims, %v; want 2", len(cs), err)
 	}
-	cs, err = e.s.ClaimDue(e.ctx, "w", time.Minute, 10)
+	cs, err = e.s.ClaimDue(e.ctx, "w", time.Minute, 10, sink.ClaimOptions{})
 	if err != nil || len(cs) != 0 {
 		t.Fatalf("ClaimDue(10) with nothing due = %d claims, %v; want 0", len(cs), err)
 	}
 	e.clk.Advance(time.Minute)
-	cs, err = e.s.ClaimDue(e.ctx, "w2", time.Minute, 0)
+	cs, err = e.s.ClaimDue(e.ctx, "w2", time.Minute, 0, sink.ClaimOptions{})
 	if err != nil || len(cs) != 5 || !cs[0].Takeover {
 		t.Fatalf("ClaimDue(all) after the leases expired = %d claims, %v; want 5 takeovers", len(cs), err)
 	}
@@ -845,7 +845,7 @@ func testConcurrentClaim(t *testing.T, open Opener) {
 	e := newEnv(t, open, nil)
 	e.record("k", sink.SourcePoll, "p")
 	tokens, errs := race8(sink.ErrNotClaimable, func(owner string) (int64, error) {
-		c, err := e.s.Claim(e.ctx, "k", owner, time.Minute)
+		c, err := e.s.Claim(e.ctx, "k", owner, time.Minute, sink.ClaimOptions{})
 		return c.Token, err
 	})
 	if len(tokens) != 1 || len(errs) != 0 {
@@ -891,7 +891,7 @@ func testConcurrentClaimDue(t *testing.T, open Opener) {
 	for w := range 4 {
 		wg.Go(func() {
 			for {
-				cs, err := e.s.ClaimDue(e.ctx, fmt.Sprintf("w%d", w), time.Minute, 7)
+				cs, err := e.s.ClaimDue(e.ctx, fmt.Sprintf("w%d", w), time.Minute, 7, sink.ClaimOptions{})
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -967,7 +967,7 @@ func testRecordAndClaim(t *testing.T, open Opener) {
 	// A key that needs confirmation is not claimed for a claimer that
 	// cannot confirm; it is for one that can.
 	dyn := sink.Sighting{Key: "d", Source: sink.SourceWebhook, Payload: []byte("{}"), Dynamic: true}
-	if r, c = rac(dyn, sink.ClaimRequest{Owner: "o", Lease: time.Minute, Opts: []sink.ClaimOption{sink.SkipNeedsConfirm()}}); !r.New || c != nil {
+	if r, c = rac(dyn, sink.ClaimRequest{Owner: "o", Lease: time.Minute, Opts: sink.ClaimOptions{SkipNeedsConfirm: true}}); !r.New || c != nil {
 		t.Fatalf("RecordAndClaim(needs confirmation, SkipNeedsConfirm) = %+v, %+v; want recorded, no claim", r, c)
 	}
 	e.finish("d")

@@ -59,7 +59,7 @@ func BenchmarkDueBacklog(b *testing.B) {
 	}
 	recordAll(b, s, sightings)
 	for b.Loop() {
-		keys, err := s.Due(ctx, 4)
+		keys, err := s.Due(ctx, 4, sink.ClaimOptions{})
 		if err != nil || len(keys) != 4 {
 			b.Fatalf("Due(4) = %d keys, %v", len(keys), err)
 		}

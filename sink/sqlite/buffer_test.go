@@ -94,7 +94,7 @@ func TestLogsConflictAndFenced(t *testing.T) {
 	defer s.Close()
 	s.Record(ctx, sink.Sighting{Key: "gemini:batches/c", Source: "poll", Payload: []byte("a"), State: "SUCCEEDED", FromAPI: true})
 	s.Record(ctx, sink.Sighting{Key: "gemini:batches/c", Source: "webhook", Payload: []byte("b"), State: "FAILED"})
-	c, err := s.Claim(ctx, "gemini:batches/c", "o", time.Minute)
+	c, err := s.Claim(ctx, "gemini:batches/c", "o", time.Minute, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,10 +130,10 @@ func TestNonPositiveLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, lease := range []time.Duration{0, -time.Second} {
-		if _, err := s.Claim(ctx, "k", "o", lease); err == nil || !strings.Contains(err.Error(), "must be positive") {
+		if _, err := s.Claim(ctx, "k", "o", lease, sink.ClaimOptions{}); err == nil || !strings.Contains(err.Error(), "must be positive") {
 			t.Fatalf("Claim(lease %v) error = %v, want a positive-lease error", lease, err)
 		}
-		if cs, err := s.ClaimDue(ctx, "o", lease, 0); err == nil || len(cs) != 0 {
+		if cs, err := s.ClaimDue(ctx, "o", lease, 0, sink.ClaimOptions{}); err == nil || len(cs) != 0 {
 			t.Fatalf("ClaimDue(lease %v) = %d claims, %v; want an error", lease, len(cs), err)
 		}
 	}

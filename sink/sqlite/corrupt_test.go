@@ -66,7 +66,7 @@ func buildFixture(path string) error {
 					return err
 				}
 				if i < corruptKeys/2 {
-					c, err := s.Claim(ctx, k, "fixture", time.Hour)
+					c, err := s.Claim(ctx, k, "fixture", time.Hour, sink.ClaimOptions{})
 					if err != nil {
 						return err
 					}
@@ -200,6 +200,6 @@ func TestCorruptDataPageFoundLater(t *testing.T) {
 	wantCorrupt(t, "Record(new key)", path, err)
 	_, err = s.Record(ctx, sink.Sighting{Key: corruptKey(0), Source: sink.SourceWebhook})
 	wantCorrupt(t, "Record(cached done key)", path, err)
-	_, err = s.ClaimDue(ctx, "w", time.Minute, 10)
+	_, err = s.ClaimDue(ctx, "w", time.Minute, 10, sink.ClaimOptions{})
 	wantCorrupt(t, "ClaimDue", path, err)
 }

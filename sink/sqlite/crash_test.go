@@ -32,7 +32,7 @@ func crashChild(path string) int {
 			return 1
 		}
 		fmt.Fprintln(os.Stdout, "recorded", key)
-		c, err := s.Claim(ctx, key, "crasher", time.Hour)
+		c, err := s.Claim(ctx, key, "crasher", time.Hour, sink.ClaimOptions{})
 		if err != nil {
 			fmt.Println("error:", err)
 			return 1

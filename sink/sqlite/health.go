@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -404,15 +405,11 @@ func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`)
 // (single quotes, unless it needs none): a path with a space or a quote
 // in it is one word when pasted.
 func shellWord(path string) string {
-	plain := path != ""
-	for _, r := range path {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+,:@%", r)) {
-			plain = false
-			break
-		}
-	}
-	if plain {
+	if plainWord.MatchString(path) {
 		return path
 	}
 	return "'" + strings.ReplaceAll(path, "'", `'\''`) + "'"
 }
+
+// plainWord matches a path that is one shell word as it is.
+var plainWord = regexp.MustCompile(`^[a-zA-Z0-9/._+,:@%-]+$`)

@@ -86,7 +86,7 @@ func TestMigration5PartialDueIndexes(t *testing.T) {
 	if !slices.Equal(idx, []string{"gemrecon_keys_due", "gemrecon_keys_leases"}) {
 		t.Errorf("indexes after migration 5 = %q, want gemrecon_keys_due and gemrecon_keys_leases", idx)
 	}
-	due, err := s.Due(ctx, 0)
+	due, err := s.Due(ctx, 0, sink.ClaimOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func raceChild(path string) int {
 				fmt.Fprintln(out, "error: record:", err)
 				return 1
 			}
-			c, err = s.Claim(ctx, key, owner, time.Hour)
+			c, err = s.Claim(ctx, key, owner, time.Hour, sink.ClaimOptions{})
 		}
 		if errors.Is(err, sink.ErrNotClaimable) {
 			continue

@@ -235,7 +235,7 @@ func TestReadOnly(t *testing.T) {
 	if !errors.Is(err, sqlite.ErrReadOnly) {
 		t.Fatalf("Record on a read-only sink = %v, want ErrReadOnly", err)
 	}
-	if _, err := ro.Claim(ctx, "k", "o", time.Minute); !errors.Is(err, sqlite.ErrReadOnly) {
+	if _, err := ro.Claim(ctx, "k", "o", time.Minute, sink.ClaimOptions{}); !errors.Is(err, sqlite.ErrReadOnly) {
 		t.Fatalf("Claim on a read-only sink = %v, want ErrReadOnly", err)
 	}
 }
@@ -401,7 +401,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	}
 	// Due order survives the move to due_at: the pending row is due, the
 	// claimed row's lease (t0+1h) has expired at 05:00.
-	if due, err := s.Due(ctx, 0); err != nil || len(due) != 2 || due[0] != "gemini:batches/pending" {
+	if due, err := s.Due(ctx, 0, sink.ClaimOptions{}); err != nil || len(due) != 2 || due[0] != "gemini:batches/pending" {
 		t.Fatalf("Due = %q, %v; want pending then claimed", due, err)
 	}
 	if d, _, ok, err := s.MaxLookback(ctx); err != nil || !ok || d != 72*time.Hour {
@@ -411,7 +411,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	if err := s.Retry(ctx, "gemini:batches/dead", sink.RetryOptions{}); err != nil {
 		t.Fatalf("Retry(old dead row): %v", err)
 	}
-	c, err := s.Claim(ctx, "gemini:batches/claimed", "o", time.Minute)
+	c, err := s.Claim(ctx, "gemini:batches/claimed", "o", time.Minute, sink.ClaimOptions{})
 	if err != nil || !c.Takeover || c.Token != 3 {
 		t.Fatalf("takeover of the old claim = %+v, %v", c, err)
 	}

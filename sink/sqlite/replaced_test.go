@@ -58,7 +58,7 @@ func TestFileDeletedOrReplacedUnderTheSink(t *testing.T) {
 			if _, err := s.Record(ctx, sink.Sighting{Key: done, Source: sink.SourceWebhook}); err != nil {
 				t.Fatal(err)
 			}
-			c, err := s.Claim(ctx, done, "w", time.Minute)
+			c, err := s.Claim(ctx, done, "w", time.Minute, sink.ClaimOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,7 +76,7 @@ func TestFileDeletedOrReplacedUnderTheSink(t *testing.T) {
 			wantReplaced(t, "Ping after", path, s.Ping(ctx), tt.found)
 			_, err = s.Record(ctx, sink.Sighting{Key: done, Source: sink.SourceWebhook})
 			wantReplaced(t, "Record(cached done key) after", path, err, tt.found)
-			_, err = s.ClaimDue(ctx, "w", time.Minute, 10)
+			_, err = s.ClaimDue(ctx, "w", time.Minute, 10, sink.ClaimOptions{})
 			wantReplaced(t, "ClaimDue after", path, err, tt.found)
 			if !errors.Is(s.Broken(), sqlite.ErrFileReplaced) {
 				t.Fatalf("Broken = %v, want ErrFileReplaced", s.Broken())
