@@ -225,11 +225,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("dispatch: no sink")
 	}
-	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
-		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
-	}
-	if cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
-		return nil, errors.New("dispatch: download timeout and recheck delays must not be negative")
+	if cfg.Concurrency < 0 || min(cfg.Lease, cfg.EffectTimeout, cfg.Interval,
+		cfg.DownloadTimeout, cfg.RecheckBase, cfg.RecheckMax) < 0 {
+		return nil, errors.New("dispatch: lease, effect timeout, concurrency, interval, download timeout and recheck delays must not be negative")
 	}
 	def := DefaultConfig()
 	cfg.Lease = cmp.Or(cfg.Lease, def.Lease)
