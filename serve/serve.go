@@ -40,7 +40,7 @@ type Config struct {
 	// Dispatcher runs the accepted keys in the background (required).
 	Dispatcher *dispatch.Dispatcher
 	// Poll, when set, runs reconciliation passes while the server runs;
-	// OnPass hears each one's result.
+	// OnPass (required with Poll) hears each one's result.
 	Poll   *reconcile.Poll
 	OnPass func(reconcile.Result)
 	// Logger receives the shutdown line (default: discard).
@@ -98,13 +98,7 @@ func Start(ctx context.Context, cfg Config) *Server {
 		}
 	})
 	if cfg.Poll != nil {
-		wg.Go(func() {
-			_ = cfg.Poll.Watch(serveCtx, func(r reconcile.Result) {
-				if cfg.OnPass != nil {
-					cfg.OnPass(r)
-				}
-			})
-		})
+		wg.Go(func() { _ = cfg.Poll.Watch(serveCtx, cfg.OnPass) })
 	}
 	// A second signal (dispatch's EndGrace during the shutdown) stops the
 	// workers now rather than after the HTTP drain: no new effect starts,
