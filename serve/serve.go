@@ -67,11 +67,7 @@ func Receiver(cfg webhook.Config, s sink.Sink) (*webhook.Handler, error) {
 	} else if cfg.Dispatcher != nil && !cfg.Sync {
 		ic.Kicker = cfg.Dispatcher
 	}
-	in, err := ingest.NewWebhooks(ic)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Sink, cfg.Ingest = s, in
+	cfg.Sink, cfg.Ingest = s, ingest.NewWebhooks(ic)
 	return webhook.NewHandler(cfg)
 }
 
