@@ -225,11 +225,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	if cfg.Sink == nil {
 		return nil, errors.New("dispatch: no sink")
 	}
-	if cfg.Lease < 0 || cfg.EffectTimeout < 0 || cfg.Concurrency < 0 || cfg.Interval < 0 {
-		return nil, errors.New("dispatch: lease, effect timeout, concurrency and interval must not be negative")
-	}
-	if cfg.DownloadTimeout < 0 || cfg.RecheckBase < 0 || cfg.RecheckMax < 0 {
-		return nil, errors.New("dispatch: download timeout and recheck delays must not be negative")
+	if cfg.Concurrency < 0 || min(cfg.Lease, cfg.EffectTimeout, cfg.Interval,
+		cfg.DownloadTimeout, cfg.RecheckBase, cfg.RecheckMax) < 0 {
+		return nil, errors.New("dispatch: lease, effect timeout, concurrency, interval, download timeout and recheck delays must not be negative")
 	}
 	def := DefaultConfig()
 	cfg.Lease = cmp.Or(cfg.Lease, def.Lease)
@@ -646,16 +644,6 @@ func (d *Dispatcher) runEffect(ctx context.Context, ev effect.Event) (err error)
 	return d.cfg.Effect.Run(ctx, ev)
 }
 
-// outcomeWrite is one attempt's outcome, to be written with the claim's
-// token.
-type outcomeWrite struct {
-	what  string                      // for logs: "done", "a failure"
-	write func(context.Context) error // Complete or Fail, fenced on the token
-	// landed reports whether the key's entry, read back with this claim's
-	// token, shows the write committed (a try whose answer was lost).
-	landed func(sink.Entry) bool
-}
-
 // readBack returns the key's entry when it holds this claim's token and
 // landed accepts it, else nil.
 func (a *attempt) readBack(landed func(sink.Entry) bool) *sink.Entry {
@@ -670,9 +658,14 @@ func (a *attempt) readBack(landed func(sink.Entry) bool) *sink.Entry {
 
 func isDone(e sink.Entry) bool { return e.State == sink.StateDone }
 
-// record writes an attempt's outcome. The effect has run, so losing the
-// record would run it again (done) or leave the key claimed for the rest of
-// its lease (a failure): a write that fails for another reason than fencing
+// record writes an attempt's outcome with write (Complete or Fail, fenced
+// on the claim's token); what names it for logs ("done", "a failure"), and
+// landed reports whether the key's entry, read back with this claim's
+// token, shows the write committed (a try whose answer was lost).
+//
+// The effect has run, so losing the record would run it again (done) or
+// leave the key claimed for the rest of its lease (a failure): a write
+// that fails for another reason than fencing
 // is tried again, with pauses, for as long as the lease is safely this
 // claim's — until the last successful claim or renewal + Lease −
 // OutcomeMargin, by Config.Now — and, once runCtx is done (shutdown's grace
@@ -681,18 +674,18 @@ func isDone(e sink.Entry) bool { return e.State == sink.StateDone }
 // transit may have committed. It returns the entry read back when that is
 // how success was learnt (else nil), and nil, an error wrapping
 // sink.ErrFenced, or the last failure.
-func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
+func (a *attempt) record(what string, landed func(sink.Entry) bool, write func(context.Context) error) (*sink.Entry, error) {
 	d := a.d
 	pause := outcomeRetryFirst
 	for try := 1; ; try++ {
 		wctx, cancel := writeContext(a.ctx)
-		err := w.write(wctx)
+		err := write(wctx)
 		cancel()
 		if err == nil {
 			return nil, nil
 		}
 		if errors.Is(err, sink.ErrFenced) && try > 1 {
-			if e := a.readBack(w.landed); e != nil {
+			if e := a.readBack(landed); e != nil {
 				return e, nil // an earlier try had committed
 			}
 		}
@@ -712,16 +705,16 @@ func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
 			return nil, fmt.Errorf("%w (tried %d times, until the lease ran short)", err, try)
 		}
 		if try&(try-1) == 0 { // 1, 2, 4, 8…: an outage must not flood the log
-			a.log.Warn("dispatch: recording "+w.what+" failed; trying again while the lease lasts", "err", err, "try", try, "until", deadline)
+			a.log.Warn("dispatch: recording "+what+" failed; trying again while the lease lasts", "err", err, "try", try, "until", deadline)
 		}
 		_ = d.cfg.Sleep(a.runCtx, min(pause, deadline.Sub(now)))
 		pause = min(2*pause, outcomeRetryMax)
-		if e := a.readBack(w.landed); e != nil {
+		if e := a.readBack(landed); e != nil {
 			return e, nil // the last try had committed
 		}
 		if a.stale() {
 			if rerr := a.renew(writeTimeout); errors.Is(rerr, sink.ErrFenced) {
-				if e := a.readBack(w.landed); e != nil {
+				if e := a.readBack(landed); e != nil {
 					return e, nil
 				}
 				return nil, rerr
@@ -732,10 +725,8 @@ func (a *attempt) record(w outcomeWrite) (*sink.Entry, error) {
 
 // complete records success (see record).
 func (a *attempt) complete(elapsed time.Duration) (Outcome, error) {
-	_, err := a.record(outcomeWrite{
-		what:   "done",
-		write:  func(wctx context.Context) error { return a.d.cfg.Sink.Complete(wctx, a.c.Key, a.c.Token) },
-		landed: isDone,
+	_, err := a.record("done", isDone, func(wctx context.Context) error {
+		return a.d.cfg.Sink.Complete(wctx, a.c.Key, a.c.Token)
 	})
 	switch {
 	case err == nil:
@@ -791,16 +782,13 @@ func (a *attempt) recordFailure(f sink.Failure, noAttempt Outcome, elapsed time.
 	cause := f.Cause
 	f.Cause = sink.TruncateError(f.Cause)
 	var state sink.State
-	e, err := a.record(outcomeWrite{
-		what: "a failure",
-		write: func(wctx context.Context) error {
-			var err error
-			state, err = a.d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
-			return err
-		},
-		// Only this claim's Fail turns its claim into pending or dead
-		// without a new token.
-		landed: func(e sink.Entry) bool { return e.State == sink.StatePending || e.State == sink.StateDead },
+	// Only this claim's Fail turns its claim into pending or dead without a
+	// new token.
+	landed := func(e sink.Entry) bool { return e.State == sink.StatePending || e.State == sink.StateDead }
+	e, err := a.record("a failure", landed, func(wctx context.Context) error {
+		var err error
+		state, err = a.d.cfg.Sink.Fail(wctx, c.Key, c.Token, f)
+		return err
 	})
 	if e != nil {
 		state = e.State

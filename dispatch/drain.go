@@ -64,16 +64,14 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 	var wg sync.WaitGroup
 	var running atomic.Int64 // this Drain's effects; the slots are shared with TakeSlot's claims
 	var ready []job          // granted ahead, waiting for a slot
-	// waitOne waits until one of this Drain's effects finished or any slot
-	// was given back.
-	waitOne := func() bool {
+	// waitOne waits until one of this Drain's effects finished, any slot
+	// was given back or ctx is done (which the loops below check).
+	waitOne := func() {
 		select {
 		case <-finished:
 		case <-d.freed:
 		case <-ctx.Done():
-			return false
 		}
-		return true
 	}
 	startReady := func() {
 		for len(ready) > 0 && d.takeSlot() {
@@ -106,9 +104,7 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 		busy := len(d.slots)
 		want := conc + ahead - busy - len(ready)
 		if busy > 0 && want < batch {
-			if !waitOne() {
-				break
-			}
+			waitOne()
 			continue
 		}
 		jobs, err := d.next(ctx, st, want, conc-busy-len(ready))
@@ -128,16 +124,15 @@ func (d *Dispatcher) Drain(ctx context.Context) (Summary, error) {
 			}
 			// Whatever finishes may have freed the way for more (another
 			// holder's lease may expire meanwhile); look again after.
-			if !waitOne() {
-				break
-			}
+			waitOne()
 		}
 	}
 	// A sink error: run what was claimed already. Shutdown or a broken
 	// effect: hand it back.
 	for len(ready) > 0 && ctx.Err() == nil && d.brokenErr() == nil {
-		if len(d.slots) == conc && !waitOne() {
-			break
+		if len(d.slots) == conc {
+			waitOne()
+			continue
 		}
 		startReady()
 	}

@@ -8,7 +8,6 @@
 package ingest
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -28,7 +27,7 @@ import (
 type Listed struct {
 	Sink    Recorder
 	Metrics *metrics.Metrics // nil counts nothing
-	Logger  *slog.Logger     // nil: discard
+	Logger  *slog.Logger     // required (reconcile.NewPoll gives a discarding one by default)
 }
 
 // RecordPage records the listed terminal operations of one page, those
@@ -39,7 +38,6 @@ type Listed struct {
 // fail the pass. Only a database error is returned (the pass stops
 // listing).
 func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) (news, dups, invalid int, err error) {
-	log := cmp.Or(l.Logger, slog.New(slog.DiscardHandler))
 	var sgs []sink.Sighting
 	for _, op := range ops {
 		key, err := canon.Key(op.Name)
@@ -51,7 +49,7 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) (news, d
 		}
 		if err != nil {
 			l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.OutcomeInvalid)
-			log.Warn("listed operation has a name that cannot be a key; skipped", "name", canon.Quote(op.Name), "err", err)
+			l.Logger.Warn("listed operation has a name that cannot be a key; skipped", "name", canon.Quote(op.Name), "err", err)
 			invalid++
 			continue
 		}
@@ -69,9 +67,9 @@ func (l Listed) RecordPage(ctx context.Context, ops []poller.Operation) (news, d
 	}
 	for j, sg := range sgs {
 		l.Metrics.ObserveDelivery(sink.SourcePoll, metrics.RecordOutcome(res[j]))
-		logRecord(log, sg.Key, sink.SourcePoll, res[j])
+		logRecord(l.Logger, sg.Key, sink.SourcePoll, res[j])
 		if res[j].Confirmed {
-			log.Info("a key first seen by webhook is confirmed by the listing", "key", sg.Key, "batch_state", sg.State, "state", res[j].State)
+			l.Logger.Info("a key first seen by webhook is confirmed by the listing", "key", sg.Key, "batch_state", sg.State, "state", res[j].State)
 		}
 		if res[j].New {
 			news++

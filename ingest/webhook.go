@@ -100,13 +100,12 @@ type WebhookConfig struct {
 // Webhooks turns webhook event bodies into recorded keys.
 type Webhooks struct{ cfg WebhookConfig }
 
-// NewWebhooks checks cfg and returns the webhook path.
-func NewWebhooks(cfg WebhookConfig) (*Webhooks, error) {
-	if cfg.Sink == nil {
-		return nil, errors.New("ingest: the webhook path needs a sink")
-	}
+// NewWebhooks returns the webhook path. cfg.Sink is required: a receiver
+// without one is webhook.NewHandler's refusal (serve.Receiver gives both
+// the same sink).
+func NewWebhooks(cfg WebhookConfig) *Webhooks {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
-	return &Webhooks{cfg: cfg}, nil
+	return &Webhooks{cfg: cfg}
 }
 
 // AnswerKind is what became of one event body.

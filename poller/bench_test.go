@@ -83,7 +83,7 @@ func benchChild(sc scenario) int {
 	p, err := New(context.Background(), cfg)
 	if err == nil {
 		var st PassStats
-		st, err = p.PassWith(context.Background(), PassOptions{FullScan: sc.FullScan}, func(Operation) error { return nil })
+		st, err = p.PassWith(context.Background(), PassOptions{FullScan: sc.FullScan}, func([]Operation) error { return nil })
 		res.Listed, res.Passed, res.SkippedOld, res.Pages, res.Requests = st.Listed, st.Passed, st.SkippedOld, st.Pages, st.Requests
 		res.FullScan = st.FullScan
 		res.Seconds = st.Duration.Seconds()
@@ -273,7 +273,7 @@ func BenchmarkPass(b *testing.B) {
 			b.ResetTimer()
 			var st PassStats
 			for b.Loop() {
-				st, err = p.PassWith(context.Background(), PassOptions{}, func(Operation) error { return nil })
+				st, err = p.PassWith(context.Background(), PassOptions{}, func([]Operation) error { return nil })
 				if err != nil || st.Listed != n {
 					b.Fatalf("%+v %v", st, err)
 				}

@@ -30,8 +30,10 @@ func ExamplePoller_PassWith() {
 	if err != nil {
 		panic(err)
 	}
-	st, err := p.PassWith(context.Background(), poller.PassOptions{}, func(op poller.Operation) error {
-		fmt.Println(op.Name, op.State)
+	st, err := p.PassWith(context.Background(), poller.PassOptions{}, func(page []poller.Operation) error {
+		for _, op := range page {
+			fmt.Println(op.Name, op.State)
+		}
 		return nil
 	})
 	fmt.Println(st.Listed, st.Terminal, st.Requests, err)

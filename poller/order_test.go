@@ -118,8 +118,8 @@ func collectWith(t *testing.T, p *Poller, opt PassOptions) ([]Operation, PassSta
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var ops []Operation
-	st, err := p.PassWith(ctx, opt, func(op Operation) error {
-		ops = append(ops, op)
+	st, err := p.PassWith(ctx, opt, func(page []Operation) error {
+		ops = append(ops, page...)
 		return nil
 	})
 	return ops, st, err

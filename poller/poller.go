@@ -283,10 +283,6 @@ type PassOptions struct {
 	// of spec §5.2, in case the listing is several newest-first runs joined
 	// end to end (which the stop rule cannot tell from one run).
 	FullScan bool
-	// PageEnd, when set, is called after each page's operations were handed
-	// over, before the next page is asked for: its error stops the pass as
-	// fn's does (a caller that records a page at once, spec §5.3).
-	PageEnd func() error
 	// Unfinished, when set, sees every listed operation that has not
 	// finished (spec §5.5: batches stuck, or about to expire).
 	Unfinished func(Operation)
@@ -389,11 +385,12 @@ func (p *Poller) Scope() string {
 // Lookback returns the configured lookback window (0: no window).
 func (p *Poller) Lookback() time.Duration { return p.cfg.Lookback }
 
-// PassWith lists batch operations page by page and calls fn, in listing
-// order, for each terminal one inside the lookback window. The same
-// completion is handed over again on every pass that lists it:
-// deduplication is the caller's. An error from fn stops the pass and is
-// returned wrapped.
+// PassWith lists batch operations page by page and calls fn once per page,
+// before the next page is asked for, with the page's terminal operations
+// inside the lookback window in listing order (nil when none), so
+// that a caller can record a page at once (spec §5.3). The same completion
+// is handed over again on every pass that lists it: deduplication is the
+// caller's. An error from fn stops the pass and is returned wrapped.
 //
 // The API documents no listing order, so paging ends before the last page
 // only when the pages read prove the listing newest first (spec §5.2): at
@@ -405,7 +402,7 @@ func (p *Poller) Lookback() time.Duration { return p.cfg.Lookback }
 // order), makes the pass read every page. Empty pages say nothing about the
 // order and are passed over. With opt.FullScan, or Lookback 0, every page
 // is read.
-func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operation) error) (stats PassStats, err error) {
+func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func([]Operation) error) (stats PassStats, err error) {
 	start := time.Now()
 	ctx, trace := withTrace(ctx, kindList)
 	defer func() {
@@ -431,6 +428,7 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 		}
 		stats.Pages++
 		allOld := len(ops) > 0
+		var passed []Operation
 		for i := range ops {
 			op := &ops[i]
 			stats.Listed++
@@ -451,14 +449,10 @@ func (p *Poller) PassWith(ctx context.Context, opt PassOptions, fn func(Operatio
 			if op.unknownType {
 				stats.UnknownTypes++
 			}
-			if err := fn(*op); err != nil {
-				return stats, fmt.Errorf("poller: handling %s: %w", op.Name, err)
-			}
+			passed = append(passed, *op)
 		}
-		if opt.PageEnd != nil {
-			if err := opt.PageEnd(); err != nil {
-				return stats, fmt.Errorf("poller: page %d: %w", stats.Pages, err)
-			}
+		if err := fn(passed); err != nil {
+			return stats, fmt.Errorf("poller: page %d: %w", stats.Pages, err)
 		}
 		if !order.page(ops) && !stats.Unordered {
 			stats.Unordered = true

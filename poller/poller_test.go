@@ -90,8 +90,8 @@ func collect(t *testing.T, p *Poller) ([]Operation, PassStats, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var ops []Operation
-	st, err := p.PassWith(ctx, PassOptions{}, func(op Operation) error {
-		ops = append(ops, op)
+	st, err := p.PassWith(ctx, PassOptions{}, func(page []Operation) error {
+		ops = append(ops, page...)
 		return nil
 	})
 	return ops, st, err
@@ -667,7 +667,7 @@ func TestCallbackErrorStops(t *testing.T) {
 	s := startFake(t, geminifake.Options{}, load(t, "batches-mixed.json")...)
 	boom := errors.New("boom")
 	calls := 0
-	_, err := newPoller(t, testConfig(s, &sleeps{})).PassWith(context.Background(), PassOptions{}, func(Operation) error {
+	_, err := newPoller(t, testConfig(s, &sleeps{})).PassWith(context.Background(), PassOptions{}, func([]Operation) error {
 		calls++
 		return boom
 	})

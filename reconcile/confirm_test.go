@@ -128,9 +128,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 		t.Fatal(err)
 	}
 	w.metrics = metrics.New(nil)
-	if w.hooks, err = ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: w.metrics}); err != nil {
-		t.Fatal(err)
-	}
+	w.hooks = ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: w.metrics})
 	var logger *slog.Logger
 	if o.logs != nil {
 		logger = slog.New(slog.NewTextHandler(o.logs, nil))
@@ -805,10 +803,7 @@ func TestVertexResultsLocation(t *testing.T) {
 	name2 := geminifake.VertexName("123", "us-central1", "778")
 	api.Add(geminifake.Batch{Name: name2, State: "FAILED", CreateTime: t0.Add(-time.Hour), EndTime: t0,
 		Error: &geminifake.Status{Code: 3, Message: "bad input"}})
-	hooks, err := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s})
-	if err != nil {
-		t.Fatal(err)
-	}
+	hooks := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s})
 	if a := hooks.Event(context.Background(), []byte(`{"name":"`+name2+`"}`), ingest.VerifiedStatic); a.Kind != ingest.Recorded {
 		t.Fatalf("Event = %+v", a)
 	}

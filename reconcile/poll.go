@@ -197,9 +197,6 @@ type Result struct {
 	// ErrPassLost); DrainErr the drain; RecordErr the pass record. Each is
 	// fatal (exit 1).
 	ListErr, DrainErr, RecordErr error
-	// page holds the terminal operations of the page being listed, recorded
-	// together at its end (spec §5.3).
-	page []poller.Operation
 	// Unfinished counts the listed batches that had not finished, by state,
 	// and OldestUnfinished is the creation of the oldest (spec §5.5).
 	Unfinished       map[string]int64
@@ -316,9 +313,8 @@ func (p *Poll) list(ctx, listCtx context.Context, rec sink.PassRecord, r *Result
 	r.FullScanAsked = p.fullScanDue(rec, r.Start)
 	r.Unfinished = map[string]int64{}
 	r.List, r.ListErr = p.cfg.Poller.PassWith(listCtx, poller.PassOptions{FullScan: r.FullScanAsked,
-		PageEnd: func() error { return p.recordPage(ctx, r) }, Unfinished: func(op poller.Operation) { p.unfinished(r, rec, op) }},
-		func(op poller.Operation) error { r.page = append(r.page, op); return nil })
-	r.page = nil
+		Unfinished: func(op poller.Operation) { p.unfinished(r, rec, op) }},
+		func(ops []poller.Operation) error { return p.recordPage(ctx, r, ops) })
 	if cause := context.Cause(listCtx); r.ListErr != nil && errors.Is(cause, ErrPassLost) {
 		r.ListErr = fmt.Errorf("stopped listing after %d pages: %w", r.List.Pages, cause)
 	}
@@ -431,9 +427,7 @@ func (p *Poll) unfinished(r *Result, rec sink.PassRecord, op poller.Operation) {
 // recordPage turns the listed terminal operations of one page into
 // recorded keys, in one commit, through Listed: each carries its state and
 // says it comes from the API (spec §9.2).
-func (p *Poll) recordPage(ctx context.Context, r *Result) error {
-	ops := r.page
-	r.page = r.page[:0]
+func (p *Poll) recordPage(ctx context.Context, r *Result, ops []poller.Operation) error {
 	news, dups, invalid, err := ingest.Listed{Sink: p.cfg.Sink, Metrics: p.cfg.Metrics, Logger: p.cfg.Logger}.RecordPage(ctx, ops)
 	if err != nil {
 		return err

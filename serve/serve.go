@@ -40,7 +40,7 @@ type Config struct {
 	// Dispatcher runs the accepted keys in the background (required).
 	Dispatcher *dispatch.Dispatcher
 	// Poll, when set, runs reconciliation passes while the server runs;
-	// OnPass hears each one's result.
+	// OnPass (required with Poll) hears each one's result.
 	Poll   *reconcile.Poll
 	OnPass func(reconcile.Result)
 	// Logger receives the shutdown line (default: discard).
@@ -67,11 +67,7 @@ func Receiver(cfg webhook.Config, s sink.Sink) (*webhook.Handler, error) {
 	} else if cfg.Dispatcher != nil && !cfg.Sync {
 		ic.Kicker = cfg.Dispatcher
 	}
-	in, err := ingest.NewWebhooks(ic)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Sink, cfg.Ingest = s, in
+	cfg.Sink, cfg.Ingest = s, ingest.NewWebhooks(ic)
 	return webhook.NewHandler(cfg)
 }
 
@@ -98,13 +94,7 @@ func Start(ctx context.Context, cfg Config) *Server {
 		}
 	})
 	if cfg.Poll != nil {
-		wg.Go(func() {
-			_ = cfg.Poll.Watch(serveCtx, func(r reconcile.Result) {
-				if cfg.OnPass != nil {
-					cfg.OnPass(r)
-				}
-			})
-		})
+		wg.Go(func() { _ = cfg.Poll.Watch(serveCtx, cfg.OnPass) })
 	}
 	// A second signal (dispatch's EndGrace during the shutdown) stops the
 	// workers now rather than after the HTTP drain: no new effect starts,

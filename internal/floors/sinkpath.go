@@ -109,10 +109,7 @@ func DuplicateSightings(ctx context.Context, dir string, n int, viaIngest bool) 
 		return Duplicates{}, err
 	}
 	defer s.Close()
-	in, err := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: metrics.New(s), Logger: quiet})
-	if err != nil {
-		return Duplicates{}, err
-	}
+	in := ingest.NewWebhooks(ingest.WebhookConfig{Sink: s, Metrics: metrics.New(s), Logger: quiet})
 	record := func(sg sink.Sighting) (sink.RecordResult, error) {
 		if !viaIngest {
 			return s.Record(ctx, sg)
