@@ -51,25 +51,22 @@ type Exec struct {
 	beforeWait func(pid int, killed <-chan struct{})
 }
 
-// ExecOption configures an Exec.
-type ExecOption func(*Exec)
-
-// ExecOutput sends the command's stdout, and a copy of its stderr, to w
-// (default os.Stderr: gemrecon's stdout carries data, so the user's command
-// is heard where the logs are), a whole line per Write (see OutputLine for
-// long and last lines). nil discards them.
-func ExecOutput(w io.Writer) ExecOption {
+// ExecOutput returns a line handler for NewExec that writes each line to w
+// (cmd/gemrecon gives its stderr: gemrecon's stdout carries data, so the
+// user's command is heard where the logs are), a whole line per Write (see
+// OutputLine for long and last lines). nil discards them.
+func ExecOutput(w io.Writer) func(OutputLine) {
 	if w == nil {
-		return ExecLines(nil)
+		return nil
 	}
 	// Errors are dropped: where the copy goes (gemrecon's stderr) breaking
 	// is not the command's failure (see Run).
 	var mu sync.Mutex
-	return ExecLines(func(l OutputLine) {
+	return func(l OutputLine) {
 		mu.Lock()
 		defer mu.Unlock()
 		_, _ = w.Write(append([]byte(l.Text), '\n'))
-	})
+	}
 }
 
 // OutputLine is one line an exec command wrote: the event's key, the
@@ -84,23 +81,14 @@ type OutputLine struct {
 // without newlines must not grow a buffer without end).
 const MaxOutputLine = 64 << 10
 
-// ExecLines hands each line of the command's stdout and stderr to fn,
-// whole, instead of writing it to ExecOutput's writer (so that a log in
-// JSON lines can carry it as records of its own). fn is called from the
-// goroutines that copy the command's output, one per stream; it must not
-// block for long.
-func ExecLines(fn func(OutputLine)) ExecOption {
-	return func(e *Exec) { e.lines = fn }
-}
-
-// NewExec returns an effect that runs command with /bin/sh -c.
-func NewExec(command string, opts ...ExecOption) *Exec {
-	e := &Exec{command: command, waitDelay: DefaultWaitDelay}
-	ExecOutput(os.Stderr)(e)
-	for _, o := range opts {
-		o(e)
-	}
-	return e
+// NewExec returns an effect that runs command with /bin/sh -c. lines gets
+// each line of the command's stdout and stderr, whole: ExecOutput's writes
+// them to a writer; a handler of its own can make them records of a log in
+// JSON lines. It is called from the goroutines that copy the command's
+// output, one per stream, and must not block for long; nil discards the
+// output.
+func NewExec(command string, lines func(OutputLine)) *Exec {
+	return &Exec{command: command, lines: lines, waitDelay: DefaultWaitDelay}
 }
 
 // Run runs the command once for ev.

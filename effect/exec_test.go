@@ -156,14 +156,14 @@ func TestExecOutputWholeLines(t *testing.T) {
 	}
 }
 
-// ExecLines gets each line with its key and stream: a line longer than
+// NewExec's line handler gets each line with its key and stream: a line longer than
 // MaxOutputLine in pieces, an empty line as empty, a last line without a
 // newline when the command has finished.
 func TestExecLines(t *testing.T) {
 	var mu sync.Mutex
 	var got []OutputLine
 	e := NewExec(`echo one; echo; echo two >&2; head -c 70000 /dev/zero | tr '\0' x; echo; printf last`,
-		ExecLines(func(l OutputLine) { mu.Lock(); got = append(got, l); mu.Unlock() }))
+		func(l OutputLine) { mu.Lock(); got = append(got, l); mu.Unlock() })
 	ev := testEvent()
 	if err := e.Run(context.Background(), ev); err != nil {
 		t.Fatal(err)

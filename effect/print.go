@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"sync"
 	"syscall"
 )
 
@@ -48,9 +47,11 @@ type Print struct {
 	onPartial func()        // NewPrint's, or nil
 	started   bool          // the first line's check was made; guarded by turn
 
-	breakOnce sync.Once
-	broken    error         // set once, before gone is closed; every later Run returns it
-	gone      chan struct{} // closed when broken is set
+	// broken is cancelled, with the error that broke the effect as its
+	// cause (the first one stays), when the effect breaks; every later Run
+	// returns that cause.
+	broken    context.Context
+	breakWith context.CancelCauseFunc
 
 	// beforeWait, when set (tests only), is called after the write
 	// started and before Run waits for it, with the channel the write's
@@ -65,7 +66,8 @@ type Print struct {
 // once per Print, before its first line is written. It runs on the
 // goroutine that writes; the caller logs it (cmd/gemrecon: a warning).
 func NewPrint(w io.Writer, onPartial func()) *Print {
-	return &Print{w: w, turn: make(chan struct{}, 1), gone: make(chan struct{}), onPartial: onPartial}
+	broken, breakWith := context.WithCancelCause(context.Background())
+	return &Print{w: w, turn: make(chan struct{}, 1), broken: broken, breakWith: breakWith, onPartial: onPartial}
 }
 
 // Run writes ev as one line.
@@ -80,14 +82,14 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 	}
 	select {
 	case p.turn <- struct{}{}:
-	case <-p.gone:
-		return p.brokenErr()
+	case <-p.broken.Done():
+		return context.Cause(p.broken)
 	case <-ctx.Done():
 		// Behind an earlier line that is taking this long: the output
 		// stalled; that line's Run says so.
 		return fmt.Errorf("print: not written: stdout is still busy with an earlier line: %w", ctx.Err())
 	}
-	if err := p.brokenErr(); err != nil {
+	if err := context.Cause(p.broken); err != nil {
 		<-p.turn
 		return err
 	}
@@ -99,7 +101,7 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 			// Broken before the next line gets its turn: after a line
 			// cut off part-way, a line written in this process would
 			// continue the fragment.
-			err = p.breakWith(fmt.Errorf("print: stdout is broken%s: %w", writeHint(err), err))
+			err = p.breakOn(fmt.Errorf("print: stdout is broken%s: %w", writeHint(err), err))
 		}
 		done <- err
 	}()
@@ -116,7 +118,7 @@ func (p *Print) Run(ctx context.Context, ev Event) error {
 		select {
 		case werr = <-done:
 		default:
-			return p.breakWith(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
+			return p.breakOn(fmt.Errorf("print: stdout stalled: the line was not taken in time (%v); is its reader still reading?: %w", context.Cause(ctx), ctx.Err()))
 		}
 	}
 	return werr // nil, or Broken already
@@ -154,22 +156,12 @@ func (p *Print) write(line []byte) error {
 	return nil
 }
 
-// breakWith marks the effect broken with err (the first cause stays) and
+// breakOn marks the effect broken with err (the first cause stays) and
 // returns the Broken error.
-func (p *Print) breakWith(err error) error {
+func (p *Print) breakOn(err error) error {
 	err = Broken(err)
-	p.breakOnce.Do(func() { p.broken = err; close(p.gone) })
+	p.breakWith(err)
 	return err
-}
-
-// brokenErr returns the error that broke the effect, or nil.
-func (p *Print) brokenErr() error {
-	select {
-	case <-p.gone:
-		return p.broken
-	default:
-		return nil
-	}
 }
 
 // writeHint names the likely cause of a failed write of stdout, or nothing.

@@ -18,11 +18,10 @@ type statsCollector struct {
 	ttl time.Duration
 	now func() time.Time
 
-	mu      sync.Mutex
-	at      time.Time
-	stats   sink.Stats
-	err     error
-	fetched bool
+	mu    sync.Mutex
+	at    time.Time // of the last query; zero before the first
+	stats sink.Stats
+	err   error
 
 	dbUp, keys, oldestPending, latency, dbDuplicates, dbFenced, dbConflicts, firstSource, deadByReason, expiring *prometheus.Desc
 	// The pass records of spec §5.5, per scope.
@@ -56,18 +55,19 @@ func newStatsCollector(s StatsReader) *statsCollector {
 }
 
 // get returns the cached Stats result, querying the sink when it is older
-// than ttl (or from the future: a clock that went back).
+// than ttl (or from the future: a clock that went back). Before the first
+// query, at is the zero time, centuries older than any ttl.
 func (c *statsCollector) get() (sink.Stats, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.now()
-	if age := now.Sub(c.at); c.fetched && age >= 0 && age < c.ttl {
+	if age := now.Sub(c.at); age >= 0 && age < c.ttl {
 		return c.stats, c.err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // one query's bound
 	defer cancel()
 	c.stats, c.err = c.s.Stats(ctx)
-	c.at, c.fetched = now, true
+	c.at = now
 	return c.stats, c.err
 }
 

@@ -201,7 +201,6 @@ type limitListener struct {
 	max   int
 	slots chan struct{} // one per open connection
 	done  chan struct{} // closed by Close
-	once  sync.Once
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -222,8 +221,10 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	return lc, nil
 }
 
+// Close is called once: http.Server.Serve wraps its listener in one that
+// closes it only once, whoever asks (Shutdown, Close, Serve's return).
 func (l *limitListener) Close() error {
-	l.once.Do(func() { close(l.done) })
+	close(l.done)
 	return l.Listener.Close()
 }
 

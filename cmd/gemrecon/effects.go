@@ -212,14 +212,14 @@ func (a *app) effect(f *effectFlags) (effect.Effect, error) {
 // "line":…}), so that every line on stderr stays one JSON object. Like the
 // raw lines of the text format, these records do not depend on
 // --log-level.
-func (a *app) execOutput() effect.ExecOption {
+func (a *app) execOutput() func(effect.OutputLine) {
 	if a.logFormat != "json" {
 		return effect.ExecOutput(a.stderr)
 	}
 	out := slog.New(slog.NewJSONHandler(a.stderr, nil))
-	return effect.ExecLines(func(l effect.OutputLine) {
+	return func(l effect.OutputLine) {
 		out.Info("effect output", "key", l.Key, "stream", l.Stream, "line", l.Text)
-	})
+	}
 }
 
 // handleSIGPIPE makes writes to a broken pipe return EPIPE instead of

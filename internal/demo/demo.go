@@ -53,8 +53,8 @@ type Config struct {
 	// as text on Stderr, so that the wiring's logs do not drown the story.
 	Logger *slog.Logger
 	// EffectOutput is where the effect command's own output goes (an
-	// effect.ExecOutput or effect.ExecLines); nil: Stderr.
-	EffectOutput effect.ExecOption
+	// effect.ExecOutput or a handler of its own); nil: Stderr.
+	EffectOutput func(effect.OutputLine)
 	// Keep, when set, is a directory that keeps the database, the effect
 	// log and the results directory (created if missing; what a previous
 	// demo left there is removed first). Else a temporary one is removed
