@@ -262,7 +262,7 @@ func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.Confirm
 // startDispatcher opens the sink with the retry policy and starts the
 // command's dispatcher on it: cfg (dispatchConfig, with the API: setupAPI)
 // and the observer newObs builds on the sink (nil: none); a second SIGINT or
-// SIGTERM ends its grace. The caller closes the sink.
+// SIGTERM ends its grace.
 func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, unconfirmed bool, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
 	s, err := a.openSink(ctx, retry)
 	if err != nil {
@@ -279,7 +279,6 @@ func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.
 	}
 	d, err := dispatch.New(cfg)
 	if err != nil {
-		s.Close()
 		return nil, nil, usage(err)
 	}
 	a.intr.add(d)
@@ -334,11 +333,10 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	if err != nil {
 		return err
 	}
-	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, unconfirmed, nil)
+	_, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, unconfirmed, nil)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	start := time.Now()
 	sum, err := d.Drain(ctx)
 	a.printDrainSummary(sum, time.Since(start))

@@ -221,7 +221,8 @@ func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error)
 	return a.dialSink(ctx, opt)
 }
 
-// dialSink opens the configured database as opt says. A --db string that
+// dialSink opens the configured database as opt says; it stays open until
+// the command has ended (withBrokenSink closes it). A --db string that
 // names no database (sink/dial decides: a URL-like string that is no
 // PostgreSQL URL) is a usage error; a database without gemrecon's schema
 // (exit 1) is named by the sink, and the message says what to do.
@@ -242,13 +243,18 @@ func (a *app) dialSink(ctx context.Context, opt sink.Options) (sink.Sink, error)
 	return s, nil
 }
 
-// withBrokenSink makes a command whose database became unusable while it ran
-// (a damaged file, a file deleted or replaced under it: see
-// sink.ErrUnusable) fail with exit 1 and the sink's message, which says what
-// to do, whatever the command itself returned (spec §8).
+// withBrokenSink closes the sinks the command opened (dialSink: the
+// commands leave that to it), and makes a command whose database became
+// unusable while it ran (a damaged file, a file deleted or replaced under
+// it, a failed close: see sink.ErrUnusable) fail with exit 1 and the sink's
+// message, which says what to do, whatever the command itself returned
+// (spec §8).
 func (a *app) withBrokenSink(err error) error {
 	a.sinksMu.Lock()
 	defer a.sinksMu.Unlock()
+	for _, s := range a.sinks {
+		s.Close()
+	}
 	for _, s := range a.sinks {
 		var berr error
 		if b, ok := s.(interface{ Broken() error }); ok {
