@@ -99,14 +99,16 @@ func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
 }
 
 // isCobraUsageError recognises the errors cobra itself returns for wrong
-// words on the command line (it has no typed errors for them).
+// words on the command line (it has no typed errors for them) that do not
+// pass through the FlagErrorFunc (rootCommand), which gives every flag
+// parsing error its exit status: an unknown command, a wrong argument count
+// of cobra's own commands (completion), a flag group's refusal.
 func isCobraUsageError(err error) bool {
 	if _, ok := errors.AsType[*exitError](err); ok {
 		return false
 	}
 	msg := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "flag needs an argument",
-		"invalid argument", "accepts ", "requires at least", "requires at most", "if any flags in the group"} {
+	for _, p := range []string{"unknown command", "accepts ", "requires at least", "requires at most", "if any flags in the group"} {
 		if strings.Contains(msg, p) {
 			return true
 		}

@@ -180,7 +180,11 @@ type secretFile struct {
 }
 
 // reserveSecretFile creates path (mode 0600) for create; it must not exist.
+// No path (no --secret-file) is no file.
 func reserveSecretFile(path string) (*secretFile, error) {
+	if path == "" {
+		return nil, nil
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
 		return nil, usageError("--secret-file %s exists: refusing to overwrite a secret; choose a new path, or add a secret to it with 'gemrecon webhooks rotate ID --secret-file %s'", path, path)
@@ -193,11 +197,12 @@ func reserveSecretFile(path string) (*secretFile, error) {
 
 // openSecretFileForAppend opens path for rotate: an existing file must
 // already be one serve reads (so the appended secret does not make serve
-// refuse to start); a missing one is created with mode 0600.
+// refuse to start); a missing one is created with mode 0600. No path is no
+// file.
 func (a *app) openSecretFileForAppend(path string) (*secretFile, error) {
 	old, err := os.ReadFile(path)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case path == "" || errors.Is(err, os.ErrNotExist):
 		return reserveSecretFile(path)
 	case err != nil:
 		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
@@ -351,12 +356,9 @@ func (o *webhooksCreateOptions) check() error {
 
 // runWebhooksCreate does the work of webhooksCreate.
 func (a *app) runWebhooksCreate(ctx context.Context, wc *interactions.Webhooks, o *webhooksCreateOptions) error {
-	var sf *secretFile
-	if o.file != "" {
-		var err error
-		if sf, err = reserveSecretFile(o.file); err != nil {
-			return err
-		}
+	sf, err := reserveSecretFile(o.file)
+	if err != nil {
+		return err
 	}
 	in := webhooks.WebhookInput{SubscribedEvents: o.evs, URI: o.uri}
 	if o.name != "" {
@@ -582,12 +584,9 @@ retried: if the answer is lost, rotate again.`
 
 // runWebhooksRotate does the work of webhooksRotate.
 func (a *app) runWebhooksRotate(ctx context.Context, wc *interactions.Webhooks, id string, now bool, file string) error {
-	var sf *secretFile
-	if file != "" {
-		var err error
-		if sf, err = a.openSecretFileForAppend(file); err != nil {
-			return err
-		}
+	sf, err := a.openSecretFileForAppend(file)
+	if err != nil {
+		return err
 	}
 	behavior := webhooks.RevocationBehaviorRevokePreviousSecretsAfterH24
 	if now {
