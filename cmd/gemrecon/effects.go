@@ -81,20 +81,14 @@ const noEffect = "no effect given: choose what runs once per completion with --e
 // word or path must name an executable file now rather than fail with 127
 // on every attempt for hours. The refusals are usage errors (exit 2).
 func (f *effectFlags) checkChoice() error {
-	values := map[string]string{"exec": f.exec, "forward": f.forward, "sql": f.sql}
-	n := 0
-	for _, name := range effectNames {
-		if !f.given(name) {
-			continue
-		}
-		if v, ok := values[name]; ok && strings.TrimSpace(v) == "" {
-			return usageError("--%s is empty: give the %s (an unset variable in a crontab or unit gives an empty value)", name, effectValue[name])
-		}
-		if name != "print" || f.print {
-			n++
+	for _, e := range []struct{ flag, value, what string }{
+		{"exec", f.exec, "command to run"}, {"forward", f.forward, "URL to POST to"}, {"sql", f.sql, "SQL file to run"},
+	} {
+		if f.given(e.flag) && strings.TrimSpace(e.value) == "" {
+			return usageError("--%s is empty: give the %s (an unset variable in a crontab or unit gives an empty value)", e.flag, e.what)
 		}
 	}
-	if n == 0 {
+	if f.exec == "" && f.forward == "" && f.sql == "" && !f.print {
 		return usageError(noEffect)
 	}
 	if f.exec != "" {
@@ -142,9 +136,6 @@ func execCheck(command string) error {
 	}
 	return usageError("--exec %s: %s", word, why)
 }
-
-// effectValue names the value each effect flag takes, for messages.
-var effectValue = map[string]string{"exec": "command to run", "forward": "URL to POST to", "sql": "SQL file to run"}
 
 // dispatchConfig builds the dispatcher's configuration from the flags, its
 // effect included, and checks it with the sink's retry policy (exit 2),
@@ -271,7 +262,7 @@ func (a *app) setupAPI(ctx context.Context, pf *pollFlags, mode dispatch.Confirm
 // startDispatcher opens the sink with the retry policy and starts the
 // command's dispatcher on it: cfg (dispatchConfig, with the API: setupAPI)
 // and the observer newObs builds on the sink (nil: none); a second SIGINT or
-// SIGTERM ends its grace. The caller closes the sink.
+// SIGTERM ends its grace.
 func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.Config, retry sink.Options, unconfirmed bool, newObs func(sink.Sink) dispatch.Observer) (sink.Sink, *dispatch.Dispatcher, error) {
 	s, err := a.openSink(ctx, retry)
 	if err != nil {
@@ -288,7 +279,6 @@ func (a *app) startDispatcher(ctx context.Context, command string, cfg dispatch.
 	}
 	d, err := dispatch.New(cfg)
 	if err != nil {
-		s.Close()
 		return nil, nil, usage(err)
 	}
 	a.intr.add(d)
@@ -343,11 +333,10 @@ func (a *app) runDrain(ctx context.Context, o *drainOptions) error {
 	if err != nil {
 		return err
 	}
-	s, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, unconfirmed, nil)
+	_, d, err := a.startDispatcher(ctx, "drain", dcfg, o.ef.retry, unconfirmed, nil)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	start := time.Now()
 	sum, err := d.Drain(ctx)
 	a.printDrainSummary(sum, time.Since(start))

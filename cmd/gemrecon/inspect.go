@@ -109,7 +109,6 @@ func (a *app) runStatus(ctx context.Context, asJSON bool, arg string) error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	var e sink.Entry
 	for _, k := range keys {
 		if e, err = s.Get(ctx, k); !errors.Is(err, sink.ErrNotFound) {
@@ -386,7 +385,6 @@ func (a *app) runList(ctx context.Context, o *listOptions) error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	entries, err := s.List(ctx, sink.ListOptions{State: st, Limit: o.limit})
 	if err != nil {
 		return err
@@ -449,7 +447,6 @@ func (a *app) runStats(ctx context.Context, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	st, err := s.Stats(ctx)
 	if err != nil {
 		return err

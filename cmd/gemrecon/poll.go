@@ -165,7 +165,6 @@ func (a *app) runPoll(ctx context.Context, o *pollOptions) error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	pcfg.Sink, pcfg.Poller, pcfg.Dispatcher = s, p, d
 	loop, err := reconcile.NewPoll(pcfg)
 	if err != nil {

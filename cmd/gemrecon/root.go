@@ -99,14 +99,16 @@ func (a *app) stderrLine(level slog.Level, msg string, attrs ...any) {
 }
 
 // isCobraUsageError recognises the errors cobra itself returns for wrong
-// words on the command line (it has no typed errors for them).
+// words on the command line (it has no typed errors for them) that do not
+// pass through the FlagErrorFunc (rootCommand), which gives every flag
+// parsing error its exit status: an unknown command, a wrong argument count
+// of cobra's own commands (completion), a flag group's refusal.
 func isCobraUsageError(err error) bool {
 	if _, ok := errors.AsType[*exitError](err); ok {
 		return false
 	}
 	msg := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "flag needs an argument",
-		"invalid argument", "accepts ", "requires at least", "requires at most", "if any flags in the group"} {
+	for _, p := range []string{"unknown command", "accepts ", "requires at least", "requires at most", "if any flags in the group"} {
 		if strings.Contains(msg, p) {
 			return true
 		}
@@ -221,7 +223,8 @@ func (a *app) openSink(ctx context.Context, opt sink.Options) (sink.Sink, error)
 	return a.dialSink(ctx, opt)
 }
 
-// dialSink opens the configured database as opt says. A --db string that
+// dialSink opens the configured database as opt says; it stays open until
+// the command has ended (withBrokenSink closes it). A --db string that
 // names no database (sink/dial decides: a URL-like string that is no
 // PostgreSQL URL) is a usage error; a database without gemrecon's schema
 // (exit 1) is named by the sink, and the message says what to do.
@@ -242,13 +245,18 @@ func (a *app) dialSink(ctx context.Context, opt sink.Options) (sink.Sink, error)
 	return s, nil
 }
 
-// withBrokenSink makes a command whose database became unusable while it ran
-// (a damaged file, a file deleted or replaced under it: see
-// sink.ErrUnusable) fail with exit 1 and the sink's message, which says what
-// to do, whatever the command itself returned (spec §8).
+// withBrokenSink closes the sinks the command opened (dialSink: the
+// commands leave that to it), and makes a command whose database became
+// unusable while it ran (a damaged file, a file deleted or replaced under
+// it, a failed close: see sink.ErrUnusable) fail with exit 1 and the sink's
+// message, which says what to do, whatever the command itself returned
+// (spec §8).
 func (a *app) withBrokenSink(err error) error {
 	a.sinksMu.Lock()
 	defer a.sinksMu.Unlock()
+	for _, s := range a.sinks {
+		s.Close()
+	}
 	for _, s := range a.sinks {
 		var berr error
 		if b, ok := s.(interface{ Broken() error }); ok {

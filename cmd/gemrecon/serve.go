@@ -184,7 +184,6 @@ func (a *app) runServe(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	wcfg.Dispatcher, wcfg.Metrics = d, m
 	h, err := serve.Receiver(wcfg, s)
 	if err != nil {

@@ -141,7 +141,6 @@ func (a *app) runRetry(ctx context.Context, o *retryOptions, args []string) erro
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	o.By = whoAsked()
 	if o.allDead {
 		return a.retryAllDead(ctx, s, o.RetryOptions)
@@ -306,7 +305,6 @@ func (a *app) runPurge(ctx context.Context, o *purgeOptions) error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	if err := o.req.Check(ctx, s); errors.Is(err, sink.ErrPurgeRefused) {
 		return usage(err)
 	} else if err != nil {

@@ -75,9 +75,6 @@ status and message (exit 1); wrong words on the command line exit 2.`,
 		a.webhooksEnableCommand(&f),
 		a.webhooksDeleteCommand(&f),
 	)
-	for _, sub := range cmd.Commands() {
-		sub.RunE = contained(sub.RunE)
-	}
 	return cmd
 }
 
@@ -105,30 +102,33 @@ func oneID(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-// client builds the SDK's WebhookService client the way poll builds its
-// genai client: the same key rule, --base-url, one request timeout.
-func (a *app) webhooksClient(ctx context.Context, f *webhooksFlags) (*interactions.Webhooks, error) {
-	switch f.backend {
-	case "gemini":
-	case "vertex":
-		return nil, usageError("--backend vertex: the WebhookService is the Gemini API's only (Vertex AI sends no notifications for batch prediction jobs; use poll there)")
-	default:
-		return nil, usageError("--backend %q: webhooks work with the Gemini API only (--backend gemini)", f.backend)
-	}
-	key := poller.EnvAPIKey()
-	if key == "" {
-		return nil, withCode(exitFatal, poller.ErrNoAPIKey)
-	}
-	c, err := genai.NewClient(ctx, &genai.ClientConfig{
-		APIKey:      key,
-		Backend:     genai.BackendGeminiAPI,
-		HTTPClient:  &http.Client{Timeout: poller.DefaultRequestTimeout},
-		HTTPOptions: genai.HTTPOptions{BaseURL: f.baseURL, APIVersion: poller.APIVersionGemini},
+// webhooksRun is the RunE of a webhooks subcommand: it builds the SDK's
+// WebhookService client the way poll builds its genai client (the same key
+// rule, --base-url, one request timeout) and gives it to run, contained.
+func (a *app) webhooksRun(f *webhooksFlags, run func(ctx context.Context, wc *interactions.Webhooks, args []string) error) func(*cobra.Command, []string) error {
+	return contained(func(cmd *cobra.Command, args []string) error {
+		switch f.backend {
+		case "gemini":
+		case "vertex":
+			return usageError("--backend vertex: the WebhookService is the Gemini API's only (Vertex AI sends no notifications for batch prediction jobs; use poll there)")
+		default:
+			return usageError("--backend %q: webhooks work with the Gemini API only (--backend gemini)", f.backend)
+		}
+		key := poller.EnvAPIKey()
+		if key == "" {
+			return withCode(exitFatal, poller.ErrNoAPIKey)
+		}
+		c, err := genai.NewClient(cmd.Context(), &genai.ClientConfig{
+			APIKey:      key,
+			Backend:     genai.BackendGeminiAPI,
+			HTTPClient:  &http.Client{Timeout: poller.DefaultRequestTimeout},
+			HTTPOptions: genai.HTTPOptions{BaseURL: f.baseURL, APIVersion: poller.APIVersionGemini},
+		})
+		if err != nil {
+			return withCode(exitFatal, fmt.Errorf("genai client: %w", err))
+		}
+		return run(cmd.Context(), c.Webhooks, args)
 	})
-	if err != nil {
-		return nil, withCode(exitFatal, fmt.Errorf("genai client: %w", err))
-	}
-	return c.Webhooks, nil
 }
 
 // noRetries is for calls whose repetition is not harmless: a create retried
@@ -170,20 +170,6 @@ func apiError(what string, err error, advice ...string) error {
 	return withCode(exitFatal, fmt.Errorf("%s: the API answered %d %s%s%s", what, ae.StatusCode, printable(msg), hint, tail))
 }
 
-func parseEvents(s string) ([]webhooks.WebhookSubscribedEvent, error) {
-	var out []webhooks.WebhookSubscribedEvent
-	for _, e := range strings.Split(s, ",") {
-		ev := webhooks.WebhookSubscribedEvent(strings.TrimSpace(e))
-		if ev == "" {
-			return nil, usageError("--events %s: an empty event name; want a comma-separated list such as %s", canon.Quote(s), defaultEvents)
-		}
-		if !slices.Contains(out, ev) {
-			out = append(out, ev)
-		}
-	}
-	return out, nil
-}
-
 // secretFile is a --secret-file opened before the API call, so that a path
 // that cannot be written is found before a secret exists.
 type secretFile struct {
@@ -194,7 +180,11 @@ type secretFile struct {
 }
 
 // reserveSecretFile creates path (mode 0600) for create; it must not exist.
+// No path (no --secret-file) is no file.
 func reserveSecretFile(path string) (*secretFile, error) {
+	if path == "" {
+		return nil, nil
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
 		return nil, usageError("--secret-file %s exists: refusing to overwrite a secret; choose a new path, or add a secret to it with 'gemrecon webhooks rotate ID --secret-file %s'", path, path)
@@ -207,11 +197,12 @@ func reserveSecretFile(path string) (*secretFile, error) {
 
 // openSecretFileForAppend opens path for rotate: an existing file must
 // already be one serve reads (so the appended secret does not make serve
-// refuse to start); a missing one is created with mode 0600.
+// refuse to start); a missing one is created with mode 0600. No path is no
+// file.
 func (a *app) openSecretFileForAppend(path string) (*secretFile, error) {
 	old, err := os.ReadFile(path)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case path == "" || errors.Is(err, os.ErrNotExist):
 		return reserveSecretFile(path)
 	case err != nil:
 		return nil, withCode(exitFatal, fmt.Errorf("--secret-file: %w", err))
@@ -281,23 +272,26 @@ func (s *secretFile) write(comment, secret string) error {
 
 // webhooksCreateOptions are the flags of webhooksCreate.
 type webhooksCreateOptions struct {
-	f      *webhooksFlags
 	uri    string
 	events string
 	name   string
 	file   string
+	evs    []webhooks.WebhookSubscribedEvent // --events, read by check
 }
 
 func (a *app) webhooksCreateCommand(f *webhooksFlags) *cobra.Command {
-	o := webhooksCreateOptions{f: f}
+	var o webhooksCreateOptions
 	cmd := &cobra.Command{
 		Use:   "create --url URL [--events LIST] [--name N] [--secret-file PATH]",
 		Short: "Register a static webhook and get its signing secret (shown once)",
 		Long:  webhooksCreateLong,
 		Example: `  gemrecon webhooks create --url https://hooks.example.com/webhook --secret-file /etc/gemrecon/whsec
   gemrecon webhooks create --url https://hooks.example.com/webhook --events batch.succeeded,batch.failed --name nightly`,
-		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksCreate(cmd.Context(), &o) },
+		Args:    exactArgs(0),
+		PreRunE: func(*cobra.Command, []string) error { return o.check() },
+		RunE: a.webhooksRun(f, func(ctx context.Context, wc *interactions.Webhooks, _ []string) error {
+			return a.runWebhooksCreate(ctx, wc, &o)
+		}),
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&o.uri, "url", "", "where the API sends events: serve's public URL and --path (required)")
@@ -339,29 +333,34 @@ Next time, --secret-file PATH writes it there for you.`)
 	return nil
 }
 
-// runWebhooksCreate does the work of webhooksCreate.
-func (a *app) runWebhooksCreate(ctx context.Context, o *webhooksCreateOptions) error {
+// check refuses a wrong --url or --events (exit 2) before the credentials
+// are looked at, and reads the events.
+func (o *webhooksCreateOptions) check() error {
 	if o.uri == "" {
 		return usageError("--url is required: the address of gemrecon serve's webhook path, e.g. https://hooks.example.com/webhook")
 	}
 	if u, err := url.Parse(o.uri); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usageError("--url %s: want an absolute http(s) URL such as https://hooks.example.com/webhook", canon.Quote(o.uri))
 	}
-	evs, err := parseEvents(o.events)
-	if err != nil {
-		return err
-	}
-	wc, err := a.webhooksClient(ctx, o.f)
-	if err != nil {
-		return err
-	}
-	var sf *secretFile
-	if o.file != "" {
-		if sf, err = reserveSecretFile(o.file); err != nil {
-			return err
+	for _, e := range strings.Split(o.events, ",") {
+		ev := webhooks.WebhookSubscribedEvent(strings.TrimSpace(e))
+		if ev == "" {
+			return usageError("--events %s: an empty event name; want a comma-separated list such as %s", canon.Quote(o.events), defaultEvents)
+		}
+		if !slices.Contains(o.evs, ev) {
+			o.evs = append(o.evs, ev)
 		}
 	}
-	in := webhooks.WebhookInput{SubscribedEvents: evs, URI: o.uri}
+	return nil
+}
+
+// runWebhooksCreate does the work of webhooksCreate.
+func (a *app) runWebhooksCreate(ctx context.Context, wc *interactions.Webhooks, o *webhooksCreateOptions) error {
+	sf, err := reserveSecretFile(o.file)
+	if err != nil {
+		return err
+	}
+	in := webhooks.WebhookInput{SubscribedEvents: o.evs, URI: o.uri}
 	if o.name != "" {
 		in.Name = &o.name
 	}
@@ -462,7 +461,9 @@ func (a *app) webhooksListCommand(f *webhooksFlags) *cobra.Command {
 		Example: `  gemrecon webhooks list
   gemrecon webhooks list --json | jq -r '.[] | select(.state != "enabled") | .id'`,
 		Args: exactArgs(0),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksList(cmd.Context(), f, asJSON) },
+		RunE: a.webhooksRun(f, func(ctx context.Context, wc *interactions.Webhooks, _ []string) error {
+			return a.runWebhooksList(ctx, wc, asJSON)
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
@@ -475,11 +476,7 @@ webhook in state disabled_due_to_failed_deliveries gets no events: fix the
 receiver, then run 'gemrecon webhooks enable ID'.`
 
 // runWebhooksList does the work of webhooksList.
-func (a *app) runWebhooksList(ctx context.Context, f *webhooksFlags, asJSON bool) error {
-	wc, err := a.webhooksClient(ctx, f)
-	if err != nil {
-		return err
-	}
+func (a *app) runWebhooksList(ctx context.Context, wc *interactions.Webhooks, asJSON bool) error {
 	all := []webhookJSON{} // [] in JSON when there are none
 	var token *string
 	seen := map[string]bool{}
@@ -546,30 +543,19 @@ lacks this webhook's secret). It names no batch, so serve records nothing.`,
 // it, and success as "DONE webhook ID".
 func (a *app) idCommand(f *webhooksFlags, cmd *cobra.Command, done string, call func(context.Context, *interactions.Webhooks, string) error) *cobra.Command {
 	cmd.Args = oneID
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		ctx, id := cmd.Context(), args[0]
-		wc, err := a.webhooksClient(ctx, f)
-		if err != nil {
-			return err
+	cmd.RunE = a.webhooksRun(f, func(ctx context.Context, wc *interactions.Webhooks, args []string) error {
+		if err := call(ctx, wc, args[0]); err != nil {
+			return apiError("webhooks "+cmd.Name()+" "+printable(args[0]), err)
 		}
-		if err := call(ctx, wc, id); err != nil {
-			return apiError("webhooks "+cmd.Name()+" "+printable(id), err)
-		}
-		fmt.Fprintf(a.stdout, "%s webhook %s\n", done, printable(id))
+		fmt.Fprintf(a.stdout, "%s webhook %s\n", done, printable(args[0]))
 		return nil
-	}
+	})
 	return cmd
 }
 
-// webhooksRotateOptions are the flags of webhooksRotate.
-type webhooksRotateOptions struct {
-	f    *webhooksFlags
-	now  bool
-	file string
-}
-
 func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
-	o := webhooksRotateOptions{f: f}
+	var now bool
+	var file string
 	cmd := &cobra.Command{
 		Use:   "rotate ID [--now] [--secret-file PATH]",
 		Short: "Give a webhook a new signing secret; the old one stays valid for 24 h unless --now",
@@ -578,10 +564,12 @@ func (a *app) webhooksRotateCommand(f *webhooksFlags) *cobra.Command {
   gemrecon webhooks rotate ID        # prints the new secret; then GEMRECON_WEBHOOK_SECRET="whsec_new whsec_old"
   gemrecon webhooks rotate ID --now  # the old secret leaked: revoke it at once`,
 		Args: oneID,
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runWebhooksRotate(cmd.Context(), &o, args[0]) },
+		RunE: a.webhooksRun(f, func(ctx context.Context, wc *interactions.Webhooks, args []string) error {
+			return a.runWebhooksRotate(ctx, wc, args[0], now, file)
+		}),
 	}
-	cmd.Flags().BoolVar(&o.now, "now", false, "revoke the previous secrets immediately instead of after 24 h")
-	cmd.Flags().StringVar(&o.file, "secret-file", "", "append the new secret to this file (created with mode 0600 if missing) instead of printing it")
+	cmd.Flags().BoolVar(&now, "now", false, "revoke the previous secrets immediately instead of after 24 h")
+	cmd.Flags().StringVar(&file, "secret-file", "", "append the new secret to this file (created with mode 0600 if missing) instead of printing it")
 	return cmd
 }
 
@@ -595,19 +583,13 @@ reads its secrets at start: restart it afterwards. A rotation is never
 retried: if the answer is lost, rotate again.`
 
 // runWebhooksRotate does the work of webhooksRotate.
-func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, id string) error {
-	wc, err := a.webhooksClient(ctx, o.f)
+func (a *app) runWebhooksRotate(ctx context.Context, wc *interactions.Webhooks, id string, now bool, file string) error {
+	sf, err := a.openSecretFileForAppend(file)
 	if err != nil {
 		return err
 	}
-	var sf *secretFile
-	if o.file != "" {
-		if sf, err = a.openSecretFileForAppend(o.file); err != nil {
-			return err
-		}
-	}
 	behavior := webhooks.RevocationBehaviorRevokePreviousSecretsAfterH24
-	if o.now {
+	if now {
 		behavior = webhooks.RevocationBehaviorRevokePreviousSecretsImmediately
 	}
 	res, err := wc.RotateSigningSecret(ctx, operations.RotateSigningSecretRequest{ID: id,
@@ -621,20 +603,20 @@ func (a *app) runWebhooksRotate(ctx context.Context, o *webhooksRotateOptions, i
 		sf.abandon()
 		return withCode(exitFatal, fmt.Errorf("webhooks rotate %s: the API's answer has no secret; rotate again", printable(id)))
 	}
-	until := a.previousSecretsEnd(ctx, wc, id, o.now)
+	until := a.previousSecretsEnd(ctx, wc, id, now)
 	if sf != nil {
 		comment := fmt.Sprintf("gemrecon webhooks rotate %s, %s; previous secrets %s", id, time.Now().UTC().Format(time.RFC3339), until)
 		if err := sf.write(printable(comment), secret); err != nil {
 			advice := "the previous secrets stay valid " + until + ": rotate again to get another one"
-			if o.now {
+			if now {
 				advice = "the previous secrets are revoked: run 'gemrecon webhooks rotate " + id + " --now' again and give serve that secret"
 			}
-			return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), o.file, err, advice))
+			return withCode(exitFatal, fmt.Errorf("webhook %s has a new secret, but it could not be appended to %s: %v; %s", printable(id), file, err, advice))
 		}
 	} else {
 		fmt.Fprintf(a.stdout, "secret: %s\n", secret)
 	}
-	a.explainRotation(printable(id), o.file, until, o.now)
+	a.explainRotation(printable(id), file, until, now)
 	return nil
 }
 
