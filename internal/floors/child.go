@@ -14,11 +14,11 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/gemrecon/gemrecon/internal/loadgen"
+	"github.com/gemrecon/gemrecon/internal/testkit"
 )
 
 // Build builds ./cmd/gemrecon of the module in moduleDir into outDir.
@@ -43,8 +43,7 @@ func initDB(ctx context.Context, bin, db string) error {
 
 // child is a started process whose output (stdout and stderr) it keeps.
 type child struct {
-	mu   sync.Mutex
-	out  bytes.Buffer
+	testkit.Buffer
 	done chan struct{} // closed once it has exited
 	stop func()        // SIGTERM (SIGKILL 30 s later), then waits for the exit
 }
@@ -68,18 +67,6 @@ func startChild(ctx context.Context, env []string, bin string, args ...string) (
 	}()
 	c.stop = func() { cancel(); <-c.done }
 	return c, nil
-}
-
-func (c *child) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.out.Write(p)
-}
-
-func (c *child) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.out.String()
 }
 
 // wait returns the submatches of re's first match in the child's output,

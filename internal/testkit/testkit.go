@@ -4,7 +4,8 @@
 // the one way a test binary runs itself as a child (the real gemrecon, a
 // crashing dispatcher, a second process on the same database). It is a
 // non-test package so that every package's tests can import it; nothing
-// but tests and test support (sqlitetest, sinktest, loadgen) may import it.
+// but tests and test and benchmark support (sqlitetest, sinktest, loadgen,
+// floors) may import it.
 // (What tests do with a real SQLite file is sink/sqlite/sqlitetest's; with
 // the Gemini SDK, internal/genaitest's.)
 //
