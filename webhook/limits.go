@@ -201,6 +201,7 @@ type limitListener struct {
 	max   int
 	slots chan struct{} // one per open connection
 	done  chan struct{} // closed by Close
+	once  sync.Once
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -221,10 +222,10 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	return lc, nil
 }
 
-// Close is called once: http.Server.Serve wraps its listener in one that
-// closes it only once, whoever asks (Shutdown, Close, Serve's return).
+// Close may be called more than once: net/http's Serve, Shutdown and Close
+// each close the listener, and no document promises that they ask only once.
 func (l *limitListener) Close() error {
-	close(l.done)
+	l.once.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
 
